@@ -1,0 +1,12 @@
+//! X25519 key material for weft: WireGuard private/public keys, pre-shared keys, and the
+//! on-disk key file.
+//!
+//! Keys travel as base64 (the `wg` text form) and are parsed once, at the edge, into the
+//! newtypes here. `Debug` and `Display` never print secret material. This crate does no
+//! networking; its only I/O is reading and writing the key file (`keyfile`).
+
+mod keyfile;
+mod keys;
+
+pub use keyfile::{load_or_create, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV};
+pub use keys::{KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};
