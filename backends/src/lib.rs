@@ -1,1 +1,5 @@
-//! placeholder
+//! weft's backends: the data model, the pure planner, and (in `apply`, later) the
+//! reconcilers that bring the kernel in line with the plan.
+
+pub mod model;
+pub mod netconf;
