@@ -1,6 +1,15 @@
-//! weft's data model: leases, the cluster view, the desired state, and the pod network
-//! arithmetic they rest on. Pure: no I/O.
+//! weft's data model: leases, the cluster view, the desired state, subnet allocation and
+//! the pod network arithmetic they rest on. Pure: no I/O.
 
+pub mod alloc;
+mod desired;
+mod lease;
 pub mod net;
 
+pub use alloc::{allocate, Allocation, Exhausted, Taken};
+pub use desired::{
+    DesiredState, Family, ForwardRule, LeaveReason, LeftOut, Match, MasqueradeTable, NatRule,
+    PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
+};
+pub use lease::{ClusterView, Lease, LeaseAttrs, ViewChange};
 pub use net::PodNetwork;

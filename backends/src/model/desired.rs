@@ -1,0 +1,266 @@
+//! `DesiredState`: what the kernel should hold for this node, as plain data. Built by
+//! `plan`, consumed by the reconcilers. Every piece has a `Display` a person can read in
+//! a log or the demo.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use weft_crypto::{PresharedKey, PublicKey};
+
+/// The whole plan for one node.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DesiredState {
+    pub tunnels: Vec<TunnelSpec>,
+    pub routes: Vec<RouteSpec>,
+    pub masquerade: Vec<MasqueradeTable>,
+    pub subnet_env: SubnetEnv,
+    /// Peers not in the plan, each with the reason.
+    pub left_out: Vec<LeftOut>,
+}
+
+/// One WireGuard device and its peers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TunnelSpec {
+    pub device: String,
+    pub listen_port: u16,
+    pub mtu: u32,
+    pub addresses: Vec<IpNet>,
+    /// Sorted by node name.
+    pub peers: Vec<PeerSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerSpec {
+    pub node: String,
+    pub public_key: PublicKey,
+    pub endpoint: SocketAddr,
+    pub allowed_ips: Vec<IpNet>,
+    /// Seconds; 0 = off.
+    pub keepalive: u16,
+    pub psk: Option<PresharedKey>,
+}
+
+/// Why a route exists: the reconciler and the logs say it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteRole {
+    /// The whole pod network into the tunnel: traffic to a peer without a usable key is
+    /// dropped there instead of leaving in plaintext by the default route.
+    Covering,
+    Peer(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub dst: IpNet,
+    pub device: String,
+    pub via: Option<IpAddr>,
+    pub role: RouteRole,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+}
+
+impl Family {
+    pub fn of(net: &IpNet) -> Self {
+        match net {
+            IpNet::V4(_) => Family::Ipv4,
+            IpNet::V6(_) => Family::Ipv6,
+        }
+    }
+    /// nftables family keyword (`ip`, `ip6`).
+    pub fn nft(self) -> &'static str {
+        match self {
+            Family::Ipv4 => "ip",
+            Family::Ipv6 => "ip6",
+        }
+    }
+}
+
+/// An address match in a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Match {
+    In(IpNet),
+    NotIn(IpNet),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatRule {
+    /// kube-proxy marks packets it will masquerade itself.
+    ReturnIfMarked { mark: u32 },
+    Return { src: Match, dst: Match },
+    Masquerade { src: Match, dst: Match, fully_random: bool },
+}
+
+/// Accept forwarded traffic matching `src` or `dst` (one of the two is set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardRule {
+    pub src: Option<IpNet>,
+    pub dst: Option<IpNet>,
+}
+
+/// One nftables table (`ip flannel-ipv4` / `ip6 flannel-ipv6`): the postrouting NAT chain
+/// and the forward chain, in order (DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasqueradeTable {
+    pub family: Family,
+    pub table: &'static str,
+    pub postrouting: Vec<NatRule>,
+    pub forward: Vec<ForwardRule>,
+}
+
+/// `/run/flannel/subnet.env` content (DESIGN §3).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubnetEnv {
+    pub network: Option<IpNet>,
+    /// This node's subnet with the gateway (first host) address: `10.244.3.1/24`.
+    pub subnet: Option<IpNet>,
+    pub ipv6_network: Option<IpNet>,
+    pub ipv6_subnet: Option<IpNet>,
+    pub mtu: u32,
+    pub ipmasq: bool,
+}
+
+impl SubnetEnv {
+    /// The file's text, in flannel's key order.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut line = |k: &str, v: &dyn fmt::Display| out.push_str(&format!("{k}={v}\n"));
+        if let (Some(n), Some(s)) = (self.network, self.subnet) {
+            line("FLANNEL_NETWORK", &n);
+            line("FLANNEL_SUBNET", &s);
+        }
+        if let (Some(n), Some(s)) = (self.ipv6_network, self.ipv6_subnet) {
+            line("FLANNEL_IPV6_NETWORK", &n);
+            line("FLANNEL_IPV6_SUBNET", &s);
+        }
+        line("FLANNEL_MTU", &self.mtu);
+        line("FLANNEL_IPMASQ", &self.ipmasq);
+        out
+    }
+}
+
+/// A peer left out of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOut {
+    pub node: String,
+    pub reason: LeaveReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaveReason {
+    Expired,
+    WrongBackend { theirs: String, ours: &'static str },
+    BadBackendData { field: &'static str, detail: String },
+    NoPublicIp { family: Family },
+    NoSubnet,
+    SubnetOutsideNetwork { subnet: IpNet, network: IpNet },
+    OverlapsOurSubnet { subnet: IpNet, ours: IpNet },
+    DuplicateSubnet { subnet: IpNet, other: String },
+    DuplicateKey { key: PublicKey, other: String },
+    KeyIsOurs { key: PublicKey },
+}
+
+impl fmt::Display for LeaveReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaveReason::Expired => write!(f, "its lease has expired"),
+            LeaveReason::WrongBackend { theirs, ours } => write!(f, "it runs backend {theirs:?}, this node runs {ours}; all nodes must use one backend"),
+            LeaveReason::BadBackendData { field, detail } => write!(f, "its {field} is unusable: {detail}"),
+            LeaveReason::NoPublicIp { family: Family::Ipv4 } => write!(f, "it publishes no IPv4 public IP to reach it on"),
+            LeaveReason::NoPublicIp { family: Family::Ipv6 } => write!(f, "it publishes no IPv6 public IP to reach it on"),
+            LeaveReason::NoSubnet => write!(f, "it holds no subnet of an enabled family"),
+            LeaveReason::SubnetOutsideNetwork { subnet, network } => write!(f, "its subnet {subnet} lies outside the pod network {network}"),
+            LeaveReason::OverlapsOurSubnet { subnet, ours } => write!(f, "its subnet {subnet} overlaps this node's subnet {ours}"),
+            LeaveReason::DuplicateSubnet { subnet, other } => write!(f, "its subnet {subnet} is also claimed by node {other}; both are left out until one lets go"),
+            LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}; both are left out until one changes"),
+            LeaveReason::KeyIsOurs { key } => write!(f, "it publishes this node's own public key {key}"),
+        }
+    }
+}
+
+impl fmt::Display for LeftOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node {} left out: {}", self.node, self.reason)
+    }
+}
+
+impl fmt::Display for Match {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Match::In(n) => write!(f, "{n}"),
+            Match::NotIn(n) => write!(f, "!= {n}"),
+        }
+    }
+}
+
+impl MasqueradeTable {
+    /// The rules as nft statements, for logs and the demo.
+    pub fn lines(&self) -> Vec<String> {
+        let fam = self.family.nft();
+        let mut out = Vec::new();
+        for rule in &self.postrouting {
+            out.push(match rule {
+                NatRule::ReturnIfMarked { mark } => format!("postrouting: meta mark & {mark:#x} == {mark:#x} return"),
+                NatRule::Return { src, dst } => format!("postrouting: {fam} saddr {src} {fam} daddr {dst} return"),
+                NatRule::Masquerade { src, dst, fully_random } => format!(
+                    "postrouting: {fam} saddr {src} {fam} daddr {dst} masquerade{}",
+                    if *fully_random { " fully-random" } else { "" }
+                ),
+            });
+        }
+        for rule in &self.forward {
+            match (rule.src, rule.dst) {
+                (Some(s), _) => out.push(format!("forward: {fam} saddr {s} accept")),
+                (_, Some(d)) => out.push(format!("forward: {fam} daddr {d} accept")),
+                (None, None) => {}
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for DesiredState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for t in &self.tunnels {
+            let addrs: Vec<_> = t.addresses.iter().map(ToString::to_string).collect();
+            writeln!(f, "device {} (wireguard): listen {}, mtu {}, address {}", t.device, t.listen_port, t.mtu, addrs.join(", "))?;
+            for p in &t.peers {
+                let allowed: Vec<_> = p.allowed_ips.iter().map(ToString::to_string).collect();
+                write!(f, "  peer {:<12} key {}  endpoint {:<21} allowed {}", p.node, p.public_key, p.endpoint, allowed.join(","))?;
+                if p.keepalive > 0 {
+                    write!(f, "  keepalive {}s", p.keepalive)?;
+                }
+                if p.psk.is_some() {
+                    write!(f, "  psk")?;
+                }
+                writeln!(f)?;
+            }
+        }
+        for r in &self.routes {
+            let via = r.via.map(|v| format!(" via {v}")).unwrap_or_default();
+            let why = match &r.role {
+                RouteRole::Covering => "covering: fail closed".to_string(),
+                RouteRole::Peer(n) => format!("peer {n}"),
+            };
+            writeln!(f, "route {}{via} dev {}   ({why})", r.dst, r.device)?;
+        }
+        for table in &self.masquerade {
+            writeln!(f, "nftables table {} {}:", table.family.nft(), table.table)?;
+            for line in table.lines() {
+                writeln!(f, "  {line}")?;
+            }
+        }
+        writeln!(f, "subnet.env:")?;
+        for line in self.subnet_env.render().lines() {
+            writeln!(f, "  {line}")?;
+        }
+        for l in &self.left_out {
+            writeln!(f, "{l}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! A node's lease (its subnets and published attributes) and the view of all of them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One node's lease as the registry reports it. Peer-published fields are kept raw
+/// (`backend_type`, `backend_data`): the planner decodes them and leaves out a peer whose
+/// data is bad, with a reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    /// Node name (kube), or the subnet key (`10.244.3.0-24`) in etcd mode.
+    pub node: String,
+    pub subnet: Option<IpNet>,
+    pub subnet_v6: Option<IpNet>,
+    pub public_ip: Option<Ipv4Addr>,
+    pub public_ipv6: Option<Ipv6Addr>,
+    pub backend_type: String,
+    pub backend_data: Option<Value>,
+    pub backend_v6_data: Option<Value>,
+    /// When the registry will drop the lease unless renewed; `None` = no expiry.
+    pub expires: Option<SystemTime>,
+}
+
+impl Lease {
+    pub fn subnets(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.subnet.iter().chain(self.subnet_v6.iter()).copied()
+    }
+}
+
+/// flannel's lease attributes, exactly as stored in etcd under `<prefix>/subnets/<key>`:
+/// `{"PublicIP":"…","PublicIPv6":null,"BackendType":"wireguard","BackendData":{…}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseAttrs {
+    #[serde(rename = "PublicIP", default)]
+    pub public_ip: Option<Ipv4Addr>,
+    #[serde(rename = "PublicIPv6", default)]
+    pub public_ipv6: Option<Ipv6Addr>,
+    #[serde(rename = "BackendType", default)]
+    pub backend_type: String,
+    #[serde(rename = "BackendData", default, skip_serializing_if = "Option::is_none")]
+    pub backend_data: Option<Value>,
+    #[serde(rename = "BackendV6Data", default, skip_serializing_if = "Option::is_none")]
+    pub backend_v6_data: Option<Value>,
+}
+
+impl LeaseAttrs {
+    /// The lease for `node` holding `subnet` with these attributes. flannel writes
+    /// `0.0.0.0` for "no address"; that reads as none.
+    pub fn into_lease(self, node: String, subnet: Option<IpNet>, subnet_v6: Option<IpNet>) -> Lease {
+        Lease {
+            node,
+            subnet,
+            subnet_v6,
+            public_ip: self.public_ip.filter(|ip| !ip.is_unspecified()),
+            public_ipv6: self.public_ipv6.filter(|ip| !ip.is_unspecified()),
+            backend_type: self.backend_type,
+            backend_data: self.backend_data.filter(|v| !v.is_null()),
+            backend_v6_data: self.backend_v6_data.filter(|v| !v.is_null()),
+            expires: None,
+        }
+    }
+
+    pub fn from_lease(lease: &Lease) -> Self {
+        LeaseAttrs {
+            public_ip: lease.public_ip,
+            public_ipv6: lease.public_ipv6,
+            backend_type: lease.backend_type.clone(),
+            backend_data: lease.backend_data.clone(),
+            backend_v6_data: lease.backend_v6_data.clone(),
+        }
+    }
+}
+
+/// Every node's lease, ours included, keyed by node name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterView {
+    pub leases: BTreeMap<String, Lease>,
+}
+
+/// How one node's lease differs between two views.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewChange {
+    Added(String),
+    Changed(String),
+    Removed(String),
+}
+
+impl fmt::Display for ViewChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ViewChange::Added(n) => write!(f, "node {n} joined"),
+            ViewChange::Changed(n) => write!(f, "node {n} changed"),
+            ViewChange::Removed(n) => write!(f, "node {n} left"),
+        }
+    }
+}
+
+impl ClusterView {
+    pub fn insert(&mut self, lease: Lease) -> Option<Lease> {
+        self.leases.insert(lease.node.clone(), lease)
+    }
+
+    pub fn remove(&mut self, node: &str) -> Option<Lease> {
+        self.leases.remove(node)
+    }
+
+    pub fn get(&self, node: &str) -> Option<&Lease> {
+        self.leases.get(node)
+    }
+
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// What changed from `self` to `newer`, in node-name order (used after a re-list).
+    pub fn diff(&self, newer: &ClusterView) -> Vec<ViewChange> {
+        let mut changes = Vec::new();
+        for (name, lease) in &newer.leases {
+            match self.leases.get(name) {
+                None => changes.push(ViewChange::Added(name.clone())),
+                Some(old) if old != lease => changes.push(ViewChange::Changed(name.clone())),
+                Some(_) => {}
+            }
+        }
+        changes.extend(
+            self.leases
+                .keys()
+                .filter(|n| !newer.leases.contains_key(*n))
+                .map(|n| ViewChange::Removed(n.clone())),
+        );
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flannel_etcd_value_round_trips() {
+        let text = r#"{"PublicIP":"198.51.100.3","PublicIPv6":null,"BackendType":"wireguard","BackendData":{"PublicKey":"hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=","Port":51820}}"#;
+        let attrs: LeaseAttrs = serde_json::from_str(text).unwrap();
+        assert_eq!(attrs.public_ip, Some(Ipv4Addr::new(198, 51, 100, 3)));
+        assert_eq!(serde_json::to_string(&attrs).unwrap(), text);
+    }
+
+    #[test]
+    fn diff_names_each_change() {
+        let lease = |node: &str, ip: u8| Lease {
+            node: node.into(),
+            subnet: None,
+            subnet_v6: None,
+            public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
+            public_ipv6: None,
+            backend_type: "wireguard".into(),
+            backend_data: None,
+            backend_v6_data: None,
+            expires: None,
+        };
+        let mut old = ClusterView::default();
+        old.insert(lease("a", 1));
+        old.insert(lease("b", 2));
+        let mut new = old.clone();
+        new.remove("a");
+        new.insert(lease("b", 9));
+        new.insert(lease("c", 3));
+        assert_eq!(
+            old.diff(&new),
+            vec![
+                ViewChange::Changed("b".into()),
+                ViewChange::Added("c".into()),
+                ViewChange::Removed("a".into())
+            ]
+        );
+        assert!(new.diff(&new).is_empty());
+    }
+}
