@@ -213,7 +213,10 @@ mod tests {
         load_or_create(&path).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         let err = load_or_create(&path).unwrap_err();
-        assert!(matches!(err, KeyFileError::TooOpen { mode: 0o644, .. }), "{err:?}");
+        assert!(
+            matches!(err, KeyFileError::TooOpen { mode: 0o644, .. }),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("chmod 600"), "{err}");
     }
 

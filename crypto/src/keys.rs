@@ -29,9 +29,8 @@ fn decode_key(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
     let mut bytes = STANDARD
         .decode(text.trim())
         .map_err(|e| KeyError::Base64(e.to_string()))?;
-    let out = <[u8; KEY_LEN]>::try_from(bytes.as_slice()).map_err(|_| KeyError::Length {
-        got: bytes.len(),
-    });
+    let out = <[u8; KEY_LEN]>::try_from(bytes.as_slice())
+        .map_err(|_| KeyError::Length { got: bytes.len() });
     bytes.zeroize();
     out
 }

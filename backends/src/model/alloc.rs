@@ -57,7 +57,9 @@ pub fn allocate(
 ) -> Result<Allocation, Exhausted> {
     let mine = |t: &Taken| public_ip.is_some() && t.public_ip == public_ip;
     if let Some(prev) = previous.filter(|p| net.in_range(p)) {
-        let holder = taken.iter().find(|t| t.subnet.contains(&prev) || prev.contains(&t.subnet));
+        let holder = taken
+            .iter()
+            .find(|t| t.subnet.contains(&prev) || prev.contains(&t.subnet));
         if holder.is_none_or(|t| mine(t) && t.subnet == prev) {
             return Ok(Allocation::Previous(prev));
         }
@@ -83,7 +85,11 @@ pub fn allocate(
     loop {
         let index = lo + probe;
         let subnet = net.subnet_by_index(index);
-        if !used.contains(&index) && !odd.iter().any(|o| o.contains(&subnet) || subnet.contains(o)) {
+        if !used.contains(&index)
+            && !odd
+                .iter()
+                .any(|o| o.contains(&subnet) || subnet.contains(o))
+        {
             return Ok(Allocation::Fresh(subnet));
         }
         probe = (probe + 1) % count;
@@ -129,13 +135,48 @@ mod tests {
         let a = taken("10.244.1.0/24", "198.51.100.1");
         let mine = taken("10.244.9.0/24", ME);
         let cases: Vec<(&str, Vec<Taken>, Option<IpNet>, Allocation)> = vec![
-            ("previous free", vec![a], net("10.244.5.0/24"), Allocation::Previous("10.244.5.0/24".parse().unwrap())),
-            ("previous held by my ip", vec![a, mine], net("10.244.9.0/24"), Allocation::Previous("10.244.9.0/24".parse().unwrap())),
-            ("previous taken by another: my ip's lease", vec![a, mine], net("10.244.1.0/24"), Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap())),
-            ("previous out of range (first subnet)", vec![mine], net("10.244.0.0/24"), Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap())),
-            ("previous wrong length", vec![mine], net("10.244.5.0/25"), Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap())),
-            ("no previous: my ip's lease", vec![a, mine], None, Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap())),
-            ("fresh: probes past taken", vec![a], None, Allocation::Fresh("10.244.2.0/24".parse().unwrap())),
+            (
+                "previous free",
+                vec![a],
+                net("10.244.5.0/24"),
+                Allocation::Previous("10.244.5.0/24".parse().unwrap()),
+            ),
+            (
+                "previous held by my ip",
+                vec![a, mine],
+                net("10.244.9.0/24"),
+                Allocation::Previous("10.244.9.0/24".parse().unwrap()),
+            ),
+            (
+                "previous taken by another: my ip's lease",
+                vec![a, mine],
+                net("10.244.1.0/24"),
+                Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap()),
+            ),
+            (
+                "previous out of range (first subnet)",
+                vec![mine],
+                net("10.244.0.0/24"),
+                Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap()),
+            ),
+            (
+                "previous wrong length",
+                vec![mine],
+                net("10.244.5.0/25"),
+                Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap()),
+            ),
+            (
+                "no previous: my ip's lease",
+                vec![a, mine],
+                None,
+                Allocation::SamePublicIp("10.244.9.0/24".parse().unwrap()),
+            ),
+            (
+                "fresh: probes past taken",
+                vec![a],
+                None,
+                Allocation::Fresh("10.244.2.0/24".parse().unwrap()),
+            ),
         ];
         for (name, taken, previous, want) in cases {
             // random = 0 starts the probe at SubnetMin (10.244.1.0).
@@ -147,7 +188,10 @@ mod tests {
     #[test]
     fn random_start_wraps_and_respects_odd_shapes() {
         let p = pod("10.244.0.0/22", 24); // subnets .1, .2, .3 (the first is skipped)
-        let odd = Taken { subnet: "10.244.2.0/23".parse().unwrap(), public_ip: None };
+        let odd = Taken {
+            subnet: "10.244.2.0/23".parse().unwrap(),
+            public_ip: None,
+        };
         let got = allocate(&p, &[odd], None, None, 1).unwrap();
         assert_eq!(got, Allocation::Fresh("10.244.1.0/24".parse().unwrap()));
     }
@@ -155,7 +199,9 @@ mod tests {
     #[test]
     fn exhaustion_is_a_clear_error() {
         let p = pod("10.244.0.0/22", 24);
-        let all: Vec<_> = (1..4).map(|i| taken(&format!("10.244.{i}.0/24"), "198.51.100.1")).collect();
+        let all: Vec<_> = (1..4)
+            .map(|i| taken(&format!("10.244.{i}.0/24"), "198.51.100.1"))
+            .collect();
         let err = allocate(&p, &all, None, Some(ME.parse().unwrap()), 12345).unwrap_err();
         assert_eq!(
             err.to_string(),
@@ -181,7 +227,10 @@ mod tests {
             let s = allocate(&p, &held, None, None, r).unwrap().subnet();
             assert!(p.in_range(&s), "{s}");
             assert!(held.iter().all(|t| t.subnet != s), "{s} twice");
-            held.push(Taken { subnet: s, public_ip: None });
+            held.push(Taken {
+                subnet: s,
+                public_ip: None,
+            });
         }
         assert!(allocate(&p, &held, None, None, 1).is_err());
     }

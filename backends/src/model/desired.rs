@@ -90,9 +90,18 @@ pub enum Match {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NatRule {
     /// kube-proxy marks packets it will masquerade itself.
-    ReturnIfMarked { mark: u32 },
-    Return { src: Match, dst: Match },
-    Masquerade { src: Match, dst: Match, fully_random: bool },
+    ReturnIfMarked {
+        mark: u32,
+    },
+    Return {
+        src: Match,
+        dst: Match,
+    },
+    Masquerade {
+        src: Match,
+        dst: Match,
+        fully_random: bool,
+    },
 }
 
 /// Accept forwarded traffic matching `src` or `dst` (one of the two is set).
@@ -204,9 +213,17 @@ impl MasqueradeTable {
         let mut out = Vec::new();
         for rule in &self.postrouting {
             out.push(match rule {
-                NatRule::ReturnIfMarked { mark } => format!("postrouting: meta mark & {mark:#x} == {mark:#x} return"),
-                NatRule::Return { src, dst } => format!("postrouting: {fam} saddr {src} {fam} daddr {dst} return"),
-                NatRule::Masquerade { src, dst, fully_random } => format!(
+                NatRule::ReturnIfMarked { mark } => {
+                    format!("postrouting: meta mark & {mark:#x} == {mark:#x} return")
+                }
+                NatRule::Return { src, dst } => {
+                    format!("postrouting: {fam} saddr {src} {fam} daddr {dst} return")
+                }
+                NatRule::Masquerade {
+                    src,
+                    dst,
+                    fully_random,
+                } => format!(
                     "postrouting: {fam} saddr {src} {fam} daddr {dst} masquerade{}",
                     if *fully_random { " fully-random" } else { "" }
                 ),
@@ -227,10 +244,24 @@ impl fmt::Display for DesiredState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for t in &self.tunnels {
             let addrs: Vec<_> = t.addresses.iter().map(ToString::to_string).collect();
-            writeln!(f, "device {} (wireguard): listen {}, mtu {}, address {}", t.device, t.listen_port, t.mtu, addrs.join(", "))?;
+            writeln!(
+                f,
+                "device {} (wireguard): listen {}, mtu {}, address {}",
+                t.device,
+                t.listen_port,
+                t.mtu,
+                addrs.join(", ")
+            )?;
             for p in &t.peers {
                 let allowed: Vec<_> = p.allowed_ips.iter().map(ToString::to_string).collect();
-                write!(f, "  peer {:<12} key {}  endpoint {:<21} allowed {}", p.node, p.public_key, p.endpoint, allowed.join(","))?;
+                write!(
+                    f,
+                    "  peer {:<12} key {}  endpoint {:<21} allowed {}",
+                    p.node,
+                    p.public_key,
+                    p.endpoint,
+                    allowed.join(",")
+                )?;
                 if p.keepalive > 0 {
                     write!(f, "  keepalive {}s", p.keepalive)?;
                 }

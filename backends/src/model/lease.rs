@@ -43,16 +43,29 @@ pub struct LeaseAttrs {
     pub public_ipv6: Option<Ipv6Addr>,
     #[serde(rename = "BackendType", default)]
     pub backend_type: String,
-    #[serde(rename = "BackendData", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "BackendData",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backend_data: Option<Value>,
-    #[serde(rename = "BackendV6Data", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "BackendV6Data",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backend_v6_data: Option<Value>,
 }
 
 impl LeaseAttrs {
     /// The lease for `node` holding `subnet` with these attributes. flannel writes
     /// `0.0.0.0` for "no address"; that reads as none.
-    pub fn into_lease(self, node: String, subnet: Option<IpNet>, subnet_v6: Option<IpNet>) -> Lease {
+    pub fn into_lease(
+        self,
+        node: String,
+        subnet: Option<IpNet>,
+        subnet_v6: Option<IpNet>,
+    ) -> Lease {
         Lease {
             node,
             subnet,

@@ -8,7 +8,7 @@ pub mod net;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use desired::{
-    DesiredState, Family, ForwardRule, LeaveReason, LeftOut, Match, MasqueradeTable, NatRule,
+    DesiredState, Family, ForwardRule, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule,
     PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, ViewChange};

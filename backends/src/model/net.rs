@@ -103,19 +103,24 @@ impl PodNetwork {
     /// The subnet with index `i` (see `index_range`).
     pub fn subnet_by_index(&self, i: u128) -> IpNet {
         let base = to_u128(self.network.addr());
-        self.subnet_at(from_u128(self.network.addr(), base + i * self.subnet_size()))
+        self.subnet_at(from_u128(
+            self.network.addr(),
+            base + i * self.subnet_size(),
+        ))
     }
 
     /// Index of `subnet` if it is one of this network's node subnets (right length, inside).
     pub fn index_of(&self, subnet: &IpNet) -> Option<u128> {
-        (subnet.prefix_len() == self.subnet_len && self.network.contains(subnet))
-            .then(|| (to_u128(subnet.network()) - to_u128(self.network.addr())) / self.subnet_size())
+        (subnet.prefix_len() == self.subnet_len && self.network.contains(subnet)).then(|| {
+            (to_u128(subnet.network()) - to_u128(self.network.addr())) / self.subnet_size()
+        })
     }
 
     /// Whether `subnet` may be handed out: a node subnet between min and max.
     pub fn in_range(&self, subnet: &IpNet) -> bool {
         let (lo, hi) = self.index_range();
-        self.index_of(subnet).is_some_and(|i| (lo..=hi).contains(&i))
+        self.index_of(subnet)
+            .is_some_and(|i| (lo..=hi).contains(&i))
     }
 }
 

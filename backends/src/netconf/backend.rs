@@ -20,7 +20,11 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 3] = [BackendKind::Wireguard, BackendKind::Vxlan, BackendKind::HostGw];
+    pub const ALL: [BackendKind; 3] = [
+        BackendKind::Wireguard,
+        BackendKind::Vxlan,
+        BackendKind::HostGw,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -44,7 +48,15 @@ impl fmt::Display for BackendKind {
 
 /// flannel backends weft does not implement; named so the error can say so.
 const FLANNEL_ONLY: &[&str] = &[
-    "udp", "ipip", "ipsec", "alloc", "extension", "gce", "aws-vpc", "ali-vpc", "tencent-vpc",
+    "udp",
+    "ipip",
+    "ipsec",
+    "alloc",
+    "extension",
+    "gce",
+    "aws-vpc",
+    "ali-vpc",
+    "tencent-vpc",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -117,17 +129,25 @@ macro_rules! keyword_enum {
     };
 }
 
-keyword_enum!(WireguardMode, "Mode", [
-    (WireguardMode::Separate, "separate"),
-    (WireguardMode::Auto, "auto"),
-    (WireguardMode::Ipv4, "ipv4"),
-    (WireguardMode::Ipv6, "ipv6")
-]);
-keyword_enum!(Implementation, "Implementation", [
-    (Implementation::Auto, "auto"),
-    (Implementation::Kernel, "kernel"),
-    (Implementation::Userspace, "userspace")
-]);
+keyword_enum!(
+    WireguardMode,
+    "Mode",
+    [
+        (WireguardMode::Separate, "separate"),
+        (WireguardMode::Auto, "auto"),
+        (WireguardMode::Ipv4, "ipv4"),
+        (WireguardMode::Ipv6, "ipv6")
+    ]
+);
+keyword_enum!(
+    Implementation,
+    "Implementation",
+    [
+        (Implementation::Auto, "auto"),
+        (Implementation::Kernel, "kernel"),
+        (Implementation::Userspace, "userspace")
+    ]
+);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct WireguardConf {
@@ -206,12 +226,24 @@ const WIREGUARD_KEYS: &[&str] = &[
     "Mode",
     "Implementation",
 ];
-const VXLAN_KEYS: &[&str] = &["Type", "VNI", "Port", "GBP", "Learning", "DirectRouting", "MTU"];
+const VXLAN_KEYS: &[&str] = &[
+    "Type",
+    "VNI",
+    "Port",
+    "GBP",
+    "Learning",
+    "DirectRouting",
+    "MTU",
+];
 const HOST_GW_KEYS: &[&str] = &["Type"];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
 /// encrypts by default.
-pub(super) fn parse(value: Option<&Value>, ipv6: bool, errors: &mut Vec<ConfigError>) -> Option<Backend> {
+pub(super) fn parse(
+    value: Option<&Value>,
+    ipv6: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Backend> {
     let empty = Map::new();
     let map = match value {
         None => &empty,
@@ -235,12 +267,20 @@ pub(super) fn parse(value: Option<&Value>, ipv6: bool, errors: &mut Vec<ConfigEr
         Some(Value::String(s)) => match s.parse() {
             Ok(kind) => kind,
             Err(e) => {
-                errors.push(ConfigError::invalid("Backend.Type", format!("{s:?}"), UnknownBackend::to_string(&e)));
+                errors.push(ConfigError::invalid(
+                    "Backend.Type",
+                    format!("{s:?}"),
+                    UnknownBackend::to_string(&e),
+                ));
                 return None;
             }
         },
         Some(other) => {
-            errors.push(ConfigError::invalid("Backend.Type", other, "expected a string: wireguard, vxlan or host-gw"));
+            errors.push(ConfigError::invalid(
+                "Backend.Type",
+                other,
+                "expected a string: wireguard, vxlan or host-gw",
+            ));
             return None;
         }
     };
@@ -263,7 +303,9 @@ pub(super) fn parse(value: Option<&Value>, ipv6: bool, errors: &mut Vec<ConfigEr
         BackendKind::Vxlan => {
             let mut f = Fields::new("Backend.", map, VXLAN_KEYS, errors);
             Backend::Vxlan(VxlanConf {
-                vni: f.integer("VNI", 0, (1 << 24) - 1, "a VXLAN network identifier").map_or(1, |n| n as u32),
+                vni: f
+                    .integer("VNI", 0, (1 << 24) - 1, "a VXLAN network identifier")
+                    .map_or(1, |n| n as u32),
                 port: port(&mut f, "Port", 0).unwrap_or(0),
                 gbp: f.bool("GBP").unwrap_or(false),
                 learning: f.bool("Learning").unwrap_or(false),
@@ -280,13 +322,20 @@ pub(super) fn parse(value: Option<&Value>, ipv6: bool, errors: &mut Vec<ConfigEr
 }
 
 fn port(f: &mut Fields<'_, '_>, key: &str, min: u64) -> Option<u16> {
-    let what = if min == 0 { "a UDP port (0 = kernel default)" } else { "a UDP port" };
+    let what = if min == 0 {
+        "a UDP port (0 = kernel default)"
+    } else {
+        "a UDP port"
+    };
     f.integer(key, min, 65535, what).map(|n| n as u16)
 }
 
 fn mtu(f: &mut Fields<'_, '_>, ipv6: bool) -> Option<u32> {
     let (min, what) = if ipv6 {
-        (1280, "an underlay MTU with IPv6 enabled (IPv6 needs at least 1280)")
+        (
+            1280,
+            "an underlay MTU with IPv6 enabled (IPv6 needs at least 1280)",
+        )
     } else {
         (576, "an IPv4 underlay MTU")
     };

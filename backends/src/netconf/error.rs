@@ -29,7 +29,11 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub fn invalid(key: impl Into<String>, value: impl fmt::Display, problem: impl Into<String>) -> Self {
+    pub fn invalid(
+        key: impl Into<String>,
+        value: impl fmt::Display,
+        problem: impl Into<String>,
+    ) -> Self {
         ConfigError::Invalid {
             key: key.into(),
             value: value.to_string(),
@@ -75,7 +79,11 @@ pub struct ConfigErrors(pub Vec<ConfigError>);
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0.len();
-        write!(f, "net-conf.json has {n} problem{}:", if n == 1 { "" } else { "s" })?;
+        write!(
+            f,
+            "net-conf.json has {n} problem{}:",
+            if n == 1 { "" } else { "s" }
+        )?;
         for e in &self.0 {
             write!(f, "\n  - {e}")?;
         }

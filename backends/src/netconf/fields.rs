@@ -50,15 +50,12 @@ impl<'m, 'e> Fields<'m, 'e> {
 
     /// The value for `key`, `None` when absent or `null` (Go leaves the zero value then).
     pub fn get(&self, key: &str) -> Option<&'m Value> {
-        let value = self
-            .map
-            .get(key)
-            .or_else(|| {
-                self.map
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
-                    .map(|(_, v)| v)
-            })?;
+        let value = self.map.get(key).or_else(|| {
+            self.map
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                .map(|(_, v)| v)
+        })?;
         (!value.is_null()).then_some(value)
     }
 
@@ -67,8 +64,11 @@ impl<'m, 'e> Fields<'m, 'e> {
         match value.as_str() {
             Some(s) => Some(s),
             None => {
-                self.errors
-                    .push(ConfigError::invalid(self.path(key), value, "expected a string"));
+                self.errors.push(ConfigError::invalid(
+                    self.path(key),
+                    value,
+                    "expected a string",
+                ));
                 None
             }
         }
@@ -79,8 +79,11 @@ impl<'m, 'e> Fields<'m, 'e> {
         match value.as_bool() {
             Some(b) => Some(b),
             None => {
-                self.errors
-                    .push(ConfigError::invalid(self.path(key), value, "expected true or false"));
+                self.errors.push(ConfigError::invalid(
+                    self.path(key),
+                    value,
+                    "expected true or false",
+                ));
                 None
             }
         }

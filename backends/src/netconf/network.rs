@@ -56,7 +56,11 @@ fn parse_cidr(f: &mut Fields<'_, '_>, keys: &FamilyKeys) -> Option<IpNet> {
             f.push(ConfigError::invalid(
                 f.path(keys.network),
                 format!("{text:?}"),
-                format!("not a CIDR; expected an {} network such as \"{}\"", family_name(keys.v6), keys.example),
+                format!(
+                    "not a CIDR; expected an {} network such as \"{}\"",
+                    family_name(keys.v6),
+                    keys.example
+                ),
             ));
             return None;
         }
@@ -87,7 +91,10 @@ fn parse_addr(f: &mut Fields<'_, '_>, key: &'static str, keys: &FamilyKeys) -> O
             f.push(ConfigError::invalid(
                 f.path(key),
                 format!("{text:?}"),
-                format!("expected an {} address (a subnet's network address, no prefix)", family_name(keys.v6)),
+                format!(
+                    "expected an {} address (a subnet's network address, no prefix)",
+                    family_name(keys.v6)
+                ),
             ));
             None
         }
@@ -96,9 +103,17 @@ fn parse_addr(f: &mut Fields<'_, '_>, key: &'static str, keys: &FamilyKeys) -> O
 
 /// Parses one family's keys. `None` when the family is disabled or its keys are bad (the
 /// errors are recorded); keys of a disabled family are still checked for typos.
-pub(super) fn family(f: &mut Fields<'_, '_>, keys: FamilyKeys, enabled: bool) -> Option<PodNetwork> {
+pub(super) fn family(
+    f: &mut Fields<'_, '_>,
+    keys: FamilyKeys,
+    enabled: bool,
+) -> Option<PodNetwork> {
     let network = parse_cidr(f, &keys);
-    let max_len = bits(if keys.v6 { IpAddr::V6(0.into()) } else { IpAddr::V4(0.into()) }) - 2;
+    let max_len = bits(if keys.v6 {
+        IpAddr::V6(0.into())
+    } else {
+        IpAddr::V4(0.into())
+    }) - 2;
     let subnet_len = f.integer(keys.subnet_len, 0, 128, "a prefix length");
     let min = parse_addr(f, keys.min, &keys);
     let max = parse_addr(f, keys.max, &keys);
@@ -112,9 +127,17 @@ pub(super) fn family(f: &mut Fields<'_, '_>, keys: FamilyKeys, enabled: bool) ->
                 why: format!(
                     "`{}` is {}; give the pod network as a CIDR such as \"{}\"{}",
                     keys.enable,
-                    if keys.v6 { "true" } else { "true (the default)" },
+                    if keys.v6 {
+                        "true"
+                    } else {
+                        "true (the default)"
+                    },
                     keys.example,
-                    if keys.v6 { "" } else { ", or set EnableIPv4 to false for an IPv6-only cluster" },
+                    if keys.v6 {
+                        ""
+                    } else {
+                        ", or set EnableIPv4 to false for an IPv6-only cluster"
+                    },
                 ),
             });
         }
@@ -139,7 +162,10 @@ pub(super) fn family(f: &mut Fields<'_, '_>, keys: FamilyKeys, enabled: bool) ->
         pod.reset_range();
     }
     let mut ok = true;
-    for (key, addr, slot) in [(keys.min, min, &mut pod.subnet_min), (keys.max, max, &mut pod.subnet_max)] {
+    for (key, addr, slot) in [
+        (keys.min, min, &mut pod.subnet_min),
+        (keys.max, max, &mut pod.subnet_max),
+    ] {
         let Some(addr) = addr else { continue };
         let subnet = IpNet::new(addr, pod.subnet_len).map(|n| n.trunc());
         let problem = match subnet {
@@ -154,7 +180,11 @@ pub(super) fn family(f: &mut Fields<'_, '_>, keys: FamilyKeys, enabled: bool) ->
         };
         match problem {
             Some(problem) => {
-                f.push(ConfigError::invalid(f.path(key), format!("\"{addr}\""), problem));
+                f.push(ConfigError::invalid(
+                    f.path(key),
+                    format!("\"{addr}\""),
+                    problem,
+                ));
                 ok = false;
             }
             None => *slot = addr,
@@ -164,7 +194,10 @@ pub(super) fn family(f: &mut Fields<'_, '_>, keys: FamilyKeys, enabled: bool) ->
         f.push(ConfigError::invalid(
             f.path(keys.min),
             format!("\"{}\"", pod.subnet_min),
-            format!("is above `{}` \"{}\": the range is reversed; swap them", keys.max, pod.subnet_max),
+            format!(
+                "is above `{}` \"{}\": the range is reversed; swap them",
+                keys.max, pod.subnet_max
+            ),
         ));
         ok = false;
     }

@@ -91,12 +91,13 @@ fn reports_every_problem_at_once() {
             "Backend": {"Type": "wireguard", "ListenPort": 0, "Mode": "x", "PSK": ""}}"#,
     );
     assert_eq!(got.len(), 5, "{got:#?}");
-    let keys: Vec<_> = parse(r#"{"Network": "x", "Backend": {"Type": "vxlan", "VNI": -1, "GBP": 1}}"#)
-        .unwrap_err()
-        .0
-        .iter()
-        .map(|e| e.key().to_string())
-        .collect();
+    let keys: Vec<_> =
+        parse(r#"{"Network": "x", "Backend": {"Type": "vxlan", "VNI": -1, "GBP": 1}}"#)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|e| e.key().to_string())
+            .collect();
     assert_eq!(keys, ["Network", "Backend.VNI", "Backend.GBP"]);
 }
 
@@ -110,10 +111,15 @@ fn flannel_minimal_config_gets_defaults() {
     assert_eq!(v4.subnet_max.to_string(), "10.244.255.0");
     assert!(conf.ipv6.is_none());
     assert!(!conf.enable_nftables);
-    let Backend::Wireguard(wg) = conf.backend else { panic!("not wireguard") };
+    let Backend::Wireguard(wg) = conf.backend else {
+        panic!("not wireguard")
+    };
     assert_eq!((wg.listen_port, wg.listen_port_v6), (51820, 51821));
     assert_eq!((wg.mtu, wg.persistent_keepalive), (None, 0));
-    assert_eq!((wg.mode, wg.implementation), (WireguardMode::Separate, Implementation::Auto));
+    assert_eq!(
+        (wg.mode, wg.implementation),
+        (WireguardMode::Separate, Implementation::Auto)
+    );
     assert!(wg.psk.is_none());
 }
 
@@ -129,7 +135,14 @@ fn go_style_case_insensitive_keys_and_host_bits_are_accepted() {
     assert_eq!(conf.ipv4.unwrap().network.to_string(), "10.244.0.0/16");
     assert_eq!(
         conf.backend,
-        Backend::Vxlan(VxlanConf { vni: 4, port: 0, gbp: false, learning: false, direct_routing: true, mtu: None })
+        Backend::Vxlan(VxlanConf {
+            vni: 4,
+            port: 0,
+            gbp: false,
+            learning: false,
+            direct_routing: true,
+            mtu: None
+        })
     );
 }
 
@@ -143,22 +156,40 @@ fn dual_stack_and_custom_ranges() {
     )
     .unwrap();
     let v4 = conf.ipv4.unwrap();
-    assert_eq!((v4.subnet_len, v4.subnet_min.to_string(), v4.subnet_max.to_string()),
-               (26, "10.244.0.64".into(), "10.244.10.192".into()));
+    assert_eq!(
+        (
+            v4.subnet_len,
+            v4.subnet_min.to_string(),
+            v4.subnet_max.to_string()
+        ),
+        (26, "10.244.0.64".into(), "10.244.10.192".into())
+    );
     let v6 = conf.ipv6.unwrap();
-    assert_eq!((v6.subnet_len, v6.subnet_min.to_string()), (64, "fd00:10:244:1::".into()));
-    let Backend::Wireguard(wg) = &conf.backend else { panic!() };
+    assert_eq!(
+        (v6.subnet_len, v6.subnet_min.to_string()),
+        (64, "fd00:10:244:1::".into())
+    );
+    let Backend::Wireguard(wg) = &conf.backend else {
+        panic!()
+    };
     assert!(wg.psk.is_some());
-    assert_eq!((wg.persistent_keepalive, wg.mode, wg.mtu), (25, WireguardMode::Auto, Some(9000)));
+    assert_eq!(
+        (wg.persistent_keepalive, wg.mode, wg.mtu),
+        (25, WireguardMode::Auto, Some(9000))
+    );
 }
 
 #[test]
 fn effective_config_round_trips_and_hides_the_psk() {
-    let text = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan", "DirectRouting": true}}"#;
+    let text =
+        r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan", "DirectRouting": true}}"#;
     let conf = parse(text).unwrap();
     let printed = conf.to_string();
     assert_eq!(parse(&printed).unwrap(), conf, "{printed}");
     let secret = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE=";
-    let wg = parse(&format!(r#"{{"Network": "10.244.0.0/16", "Backend": {{"PSK": "{secret}"}}}}"#)).unwrap();
+    let wg = parse(&format!(
+        r#"{{"Network": "10.244.0.0/16", "Backend": {{"PSK": "{secret}"}}}}"#
+    ))
+    .unwrap();
     assert!(!wg.to_string().contains(&secret[..10]));
 }

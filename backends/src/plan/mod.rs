@@ -1,0 +1,139 @@
+//! `plan()`: `(local lease, ClusterView, NetConf, options, now) -> DesiredState`.
+//!
+//! Pure: no I/O, no clock of its own, no randomness. Every decision about peers lives here:
+//! which peers, which endpoint, which AllowedIPs, which routes, the MTU, and which peers are
+//! left out and why. A bad peer is left out with a reason naming it; it never disturbs the
+//! rest of the plan. Only a problem with this node's own lease fails the plan.
+
+mod masquerade;
+mod peers;
+mod wireguard;
+
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use crate::model::{DesiredState, Family, Lease, SubnetEnv};
+use crate::netconf::{Backend, BackendKind, NetConf};
+
+pub use wireguard::{
+    backend_data as wireguard_backend_data, WireguardData, DEVICE as WG_DEVICE,
+    DEVICE_V6 as WG_DEVICE_V6,
+};
+
+/// Node-local facts the plan needs besides the config: resolved by the agent, passed in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// `--ip-masq`: install the masquerade rule set.
+    pub ip_masq: bool,
+    /// MTU of the external interface, used when the config sets no `MTU`.
+    pub underlay_mtu: u32,
+}
+
+pub struct PlanInput<'a> {
+    pub local: &'a Lease,
+    pub view: &'a crate::model::ClusterView,
+    pub config: &'a NetConf,
+    pub options: &'a PlanOptions,
+    pub now: SystemTime,
+}
+
+/// A problem with this node's own lease or setup: nothing can be planned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "this node ({node}) holds no {family:?} subnet, but the family is enabled in net-conf.json"
+    )]
+    LocalNoSubnet { node: String, family: Family },
+    #[error("this node's ({node}) subnet {subnet} lies outside the pod network {network}; fix the node's podCIDR or the config's Network")]
+    LocalSubnetOutside {
+        node: String,
+        subnet: IpNet,
+        network: IpNet,
+    },
+    #[error("this node's ({node}) published backend data is unusable: {detail}")]
+    LocalBackendData { node: String, detail: String },
+    #[error("backend {0} is not implemented yet; use wireguard")]
+    NotImplemented(BackendKind),
+}
+
+/// This node's subnets, checked against the config.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalSubnets {
+    pub v4: Option<IpNet>,
+    pub v6: Option<IpNet>,
+}
+
+impl LocalSubnets {
+    fn of(local: &Lease, config: &NetConf) -> Result<Self, PlanError> {
+        let pick = |subnet: Option<IpNet>, family: Family| -> Result<Option<IpNet>, PlanError> {
+            let Some(net) = config.network(family == Family::Ipv6) else {
+                return Ok(None);
+            };
+            let subnet = subnet.ok_or_else(|| PlanError::LocalNoSubnet {
+                node: local.node.clone(),
+                family,
+            })?;
+            if !net.network.contains(&subnet) {
+                return Err(PlanError::LocalSubnetOutside {
+                    node: local.node.clone(),
+                    subnet,
+                    network: net.network,
+                });
+            }
+            Ok(Some(subnet))
+        };
+        Ok(LocalSubnets {
+            v4: pick(local.subnet, Family::Ipv4)?,
+            v6: pick(local.subnet_v6, Family::Ipv6)?,
+        })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.v4.iter().chain(self.v6.iter()).copied()
+    }
+}
+
+/// Plans this node's data plane. See the module doc.
+pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
+    let ours = LocalSubnets::of(input.local, input.config)?;
+    let kind = input.config.backend.kind();
+    let screened = peers::screen(input, &ours, kind);
+    let mut state = match &input.config.backend {
+        Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened)?,
+        Backend::Vxlan(_) | Backend::HostGw => return Err(PlanError::NotImplemented(kind)),
+    };
+    if input.options.ip_masq {
+        state.masquerade = masquerade::tables(input.config, &ours);
+    }
+    state.left_out.sort_by(|a, b| a.node.cmp(&b.node));
+    Ok(state)
+}
+
+/// subnet.env for this node: the gateway address is the subnet's first host.
+pub(crate) fn subnet_env(
+    config: &NetConf,
+    ours: &LocalSubnets,
+    mtu: u32,
+    ipmasq: bool,
+) -> SubnetEnv {
+    let gateway = |s: IpNet| {
+        let first = crate::model::net::to_u128(s.network()) + 1;
+        IpNet::new(
+            crate::model::net::from_u128(s.addr(), first),
+            s.prefix_len(),
+        )
+        .unwrap_or(s)
+    };
+    SubnetEnv {
+        network: config.ipv4.map(|n| n.network),
+        subnet: ours.v4.map(gateway),
+        ipv6_network: config.ipv6.map(|n| n.network),
+        ipv6_subnet: ours.v6.map(gateway),
+        mtu,
+        ipmasq,
+    }
+}
+
+#[cfg(test)]
+mod tests;

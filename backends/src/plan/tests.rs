@@ -1,0 +1,472 @@
+//! Table tests for `plan`: the good mesh in full, then one case per kind of bad peer, each
+//! asserting the recorded reason and that the good peer's plan is untouched.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use weft_crypto::PrivateKey;
+
+use super::*;
+use crate::model::{ClusterView, Lease, RouteRole};
+use crate::netconf::parse;
+
+const NOW: Duration = Duration::from_secs(1_800_000_000);
+
+fn key(seed: u8) -> weft_crypto::PublicKey {
+    PrivateKey::from_bytes([seed; 32]).public_key()
+}
+
+fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
+    Lease {
+        node: node.into(),
+        subnet: Some(subnet.parse().unwrap()),
+        subnet_v6: None,
+        public_ip: Some(ip),
+        public_ipv6: None,
+        backend_type: "wireguard".into(),
+        backend_data: Some(wireguard_backend_data(&key(key_seed), 51820)),
+        backend_v6_data: None,
+        expires: None,
+    }
+}
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 51, 100, last)
+}
+
+fn local() -> Lease {
+    lease("node-a", "10.244.1.0/24", ip(1), 1)
+}
+
+fn good_peer() -> Lease {
+    lease("node-b", "10.244.2.0/24", ip(2), 2)
+}
+
+fn run(config: &str, peers: Vec<Lease>, ip_masq: bool) -> Result<DesiredState, PlanError> {
+    let config = parse(config).unwrap();
+    let me = local();
+    let mut view = ClusterView::default();
+    view.insert(me.clone());
+    for p in peers {
+        view.insert(p);
+    }
+    let options = PlanOptions {
+        ip_masq,
+        underlay_mtu: 1500,
+    };
+    plan(&PlanInput {
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::UNIX_EPOCH + NOW,
+    })
+}
+
+const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
+
+#[test]
+fn three_nodes_full_plan() {
+    let c = lease("node-c", "10.244.3.0/24", ip(3), 3);
+    let state = run(CONF, vec![c, good_peer()], true).unwrap();
+    assert_eq!(state.tunnels.len(), 1);
+    let t = &state.tunnels[0];
+    assert_eq!(
+        (t.device.as_str(), t.listen_port, t.mtu),
+        ("flannel-wg", 51820, 1420)
+    );
+    assert_eq!(t.addresses, vec!["10.244.1.0/32".parse::<IpNet>().unwrap()]);
+    let peers: Vec<_> = t
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.node.as_str(),
+                p.public_key,
+                p.endpoint.to_string(),
+                p.allowed_ips.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        peers,
+        vec![
+            (
+                "node-b",
+                key(2),
+                "198.51.100.2:51820".into(),
+                vec!["10.244.2.0/24".parse().unwrap()]
+            ),
+            (
+                "node-c",
+                key(3),
+                "198.51.100.3:51820".into(),
+                vec!["10.244.3.0/24".parse().unwrap()]
+            ),
+        ]
+    );
+    let routes: Vec<_> = state
+        .routes
+        .iter()
+        .map(|r| (r.dst.to_string(), r.device.as_str(), r.role.clone()))
+        .collect();
+    assert_eq!(
+        routes,
+        vec![
+            ("10.244.0.0/16".into(), "flannel-wg", RouteRole::Covering),
+            (
+                "10.244.2.0/24".into(),
+                "flannel-wg",
+                RouteRole::Peer("node-b".into())
+            ),
+            (
+                "10.244.3.0/24".into(),
+                "flannel-wg",
+                RouteRole::Peer("node-c".into())
+            ),
+        ]
+    );
+    assert_eq!(
+        state.subnet_env.render(),
+        "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.1.1/24\nFLANNEL_MTU=1420\nFLANNEL_IPMASQ=true\n"
+    );
+    assert_eq!(state.masquerade.len(), 1);
+    assert_eq!(
+        state.masquerade[0].lines(),
+        vec![
+            "postrouting: meta mark & 0x4000 == 0x4000 return",
+            "postrouting: ip saddr 10.244.1.0/24 ip daddr 10.244.0.0/16 return",
+            "postrouting: ip saddr 10.244.0.0/16 ip daddr 10.244.1.0/24 return",
+            "postrouting: ip saddr != 10.244.0.0/16 ip daddr 10.244.1.0/24 return",
+            "postrouting: ip saddr 10.244.0.0/16 ip daddr != 224.0.0.0/4 masquerade fully-random",
+            "postrouting: ip saddr != 10.244.0.0/16 ip daddr 10.244.0.0/16 masquerade fully-random",
+            "forward: ip saddr 10.244.0.0/16 accept",
+            "forward: ip daddr 10.244.0.0/16 accept",
+        ]
+    );
+    assert!(state.left_out.is_empty());
+    // Pure: the same input gives the same plan.
+    let again = run(
+        CONF,
+        vec![lease("node-c", "10.244.3.0/24", ip(3), 3), good_peer()],
+        true,
+    )
+    .unwrap();
+    assert_eq!(again, state);
+}
+
+#[test]
+fn bad_peers_are_left_out_with_a_reason_and_the_rest_is_unaffected() {
+    let mut cases: Vec<(&str, Vec<Lease>, &str)> = Vec::new();
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.backend_data = Some(json!({"PublicKey": "bm90IGEga2V5", "Port": 51820}));
+    cases.push(("undecodable key", vec![bad], "node node-x left out: its backend-data is unusable: PublicKey \"bm90IGEga2V5\": decodes to 9 bytes, but a WireGuard key is exactly 32 bytes (44 base64 characters)"));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.backend_data = None;
+    cases.push((
+        "missing backend-data",
+        vec![bad],
+        "node node-x left out: its backend-data is unusable: it is missing",
+    ));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.backend_data = Some(json!({"PublicKey": key(9).to_base64(), "Port": 0}));
+    cases.push((
+        "bad port",
+        vec![bad],
+        "node node-x left out: its backend-data is unusable: Port 0 is not a UDP port (1–65535)",
+    ));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.public_ip = None;
+    cases.push((
+        "no public IP",
+        vec![bad],
+        "node node-x left out: it publishes no IPv4 public IP to reach it on",
+    ));
+    cases.push((
+        "subnet outside network",
+        vec![lease("node-x", "10.99.9.0/24", ip(9), 9)],
+        "node node-x left out: its subnet 10.99.9.0/24 lies outside the pod network 10.244.0.0/16",
+    ));
+    cases.push((
+        "overlaps our subnet",
+        vec![lease("node-x", "10.244.1.0/25", ip(9), 9)],
+        "node node-x left out: its subnet 10.244.1.0/25 overlaps this node's subnet 10.244.1.0/24",
+    ));
+    cases.push((
+        "our own key",
+        vec![lease("node-x", "10.244.9.0/24", ip(9), 1)],
+        &*Box::leak(
+            format!(
+                "node node-x left out: it publishes this node's own public key {}",
+                key(1)
+            )
+            .into_boxed_str(),
+        ),
+    ));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.backend_type = "vxlan".into();
+    cases.push(("wrong backend", vec![bad], "node node-x left out: it runs backend \"vxlan\", this node runs wireguard; all nodes must use one backend"));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.expires = Some(SystemTime::UNIX_EPOCH + NOW - Duration::from_secs(1));
+    cases.push((
+        "expired",
+        vec![bad],
+        "node node-x left out: its lease has expired",
+    ));
+    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    bad.subnet = None;
+    cases.push((
+        "no subnet",
+        vec![bad],
+        "node node-x left out: it holds no subnet of an enabled family",
+    ));
+
+    for (name, extra, want) in cases {
+        let mut peers = extra;
+        peers.push(good_peer());
+        let state = run(CONF, peers, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let reasons: Vec<_> = state.left_out.iter().map(ToString::to_string).collect();
+        assert_eq!(reasons, vec![want.to_string()], "{name}");
+        let t = &state.tunnels[0];
+        assert_eq!(
+            t.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
+            ["node-b"],
+            "{name}"
+        );
+        assert!(
+            state
+                .routes
+                .iter()
+                .any(|r| r.role == RouteRole::Peer("node-b".into())),
+            "{name}"
+        );
+        assert!(
+            !state
+                .routes
+                .iter()
+                .any(|r| r.role == RouteRole::Peer("node-x".into())),
+            "{name}"
+        );
+        assert!(
+            state.routes.iter().any(|r| r.role == RouteRole::Covering),
+            "{name}: fail-closed route missing"
+        );
+    }
+}
+
+#[test]
+fn a_subnet_or_key_claimed_twice_leaves_out_both_claimants() {
+    let dup_subnet = vec![
+        lease("node-x", "10.244.9.0/24", ip(9), 9),
+        lease("node-y", "10.244.9.0/24", ip(10), 10),
+        good_peer(),
+    ];
+    let state = run(CONF, dup_subnet, false).unwrap();
+    let reasons: Vec<_> = state.left_out.iter().map(ToString::to_string).collect();
+    assert_eq!(reasons, [
+        "node node-x left out: its subnet 10.244.9.0/24 is also claimed by node node-y; both are left out until one lets go",
+        "node node-y left out: its subnet 10.244.9.0/24 is also claimed by node node-x; both are left out until one lets go",
+    ]);
+    assert_eq!(state.tunnels[0].peers.len(), 1);
+
+    let dup_key = vec![
+        lease("node-x", "10.244.9.0/24", ip(9), 9),
+        lease("node-y", "10.244.10.0/24", ip(10), 9),
+        good_peer(),
+    ];
+    let state = run(CONF, dup_key, false).unwrap();
+    let nodes: Vec<_> = state
+        .left_out
+        .iter()
+        .map(|l| {
+            (
+                l.node.as_str(),
+                l.reason.to_string().contains("also published by node"),
+            )
+        })
+        .collect();
+    assert_eq!(nodes, [("node-x", true), ("node-y", true)]);
+    assert_eq!(
+        state.tunnels[0]
+            .peers
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect::<Vec<_>>(),
+        ["node-b"]
+    );
+    assert_eq!(state.routes.len(), 2, "covering + node-b only");
+}
+
+#[test]
+fn peer_without_usable_key_still_has_its_traffic_captured_by_the_covering_route() {
+    let mut bad = good_peer();
+    bad.backend_data = Some(json!("garbage"));
+    let state = run(CONF, vec![bad], false).unwrap();
+    assert!(state.tunnels[0].peers.is_empty());
+    let covering: Vec<_> = state
+        .routes
+        .iter()
+        .filter(|r| {
+            r.dst
+                .contains(&"10.244.2.7".parse::<std::net::IpAddr>().unwrap())
+        })
+        .collect();
+    assert_eq!(covering.len(), 1);
+    assert_eq!(
+        (covering[0].device.as_str(), &covering[0].role),
+        ("flannel-wg", &RouteRole::Covering)
+    );
+}
+
+#[test]
+fn psk_keepalive_port_and_mtu_from_config() {
+    let conf = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "ListenPort": 51999, "MTU": 9000,
+        "PSK": "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE=", "PersistentKeepaliveInterval": 25}}"#;
+    let mut flannel_peer = good_peer();
+    flannel_peer.backend_data = Some(json!({ "PublicKey": key(2).to_base64() })); // flannel omits Port
+    let state = run(conf, vec![flannel_peer], false).unwrap();
+    let t = &state.tunnels[0];
+    assert_eq!((t.listen_port, t.mtu), (51999, 8920));
+    let p = &t.peers[0];
+    assert_eq!(
+        (
+            p.endpoint.to_string().as_str(),
+            p.keepalive,
+            p.psk.is_some()
+        ),
+        ("198.51.100.2:51999", 25, true)
+    );
+    assert!(state.masquerade.is_empty(), "no --ip-masq, no rules");
+    assert_eq!(state.subnet_env.mtu, 8920);
+}
+
+fn dual(node: &str, n: u8) -> Lease {
+    let mut l = lease(node, &format!("10.244.{n}.0/24"), ip(n), n);
+    l.subnet_v6 = Some(format!("fd00:10:244:{n}::/64").parse().unwrap());
+    l.public_ipv6 = Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n)));
+    l.backend_v6_data = Some(wireguard_backend_data(&key(n), 51821));
+    l
+}
+
+const DUAL: &str = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:10:244::/48", "Backend": {"Type": "wireguard"}}"#;
+
+fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
+    let config = parse(config).unwrap();
+    let me = dual("node-a", 1);
+    let mut view = ClusterView::default();
+    for l in peers.into_iter().chain([me.clone()]) {
+        view.insert(l);
+    }
+    let options = PlanOptions {
+        ip_masq: true,
+        underlay_mtu: 1500,
+    };
+    plan(&PlanInput {
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::UNIX_EPOCH,
+    })
+    .unwrap()
+}
+
+#[test]
+fn dual_stack_separate_mode_builds_two_devices() {
+    let state = run_dual(DUAL, vec![dual("node-b", 2)]);
+    let devs: Vec<_> = state
+        .tunnels
+        .iter()
+        .map(|t| {
+            (
+                t.device.as_str(),
+                t.listen_port,
+                t.peers[0].endpoint.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        devs,
+        [
+            ("flannel-wg", 51820, "198.51.100.2:51820".into()),
+            ("flannel-wg-v6", 51821, "[2001:db8::2]:51821".into())
+        ]
+    );
+    assert_eq!(
+        state.tunnels[1].addresses,
+        vec!["fd00:10:244:1::/128".parse::<IpNet>().unwrap()]
+    );
+    assert_eq!(state.routes.len(), 4);
+    assert_eq!(
+        state.masquerade.iter().map(|m| m.table).collect::<Vec<_>>(),
+        ["flannel-ipv4", "flannel-ipv6"]
+    );
+    assert!(state
+        .subnet_env
+        .render()
+        .contains("FLANNEL_IPV6_SUBNET=fd00:10:244:1::1/64\n"));
+}
+
+#[test]
+fn single_device_modes_choose_the_endpoint_family() {
+    for (mode, endpoint) in [
+        ("ipv4", "198.51.100.2:51820"),
+        ("ipv6", "[2001:db8::2]:51820"),
+        ("auto", "198.51.100.2:51820"),
+    ] {
+        let conf = DUAL.replace(
+            r#""Type": "wireguard""#,
+            &format!(r#""Type": "wireguard", "Mode": "{mode}""#),
+        );
+        let state = run_dual(&conf, vec![dual("node-b", 2)]);
+        assert_eq!(state.tunnels.len(), 1, "{mode}");
+        let p = &state.tunnels[0].peers[0];
+        assert_eq!(p.endpoint.to_string(), endpoint, "{mode}");
+        assert_eq!(p.allowed_ips.len(), 2, "{mode}");
+    }
+    let mut v6_only = dual("node-b", 2);
+    v6_only.public_ip = None;
+    let conf = DUAL.replace(
+        r#""Type": "wireguard""#,
+        r#""Type": "wireguard", "Mode": "auto""#,
+    );
+    assert_eq!(
+        run_dual(&conf, vec![v6_only]).tunnels[0].peers[0]
+            .endpoint
+            .to_string(),
+        "[2001:db8::2]:51820"
+    );
+}
+
+#[test]
+fn problems_with_our_own_lease_fail_the_plan() {
+    let config = parse(CONF).unwrap();
+    let options = PlanOptions {
+        ip_masq: false,
+        underlay_mtu: 1500,
+    };
+    let view = ClusterView::default();
+    let mut me = local();
+    me.subnet = Some("10.9.0.0/24".parse().unwrap());
+    let err = plan(&PlanInput {
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::UNIX_EPOCH,
+    })
+    .unwrap_err();
+    assert_eq!(err.to_string(), "this node's (node-a) subnet 10.9.0.0/24 lies outside the pod network 10.244.0.0/16; fix the node's podCIDR or the config's Network");
+    let mut me = local();
+    me.backend_data = None;
+    let err = plan(&PlanInput {
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::UNIX_EPOCH,
+    })
+    .unwrap_err();
+    assert!(matches!(err, PlanError::LocalBackendData { .. }), "{err}");
+}

@@ -1,0 +1,305 @@
+//! The wireguard backend's share of the plan: devices (`flannel-wg`, and `flannel-wg-v6` in
+//! `separate` mode), one peer per node, the covering route per family (fail closed) and one
+//! route per peer subnet; and the `backend-data` this node publishes.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde_json::{json, Value};
+use weft_crypto::PublicKey;
+
+use super::peers::{Candidate, Screened};
+use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
+use crate::model::{
+    DesiredState, Family, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec, TunnelSpec,
+};
+use crate::netconf::{WireguardConf, WireguardMode};
+
+pub const DEVICE: &str = "flannel-wg";
+pub const DEVICE_V6: &str = "flannel-wg-v6";
+/// WireGuard's worst-case encapsulation overhead (IPv6 outer header): DESIGN §3.
+const OVERHEAD: u32 = 80;
+
+/// `backend-data` of the wireguard backend: `{"PublicKey":"<base64>","Port":51820}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireguardData {
+    pub public_key: PublicKey,
+    /// flannel itself publishes no port; then the peer listens on our configured one.
+    pub port: Option<u16>,
+}
+
+/// What this node publishes as `backend-data` (or `backend-v6-data`).
+pub fn backend_data(key: &PublicKey, port: u16) -> Value {
+    json!({ "PublicKey": key.to_base64(), "Port": port })
+}
+
+impl WireguardData {
+    /// Decodes a peer's published data; the error says what is wrong, for the reason.
+    pub fn decode(value: Option<&Value>) -> Result<Self, String> {
+        let Some(value) = value else {
+            return Err("it is missing".into());
+        };
+        let Some(obj) = value.as_object() else {
+            return Err(format!(
+                "expected an object like {{\"PublicKey\":\"…\",\"Port\":51820}}, got {value}"
+            ));
+        };
+        let key = match obj.get("PublicKey") {
+            Some(Value::String(s)) => s
+                .parse::<PublicKey>()
+                .map_err(|e| format!("PublicKey {s:?}: {e}"))?,
+            Some(other) => return Err(format!("PublicKey is {other}, expected a base64 string")),
+            None => return Err("it has no PublicKey".into()),
+        };
+        let port = match obj.get("Port") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(p @ 1..=65535) => Some(p as u16),
+                _ => return Err(format!("Port {v} is not a UDP port (1–65535)")),
+            },
+        };
+        Ok(WireguardData {
+            public_key: key,
+            port,
+        })
+    }
+}
+
+/// One device to build: which family's subnets it carries and how peers are reached.
+struct DevicePlan {
+    name: &'static str,
+    listen_port: u16,
+    carries_v4: bool,
+    carries_v6: bool,
+    /// Which published data holds the key: `backend-data` or `backend-v6-data`.
+    v6_data: bool,
+    endpoint: EndpointChoice,
+}
+
+#[derive(Clone, Copy)]
+enum EndpointChoice {
+    V4,
+    V6,
+    /// IPv4 when both ends have it, else IPv6.
+    Auto {
+        local_has_v4: bool,
+    },
+}
+
+fn devices(input: &PlanInput<'_>, ours: &LocalSubnets, wg: &WireguardConf) -> Vec<DevicePlan> {
+    let (v4, v6) = (ours.v4.is_some(), ours.v6.is_some());
+    let single = |endpoint| DevicePlan {
+        name: DEVICE,
+        listen_port: wg.listen_port,
+        carries_v4: v4,
+        carries_v6: v6,
+        v6_data: false,
+        endpoint,
+    };
+    match wg.mode {
+        WireguardMode::Separate => {
+            let mut out = Vec::new();
+            if v4 {
+                out.push(DevicePlan {
+                    name: DEVICE,
+                    listen_port: wg.listen_port,
+                    carries_v4: true,
+                    carries_v6: false,
+                    v6_data: false,
+                    endpoint: EndpointChoice::V4,
+                });
+            }
+            if v6 {
+                out.push(DevicePlan {
+                    name: DEVICE_V6,
+                    listen_port: wg.listen_port_v6,
+                    carries_v4: false,
+                    carries_v6: true,
+                    v6_data: true,
+                    endpoint: EndpointChoice::V6,
+                });
+            }
+            out
+        }
+        WireguardMode::Ipv4 => vec![single(EndpointChoice::V4)],
+        WireguardMode::Ipv6 => vec![single(EndpointChoice::V6)],
+        WireguardMode::Auto => vec![single(EndpointChoice::Auto {
+            local_has_v4: input.local.public_ip.is_some(),
+        })],
+    }
+}
+
+fn local_key(input: &PlanInput<'_>, v6_data: bool) -> Result<PublicKey, PlanError> {
+    let data = if v6_data {
+        input
+            .local
+            .backend_v6_data
+            .as_ref()
+            .or(input.local.backend_data.as_ref())
+    } else {
+        input.local.backend_data.as_ref()
+    };
+    WireguardData::decode(data)
+        .map(|d| d.public_key)
+        .map_err(|detail| PlanError::LocalBackendData {
+            node: input.local.node.clone(),
+            detail,
+        })
+}
+
+pub(crate) fn plan(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    wg: &WireguardConf,
+    screened: Screened<'_>,
+) -> Result<DesiredState, PlanError> {
+    let mtu = wg
+        .mtu
+        .unwrap_or(input.options.underlay_mtu)
+        .saturating_sub(OVERHEAD);
+    let Screened {
+        candidates,
+        mut left_out,
+    } = screened;
+    let mut state = DesiredState::default();
+    for dev in devices(input, ours, wg) {
+        let own_key = local_key(input, dev.v6_data)?;
+        let mut peers = Vec::new();
+        for c in &candidates {
+            let allowed: Vec<IpNet> =
+                c.v4.filter(|_| dev.carries_v4)
+                    .into_iter()
+                    .chain(c.v6.filter(|_| dev.carries_v6))
+                    .collect();
+            if allowed.is_empty() {
+                continue;
+            }
+            match peer(c, &dev, wg, own_key, allowed) {
+                Ok(p) => peers.push(p),
+                Err(reason) => left_out.push(LeftOut {
+                    node: c.lease.node.clone(),
+                    reason,
+                }),
+            }
+        }
+        drop_duplicate_keys(&mut peers, &mut left_out);
+        let mut addresses = Vec::new();
+        for (carries, subnet, network) in [
+            (
+                dev.carries_v4,
+                ours.v4,
+                input.config.ipv4.map(|n| n.network),
+            ),
+            (
+                dev.carries_v6,
+                ours.v6,
+                input.config.ipv6.map(|n| n.network),
+            ),
+        ] {
+            let (true, Some(subnet), Some(network)) = (carries, subnet, network) else {
+                continue;
+            };
+            addresses.push(IpNet::new(subnet.network(), subnet.max_prefix_len()).unwrap_or(subnet));
+            state.routes.push(RouteSpec {
+                dst: network,
+                device: dev.name.into(),
+                via: None,
+                role: RouteRole::Covering,
+            });
+        }
+        for p in &peers {
+            for dst in &p.allowed_ips {
+                state.routes.push(RouteSpec {
+                    dst: *dst,
+                    device: dev.name.into(),
+                    via: None,
+                    role: RouteRole::Peer(p.node.clone()),
+                });
+            }
+        }
+        state.tunnels.push(TunnelSpec {
+            device: dev.name.into(),
+            listen_port: dev.listen_port,
+            mtu,
+            addresses,
+            peers,
+        });
+    }
+    state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
+    state.left_out = left_out;
+    Ok(state)
+}
+
+fn peer(
+    c: &Candidate<'_>,
+    dev: &DevicePlan,
+    wg: &WireguardConf,
+    own_key: PublicKey,
+    allowed_ips: Vec<IpNet>,
+) -> Result<PeerSpec, LeaveReason> {
+    let lease = c.lease;
+    let (field, raw) = if dev.v6_data {
+        (
+            "backend-v6-data",
+            lease
+                .backend_v6_data
+                .as_ref()
+                .or(lease.backend_data.as_ref()),
+        )
+    } else {
+        ("backend-data", lease.backend_data.as_ref())
+    };
+    let data = WireguardData::decode(raw)
+        .map_err(|detail| LeaveReason::BadBackendData { field, detail })?;
+    if data.public_key == own_key {
+        return Err(LeaveReason::KeyIsOurs {
+            key: data.public_key,
+        });
+    }
+    let v4 = lease.public_ip.map(IpAddr::V4);
+    let v6 = lease.public_ipv6.map(IpAddr::V6);
+    let (ip, family) = match dev.endpoint {
+        EndpointChoice::V4 => (v4, Family::Ipv4),
+        EndpointChoice::V6 => (v6, Family::Ipv6),
+        EndpointChoice::Auto { local_has_v4: true } if v4.is_some() => (v4, Family::Ipv4),
+        EndpointChoice::Auto { .. } => (v6, Family::Ipv6),
+    };
+    let ip = ip.ok_or(LeaveReason::NoPublicIp { family })?;
+    Ok(PeerSpec {
+        node: lease.node.clone(),
+        public_key: data.public_key,
+        endpoint: SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port)),
+        allowed_ips,
+        keepalive: wg.persistent_keepalive,
+        psk: wg.psk.clone(),
+    })
+}
+
+/// One key, one peer: when two nodes publish the same key neither can be told apart on
+/// the wire, so both are left out.
+fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, left_out: &mut Vec<LeftOut>) {
+    let mut by_key: BTreeMap<PublicKey, Vec<String>> = BTreeMap::new();
+    for p in peers.iter() {
+        by_key.entry(p.public_key).or_default().push(p.node.clone());
+    }
+    peers.retain(|p| {
+        let nodes = &by_key[&p.public_key];
+        if nodes.len() == 1 {
+            return true;
+        }
+        let other = nodes
+            .iter()
+            .find(|n| **n != p.node)
+            .cloned()
+            .unwrap_or_default();
+        left_out.push(LeftOut {
+            node: p.node.clone(),
+            reason: LeaveReason::DuplicateKey {
+                key: p.public_key,
+                other,
+            },
+        });
+        false
+    });
+}
