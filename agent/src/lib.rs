@@ -1,1 +1,9 @@
-//! placeholder
+//! The weft node agent: CLI, registries (etcd; Kubernetes later), the control loop, and
+//! the files it writes (`subnet.env`).
+
+pub mod agent;
+pub mod backoff;
+pub mod cli;
+pub mod commands;
+pub mod registry;
+pub mod subnet_file;

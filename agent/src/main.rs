@@ -1,1 +1,32 @@
-fn main() {}
+//! `weft`: parse the command line once, run the subcommand, print errors as `anyhow`
+//! chains (`{:#}`) and exit non-zero.
+
+use std::io;
+use std::process::ExitCode;
+
+use weft::cli::{Cli, Command, ConfigCommand};
+use weft::commands;
+
+fn main() -> ExitCode {
+    let cli = match Cli::parse_with_env(std::env::args_os(), &|k| std::env::var(k).ok()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let result = match cli.command {
+        Command::Config {
+            command: ConfigCommand::Check { path },
+        } => commands::config_check::run(&path, &mut io::stdout(), &mut io::stderr()),
+        Command::Keys { command } => {
+            commands::keys::run(&command, &mut io::stdin(), &mut io::stdout()).map(|()| 0)
+        }
+        Command::Agent(args) => weft::agent::run(*args),
+    };
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("weft: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,1 +1,8 @@
-//! placeholder
+//! weft's lab: real parts on one machine for tests and the demo. Today: a real etcd and a
+//! cuttable TCP proxy; the data-plane issue adds nodes in network namespaces.
+
+pub mod etcd;
+pub mod proxy;
+
+pub use etcd::Etcd;
+pub use proxy::CutProxy;

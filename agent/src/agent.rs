@@ -1,0 +1,256 @@
+//! `weft agent`: registry → plan, level-triggered. Whatever wakes the loop (a new view, a
+//! change to our own lease, the resync timer) re-plans the whole node from the latest
+//! state. This issue's agent plans and writes subnet.env; the reconcilers that program the
+//! kernel from the plan plug in at `apply` (the data-plane issue).
+
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use anyhow::{bail, Context};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+use weft_backends::model::{ClusterView, DesiredState, Lease};
+use weft_backends::netconf::{Backend, NetConf};
+use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
+use weft_crypto::{load_or_create, DEFAULT_KEY_FILE, KEY_FILE_ENV};
+
+use crate::backoff::{sleep_or_shutdown, Backoff};
+use crate::cli::AgentArgs;
+use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
+use crate::subnet_file;
+
+/// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
+/// succeeds; logs each failure. Evaluates to `None` if shutdown came first.
+macro_rules! retry {
+    ($what:literal, $shutdown:expr, $op:expr) => {{
+        let mut backoff = Backoff::default();
+        loop {
+            match $op.await {
+                Ok(v) => break Some(v),
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    warn!(error = %e, retry_in = ?delay, concat!($what, " failed; retrying"));
+                    if sleep_or_shutdown(delay, $shutdown).await {
+                        break None;
+                    }
+                }
+            }
+        }
+    }};
+}
+
+pub fn run(args: AgentArgs) -> anyhow::Result<i32> {
+    init_tracing();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// The address peers reach us on: `--public-ip`, else the source address the kernel picks
+/// for the default route (a UDP `connect` sends nothing; the target is a documentation
+/// address).
+fn public_ip(args: &AgentArgs) -> anyhow::Result<Ipv4Addr> {
+    if let Some(ip) = args.public_ip {
+        return Ok(ip);
+    }
+    if !args.iface.is_empty() || !args.iface_regex.is_empty() || args.iface_can_reach.is_some() {
+        bail!("--iface, --iface-regex and --iface-can-reach are not implemented yet; give the address with --public-ip");
+    }
+    let socket = UdpSocket::bind("0.0.0.0:0")
+        .context("opening a UDP socket to find the default route's address")?;
+    socket
+        .connect("203.0.113.1:9")
+        .context("finding the default route's address (no default route?); give the address with --public-ip")?;
+    match socket.local_addr()?.ip() {
+        IpAddr::V4(ip) if !ip.is_unspecified() => Ok(ip),
+        other => bail!(
+            "the default route's source address is {other}; give the address with --public-ip"
+        ),
+    }
+}
+
+fn shutdown_on_signals() -> anyhow::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: stopping"),
+            _ = int.recv() => info!("SIGINT: stopping"),
+        }
+        tx.send_replace(true);
+    });
+    Ok(rx)
+}
+
+async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
+    if args.kube_subnet_mgr {
+        bail!("--kube-subnet-mgr: the Kubernetes registry is not implemented yet; use etcd (--etcd-endpoints)");
+    }
+    let key_path = std::env::var_os(KEY_FILE_ENV)
+        .map_or_else(|| PathBuf::from(DEFAULT_KEY_FILE), PathBuf::from);
+    let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
+    let public_key = key.public_key();
+    info!(path = %key_path.display(), public_key = %public_key, origin = ?origin, "WireGuard key");
+    let public_ip = public_ip(&args)?;
+    let mut shutdown = shutdown_on_signals()?;
+
+    let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
+    cfg.renew_margin = args.subnet_lease_renew_margin;
+    if !args.etcd_username.is_empty() {
+        cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
+    }
+    info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");
+    let Some(mut registry) = retry!(
+        "connecting to etcd",
+        &mut shutdown,
+        EtcdRegistry::connect(cfg.clone())
+    ) else {
+        return Ok(0);
+    };
+    let Some(net) = retry!(
+        "reading the network config",
+        &mut shutdown,
+        registry.net_conf()
+    ) else {
+        return Ok(0);
+    };
+    let Backend::Wireguard(wg) = &net.backend else {
+        bail!(
+            "backend {} is not implemented yet; use wireguard",
+            net.backend.kind()
+        );
+    };
+    let attrs = LocalAttrs {
+        public_ip: Some(public_ip),
+        public_ipv6: None,
+        backend: net.backend.kind(),
+        backend_data: Some(wireguard_backend_data(&public_key, wg.listen_port)),
+        backend_v6_data: None,
+    };
+    let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
+    let request = AcquireRequest {
+        attrs,
+        previous,
+        previous_v6,
+    };
+    let Some(lease) = retry!(
+        "acquiring a lease",
+        &mut shutdown,
+        registry.acquire(&net, &request)
+    ) else {
+        return Ok(0);
+    };
+    let handle = registry::spawn(registry, lease);
+    let options = PlanOptions {
+        ip_masq: args.ip_masq,
+        underlay_mtu: wg.mtu.unwrap_or(1500),
+    };
+    if wg.mtu.is_none() {
+        info!("no MTU in the config: assuming an underlay MTU of 1500");
+    }
+    control_loop(
+        &args,
+        &net,
+        &options,
+        handle.views.clone(),
+        handle.local.clone(),
+        shutdown,
+    )
+    .await;
+    handle.stop().await;
+    info!("stopped; the data plane and the lease are left in place for the next start");
+    Ok(0)
+}
+
+async fn control_loop(
+    args: &AgentArgs,
+    net: &NetConf,
+    options: &PlanOptions,
+    mut views: watch::Receiver<Arc<ClusterView>>,
+    mut local: watch::Receiver<Lease>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut resync = tokio::time::interval(args.resync_period);
+    let mut last: Option<DesiredState> = None;
+    loop {
+        let _span = tracing::info_span!("reconcile").entered();
+        let me = local.borrow_and_update().clone();
+        let view = views.borrow_and_update().clone();
+        match plan(&PlanInput {
+            local: &me,
+            view: &view,
+            config: net,
+            options,
+            now: SystemTime::now(),
+        }) {
+            Ok(state) => {
+                report(last.as_ref(), &state);
+                match subnet_file::write(&args.subnet_file, &state.subnet_env) {
+                    Ok(true) => info!(path = %args.subnet_file.display(), "wrote subnet file"),
+                    Ok(false) => {}
+                    Err(e) => error!(error = %e, "writing the subnet file"),
+                }
+                last = Some(state);
+            }
+            Err(e) => error!(error = %e, "cannot plan this node"),
+        }
+        drop(_span);
+        tokio::select! {
+            _ = views.changed() => {}
+            _ = local.changed() => {}
+            _ = resync.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Logs what changed in the plan: peers in and out, and each newly left-out peer's reason.
+fn report(before: Option<&DesiredState>, after: &DesiredState) {
+    if before == Some(after) {
+        return;
+    }
+    let peers = |s: Option<&DesiredState>| -> Vec<String> {
+        s.map(|s| {
+            s.tunnels
+                .iter()
+                .flat_map(|t| t.peers.iter().map(|p| format!("{} {}", t.device, p.node)))
+                .collect()
+        })
+        .unwrap_or_default()
+    };
+    let (old, new) = (peers(before), peers(Some(after)));
+    for p in new.iter().filter(|p| !old.contains(p)) {
+        info!(peer = %p, "peer planned");
+    }
+    for p in old.iter().filter(|p| !new.contains(p)) {
+        info!(peer = %p, "peer removed from plan");
+    }
+    for l in &after.left_out {
+        if !before.is_some_and(|b| b.left_out.contains(l)) {
+            warn!(node = %l.node, reason = %l.reason, "peer left out");
+        }
+    }
+    info!(
+        tunnels = after.tunnels.len(),
+        peers = new.len(),
+        routes = after.routes.len(),
+        left_out = after.left_out.len(),
+        "plan updated"
+    );
+}

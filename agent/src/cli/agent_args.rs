@@ -1,0 +1,127 @@
+//! The agent's flags. Names are flanneld's where flanneld has one (DESIGN §3), so an
+//! existing DaemonSet's `args:` and `FLANNELD_*` environment keep working.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args};
+
+pub const DEFAULT_NET_CONFIG_PATH: &str = "/etc/kube-flannel/net-conf.json";
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.trim_end_matches('s')
+        .parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|_| format!("{s:?} is not a number of seconds"))
+}
+
+fn parse_minutes(s: &str) -> Result<Duration, String> {
+    s.trim_end_matches('m')
+        .parse::<u64>()
+        .map(|m| Duration::from_secs(m * 60))
+        .map_err(|_| format!("{s:?} is not a number of minutes"))
+}
+
+/// A boolean flag as Go's `flag` package takes it: `--ip-masq`, `--ip-masq=true`,
+/// `--ip-masq=false`.
+macro_rules! go_bool {
+    () => {
+        clap::value_parser!(bool)
+    };
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Use the Kubernetes API (Node objects) as the registry instead of etcd.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub kube_subnet_mgr: bool,
+
+    /// Kubernetes API server URL (default: in-cluster config).
+    #[arg(long, default_value = "")]
+    pub kube_api_url: String,
+
+    /// kubeconfig file (default: in-cluster config).
+    #[arg(long, default_value = "")]
+    pub kubeconfig_file: String,
+
+    /// Prefix of the Node annotations weft reads and writes.
+    #[arg(long, default_value = "flannel.alpha.coreos.com")]
+    pub kube_annotation_prefix: String,
+
+    /// Set the node's NetworkUnavailable condition to False once the data plane is up.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub set_node_network_unavailable: bool,
+
+    /// etcd endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_endpoints: Vec<String>,
+
+    /// etcd key prefix holding `config` and `subnets/`.
+    #[arg(long, default_value = "/coreos.com/network")]
+    pub etcd_prefix: String,
+
+    /// etcd user name (with --etcd-password).
+    #[arg(long, default_value = "")]
+    pub etcd_username: String,
+
+    /// etcd password.
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub etcd_password: String,
+
+    /// Interface (name or address) to use for inter-node traffic; may be repeated.
+    #[arg(long, value_delimiter = ',')]
+    pub iface: Vec<String>,
+
+    /// Regular expression selecting the interface; may be repeated.
+    #[arg(long, value_delimiter = ',')]
+    pub iface_regex: Vec<String>,
+
+    /// Use the interface that routes to this address.
+    #[arg(long)]
+    pub iface_can_reach: Option<IpAddr>,
+
+    /// IPv4 address to advertise to peers (the tunnel endpoint).
+    #[arg(long)]
+    pub public_ip: Option<Ipv4Addr>,
+
+    /// IPv6 address to advertise to peers.
+    #[arg(long)]
+    pub public_ipv6: Option<Ipv6Addr>,
+
+    /// Install masquerade rules for traffic leaving the pod network.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub ip_masq: bool,
+
+    /// Write the masquerade rules as iptables chains instead of nftables.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub iptables: bool,
+
+    /// Where to write the subnet file read by the flannel CNI plugin.
+    #[arg(long, default_value = "/run/flannel/subnet.env")]
+    pub subnet_file: PathBuf,
+
+    /// net-conf.json (Kubernetes mode; etcd mode reads `<prefix>/config`).
+    #[arg(long, default_value = DEFAULT_NET_CONFIG_PATH)]
+    pub net_config_path: PathBuf,
+
+    /// Address the health endpoints listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub healthz_ip: IpAddr,
+
+    /// Port of the health endpoints (0 = off).
+    #[arg(long, default_value = "0")]
+    pub healthz_port: u16,
+
+    /// Renew the etcd lease this many minutes before it expires.
+    #[arg(long, default_value = "60", value_parser = parse_minutes)]
+    pub subnet_lease_renew_margin: Duration,
+
+    /// Full resync period, in seconds: re-plan and repair even without events.
+    #[arg(long, default_value = "30", value_parser = parse_seconds)]
+    pub resync_period: Duration,
+
+    /// This node's name (Kubernetes mode). Defaults to $NODE_NAME.
+    #[arg(long, default_value = "")]
+    pub node_name: String,
+}

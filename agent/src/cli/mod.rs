@@ -1,0 +1,89 @@
+//! The `weft` command line: subcommands, and the agent's flags under flannel's names.
+//!
+//! Parsed once, at the edge, into typed values. Every agent flag also reads
+//! `WEFT_<NAME>` and then `FLANNELD_<NAME>` from the environment (`env.rs`); a flag given on
+//! the command line wins over both.
+
+mod agent_args;
+mod env;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+pub use agent_args::{AgentArgs, DEFAULT_NET_CONFIG_PATH};
+pub use env::with_env_fallbacks;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "weft",
+    version,
+    about = "weft: an encrypted pod network for Kubernetes and etcd clusters, a drop-in for flanneld"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent (what flanneld does).
+    Agent(Box<AgentArgs>),
+    /// Work with net-conf.json.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// WireGuard keys, byte-compatible with `wg genkey` / `wg pubkey` / `wg genpsk`.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate net-conf.json and print the effective config with defaults filled in;
+    /// exits 1 with one line per problem if it is invalid.
+    Check {
+        /// The file to check (`-` for standard input).
+        #[arg(default_value = DEFAULT_NET_CONFIG_PATH)]
+        path: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print a new private key (as `wg genkey`).
+    Generate,
+    /// Read a private key on standard input, print its public key (as `wg pubkey`).
+    Public,
+    /// Print a new pre-shared key (as `wg genpsk`).
+    Psk,
+}
+
+impl Cli {
+    /// Parses `args` (with the program name first), reading environment fallbacks through
+    /// `env`. A program invoked as `flanneld` is the agent: flannel's manifests call it so.
+    pub fn parse_with_env(
+        args: impl IntoIterator<Item = OsString>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, clap::Error> {
+        let mut args: Vec<OsString> = args.into_iter().collect();
+        let invoked_as_flanneld = args
+            .first()
+            .and_then(|a| PathBuf::from(a).file_name().map(|n| n == "flanneld"))
+            .unwrap_or(false);
+        if invoked_as_flanneld {
+            args.insert(1, "agent".into());
+        }
+        let command =
+            Cli::command().mut_subcommand("agent", |agent| with_env_fallbacks(agent, env));
+        let matches = command.try_get_matches_from(args)?;
+        Cli::from_arg_matches(&matches)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+//! Following the cluster: list, then watch from the listed revision; on a broken or
+//! compacted watch, list again and diff. Also renews the lease on schedule, takes it back
+//! if it disappears, and publishes attribute updates. Every failure is logged and retried
+//! with backoff; this returns only on shutdown.
+
+use std::sync::Arc;
+
+use etcd_client::{EventType, WatchOptions};
+use tokio::time::Instant;
+use tracing::{info, warn};
+use weft_backends::model::ClusterView;
+
+use super::kv::parse_lease;
+use super::{EtcdRegistry, RegistryError};
+use crate::backoff::sleep_or_shutdown;
+use crate::registry::FollowLinks;
+
+enum Ended {
+    Shutdown,
+    /// Start over with a fresh listing, for this reason.
+    Relist(&'static str),
+}
+
+pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
+    let mut view = ClusterView::default();
+    let mut backoff = reg.cfg.backoff;
+    let mut next_renew = Instant::now() + reg.cfg.renew_every();
+    loop {
+        match session(
+            &mut reg,
+            &mut links,
+            &mut view,
+            &mut next_renew,
+            &mut backoff,
+        )
+        .await
+        {
+            Ok(Ended::Shutdown) => return,
+            Ok(Ended::Relist(why)) => info!(reason = why, "re-listing leases"),
+            Err(e) => {
+                let delay = backoff.next_delay();
+                warn!(error = %e, retry_in = ?delay, "etcd registry");
+                if sleep_or_shutdown(delay, &mut links.shutdown).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn publish(view: &mut ClusterView, fresh: ClusterView, links: &FollowLinks) {
+    let changes = view.diff(&fresh);
+    for change in &changes {
+        info!(change = %change, "cluster view");
+    }
+    *view = fresh;
+    if !changes.is_empty() {
+        links.views.send_replace(Arc::new(view.clone()));
+    }
+}
+
+async fn session(
+    reg: &mut EtcdRegistry,
+    links: &mut FollowLinks,
+    view: &mut ClusterView,
+    next_renew: &mut Instant,
+    backoff: &mut crate::backoff::Backoff,
+) -> Result<Ended, RegistryError> {
+    if *links.shutdown.borrow() {
+        return Ok(Ended::Shutdown);
+    }
+    let listed = reg.list().await?;
+    backoff.reset();
+    let ours = reg
+        .held
+        .as_ref()
+        .map(|(l, _)| l.node.clone())
+        .unwrap_or_default();
+    if !listed.leases.iter().any(|s| s.lease.node == ours) {
+        warn!(lease = %ours, "this node's lease is gone from etcd; claiming it again");
+        let lease = reg.reacquire().await?;
+        links.local.send_replace(lease);
+        return Ok(Ended::Relist("lease re-acquired"));
+    }
+    let mut fresh = ClusterView::default();
+    for stored in listed.leases {
+        fresh.insert(stored.lease);
+    }
+    publish(view, fresh, links);
+
+    let dir = reg.cfg.subnets_dir();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(listed.revision + 1);
+    let mut client = reg.client.clone();
+    let mut stream = reg
+        .call("watching", &dir, client.watch(dir.clone(), Some(options)))
+        .await?;
+    let mut updates_open = true;
+    loop {
+        tokio::select! {
+            _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
+            update = links.updates.recv(), if updates_open => match update {
+                Some(attrs) => {
+                    let lease = reg.republish(attrs).await?;
+                    links.local.send_replace(lease);
+                }
+                None => updates_open = false,
+            },
+            () = tokio::time::sleep_until(*next_renew) => match reg.renew().await {
+                Ok(()) => *next_renew = Instant::now() + reg.cfg.renew_every(),
+                Err(RegistryError::LeaseExpired { key, .. }) => {
+                    warn!(lease = %key, "etcd lease expired before renewal; claiming again");
+                    let lease = reg.reacquire().await?;
+                    links.local.send_replace(lease);
+                    *next_renew = Instant::now() + reg.cfg.renew_every();
+                    return Ok(Ended::Relist("lease re-acquired"));
+                }
+                Err(e) => return Err(e),
+            },
+            message = stream.message() => {
+                let resp = message.map_err(reg.etcd_err("watching", &dir))?;
+                let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the watch")) };
+                if resp.canceled() || resp.compact_revision() > 0 {
+                    return Ok(Ended::Relist("the watch was compacted or cancelled"));
+                }
+                let mut next = view.clone();
+                let mut lost_ours = false;
+                for event in resp.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let name = String::from_utf8_lossy(kv.key()).trim_start_matches(dir.as_str()).to_string();
+                    match event.event_type() {
+                        EventType::Put => match parse_lease(&dir, kv.key(), kv.value()) {
+                            Ok(lease) => { next.insert(lease); }
+                            Err(e) => {
+                                warn!(error = %e, "skipping unreadable lease");
+                                next.remove(&name);
+                            }
+                        },
+                        EventType::Delete => {
+                            lost_ours |= name == ours;
+                            next.remove(&name);
+                        }
+                    }
+                }
+                publish(view, next, links);
+                if lost_ours {
+                    return Ok(Ended::Relist("this node's lease was deleted"));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! flannel's etcd keys and values: `<prefix>/subnets/10.244.3.0-24` holding `LeaseAttrs`.
+
+use ipnet::IpNet;
+use weft_backends::model::{Lease, LeaseAttrs};
+
+/// `10.244.3.0/24` → `10.244.3.0-24` (flannel's key form; also the node's name).
+pub fn subnet_key(subnet: &IpNet) -> String {
+    format!("{}-{}", subnet.addr(), subnet.prefix_len())
+}
+
+/// `10.244.3.0-24` → `10.244.3.0/24`.
+pub fn parse_subnet_key(name: &str) -> Option<IpNet> {
+    let (addr, len) = name.rsplit_once('-')?;
+    format!("{addr}/{len}")
+        .parse::<IpNet>()
+        .ok()
+        .filter(|n| n.trunc() == *n)
+}
+
+/// Why one stored lease could not be read. Logged naming the key; the lease is skipped.
+#[derive(Debug, thiserror::Error)]
+pub enum BadLease {
+    #[error("key {key}: the name is not a subnet like 10.244.3.0-24")]
+    Key { key: String },
+    #[error("key {key}: the value is {got}, not a flannel lease object like {{\"PublicIP\":\"…\",\"BackendType\":\"…\"}}")]
+    NotAnObject { key: String, got: String },
+    #[error("key {key}: the value is not flannel lease JSON: {source}")]
+    Value {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads one stored lease. `full_key` is the whole etcd key; `subnets_dir` is
+/// `<prefix>/subnets/`.
+pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<Lease, BadLease> {
+    let key = String::from_utf8_lossy(full_key).into_owned();
+    let name = key.strip_prefix(subnets_dir).unwrap_or(&key).to_string();
+    let subnet = parse_subnet_key(&name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
+    let json: serde_json::Value =
+        serde_json::from_slice(value).map_err(|source| BadLease::Value {
+            key: key.clone(),
+            source,
+        })?;
+    if !json.is_object() {
+        return Err(BadLease::NotAnObject {
+            key,
+            got: json.to_string().chars().take(40).collect(),
+        });
+    }
+    let attrs: LeaseAttrs =
+        serde_json::from_value(json).map_err(|source| BadLease::Value { key, source })?;
+    let (v4, v6) = match subnet {
+        IpNet::V4(_) => (Some(subnet), None),
+        IpNet::V6(_) => (None, Some(subnet)),
+    };
+    Ok(attrs.into_lease(name, v4, v6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_junk_is_refused() {
+        let net: IpNet = "10.244.3.0/24".parse().unwrap();
+        assert_eq!(subnet_key(&net), "10.244.3.0-24");
+        assert_eq!(parse_subnet_key("10.244.3.0-24"), Some(net));
+        assert_eq!(parse_subnet_key("10.244.3.7-24"), None, "host bits set");
+        assert_eq!(parse_subnet_key("banana"), None);
+        assert_eq!(
+            parse_subnet_key("fd00::-64"),
+            Some("fd00::/64".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn reads_flannels_value() {
+        let value = br#"{"PublicIP":"198.51.100.2","BackendType":"vxlan","BackendData":{"VtepMAC":"aa:bb:cc:dd:ee:ff","VNI":1}}"#;
+        let lease = parse_lease(
+            "/coreos.com/network/subnets/",
+            b"/coreos.com/network/subnets/10.244.2.0-24",
+            value,
+        )
+        .unwrap();
+        assert_eq!(lease.node, "10.244.2.0-24");
+        assert_eq!(lease.subnet, Some("10.244.2.0/24".parse().unwrap()));
+        assert_eq!(lease.backend_type, "vxlan");
+        let err = parse_lease("/p/subnets/", b"/p/subnets/10.244.2.0-24", b"{oops").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("key /p/subnets/10.244.2.0-24: the value is not flannel lease JSON"),
+            "{err}"
+        );
+        let err = parse_lease("/p/subnets/", b"/p/subnets/10.244.2.0-24", b"[]").unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "key /p/subnets/10.244.2.0-24: the value is [], not a flannel lease object"
+            ),
+            "{err}"
+        );
+        let err = parse_lease(
+            "/p/subnets/",
+            b"/p/subnets/10.244.2.0-24",
+            br#"{"PublicIP": 7}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(err, BadLease::Value { .. }), "{err}");
+    }
+}

@@ -1,0 +1,214 @@
+//! The etcd registry, in flannel's layout (DESIGN §3): the config at `<prefix>/config`,
+//! one key per node at `<prefix>/subnets/<subnet>` bound to an etcd lease (TTL 24 h,
+//! renewed before expiry). In etcd mode a node is named by its subnet key.
+
+mod acquire;
+mod follow;
+pub mod kv;
+
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use ipnet::IpNet;
+use weft_backends::model::{Exhausted, Lease};
+use weft_backends::netconf::{self, ConfigErrors, NetConf};
+
+use super::{AcquireRequest, FollowLinks, LocalAttrs, Registry};
+use crate::backoff::Backoff;
+
+/// How to reach etcd and how to hold the lease.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    /// `(user, password)` for etcd's auth.
+    pub auth: Option<(String, String)>,
+    pub lease_ttl: Duration,
+    /// Renew this long before the lease would expire.
+    pub renew_margin: Duration,
+    /// Deadline for one unary request (get, put, txn, grant).
+    pub request_timeout: Duration,
+    pub backoff: Backoff,
+    /// Fixes the "random" start of the subnet search. Tests use it to make two nodes race
+    /// for the same subnet; production leaves it `None`.
+    pub alloc_seed: Option<u128>,
+}
+
+impl EtcdConfig {
+    pub fn new(endpoints: Vec<String>, prefix: impl Into<String>) -> Self {
+        EtcdConfig {
+            endpoints,
+            prefix: prefix.into().trim_end_matches('/').to_string(),
+            auth: None,
+            lease_ttl: Duration::from_secs(24 * 3600),
+            renew_margin: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(5),
+            backoff: Backoff::default(),
+            alloc_seed: None,
+        }
+    }
+
+    pub fn config_key(&self) -> String {
+        format!("{}/config", self.prefix)
+    }
+
+    pub fn subnets_dir(&self) -> String {
+        format!("{}/subnets/", self.prefix)
+    }
+
+    pub fn subnet_key(&self, subnet: &IpNet) -> String {
+        format!("{}{}", self.subnets_dir(), kv::subnet_key(subnet))
+    }
+
+    /// Time between renewals: the TTL less the margin, at least a second.
+    pub fn renew_every(&self) -> Duration {
+        self.lease_ttl
+            .saturating_sub(self.renew_margin)
+            .max(Duration::from_secs(1))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("etcd at {endpoints}: {op} {key}: {source}")]
+    Etcd {
+        endpoints: String,
+        op: &'static str,
+        key: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error("etcd at {endpoints}: {op} {key}: no answer within {timeout:?}")]
+    Timeout {
+        endpoints: String,
+        op: &'static str,
+        key: String,
+        timeout: Duration,
+    },
+    #[error("etcd has no network config at {key}; write one, e.g. `etcdctl put {key} '{{\"Network\": \"10.244.0.0/16\", \"Backend\": {{\"Type\": \"wireguard\"}}}}'`")]
+    NoConfig { key: String },
+    #[error("the network config at {key} is invalid: {errors}")]
+    BadConfig { key: String, errors: ConfigErrors },
+    #[error(transparent)]
+    Exhausted(#[from] Exhausted),
+    #[error("could not claim a subnet after {attempts} attempts: other nodes kept taking the chosen one")]
+    Contention { attempts: u32 },
+    #[error("IPv6 leases in etcd mode are not implemented yet; use EnableIPv6=false or the Kubernetes registry")]
+    Ipv6Unsupported,
+    #[error("the etcd lease {lease:#x} holding {key} has expired")]
+    LeaseExpired { lease: i64, key: String },
+}
+
+pub struct EtcdRegistry {
+    cfg: EtcdConfig,
+    client: Client,
+    /// Our etcd lease id, once granted.
+    lease_id: Option<i64>,
+    /// Our lease and what it publishes, once acquired.
+    held: Option<(Lease, AcquireRequest)>,
+    net: Option<NetConf>,
+}
+
+impl EtcdRegistry {
+    /// Connects to etcd. The connection is made lazily by the client; an unreachable etcd
+    /// shows up as an error from the first request, which the caller retries.
+    pub async fn connect(cfg: EtcdConfig) -> Result<Self, RegistryError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &cfg.auth {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let client = Client::connect(&cfg.endpoints, Some(options))
+            .await
+            .map_err(|source| RegistryError::Etcd {
+                endpoints: cfg.endpoints.join(","),
+                op: "connecting to",
+                key: String::new(),
+                source,
+            })?;
+        Ok(EtcdRegistry {
+            cfg,
+            client,
+            lease_id: None,
+            held: None,
+            net: None,
+        })
+    }
+
+    pub fn config(&self) -> &EtcdConfig {
+        &self.cfg
+    }
+
+    fn etcd_err(
+        &self,
+        op: &'static str,
+        key: &str,
+    ) -> impl FnOnce(etcd_client::Error) -> RegistryError {
+        let (endpoints, key) = (self.cfg.endpoints.join(","), key.to_string());
+        move |source| RegistryError::Etcd {
+            endpoints,
+            op,
+            key,
+            source,
+        }
+    }
+
+    /// Runs one unary request under the request deadline.
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, RegistryError> {
+        match tokio::time::timeout(self.cfg.request_timeout, fut).await {
+            Ok(result) => result.map_err(self.etcd_err(op, key)),
+            Err(_) => Err(RegistryError::Timeout {
+                endpoints: self.cfg.endpoints.join(","),
+                op,
+                key: key.to_string(),
+                timeout: self.cfg.request_timeout,
+            }),
+        }
+    }
+}
+
+impl Registry for EtcdRegistry {
+    async fn net_conf(&mut self) -> Result<NetConf, RegistryError> {
+        let key = self.cfg.config_key();
+        let mut client = self.client.clone();
+        let resp = self
+            .call("reading", &key, client.get(key.clone(), None))
+            .await?;
+        let kv = resp
+            .kvs()
+            .first()
+            .ok_or_else(|| RegistryError::NoConfig { key: key.clone() })?;
+        let text = String::from_utf8_lossy(kv.value());
+        let net =
+            netconf::parse(&text).map_err(|errors| RegistryError::BadConfig { key, errors })?;
+        self.net = Some(net.clone());
+        Ok(net)
+    }
+
+    async fn acquire(
+        &mut self,
+        net: &NetConf,
+        request: &AcquireRequest,
+    ) -> Result<Lease, RegistryError> {
+        self.acquire_lease(net, request).await
+    }
+
+    async fn follow(self, links: FollowLinks) {
+        follow::run(self, links).await
+    }
+}
+
+/// Publishes new attributes on the lease we hold (used by `follow`).
+pub(crate) fn with_attrs(request: &AcquireRequest, attrs: LocalAttrs) -> AcquireRequest {
+    AcquireRequest {
+        attrs,
+        ..request.clone()
+    }
+}

@@ -1,0 +1,120 @@
+//! Registries: where leases live. One trait, two implementations (etcd now, Kubernetes
+//! next); nothing outside this module knows which one runs.
+//!
+//! A registry serves the network config, acquires this node's lease, and then, in
+//! `follow`, keeps the lease alive and turns every change to any node's lease into a new
+//! `ClusterView` on a watch channel (level-triggered: consumers want the latest view, not
+//! every step).
+
+pub mod etcd;
+
+use std::future::Future;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use weft_backends::model::{ClusterView, Lease, LeaseAttrs};
+use weft_backends::netconf::{BackendKind, NetConf};
+
+pub use etcd::{EtcdConfig, EtcdRegistry, RegistryError};
+
+/// What this node publishes about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalAttrs {
+    pub public_ip: Option<Ipv4Addr>,
+    pub public_ipv6: Option<Ipv6Addr>,
+    pub backend: BackendKind,
+    pub backend_data: Option<Value>,
+    pub backend_v6_data: Option<Value>,
+}
+
+impl LocalAttrs {
+    pub fn to_lease_attrs(&self) -> LeaseAttrs {
+        LeaseAttrs {
+            public_ip: self.public_ip,
+            public_ipv6: self.public_ipv6,
+            backend_type: self.backend.as_str().to_string(),
+            backend_data: self.backend_data.clone(),
+            backend_v6_data: self.backend_v6_data.clone(),
+        }
+    }
+}
+
+/// A lease request: the attributes, and the subnets this node held before (from the
+/// subnet file) which it should get back if it can.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    pub attrs: LocalAttrs,
+    pub previous: Option<IpNet>,
+    pub previous_v6: Option<IpNet>,
+}
+
+/// The channels `follow` works with.
+pub struct FollowLinks {
+    /// Every new view of all nodes (ours included).
+    pub views: watch::Sender<Arc<ClusterView>>,
+    /// This node's lease, when it changes (re-acquired after loss, attributes updated).
+    pub local: watch::Sender<Lease>,
+    /// New attributes to publish (key rotation, address change).
+    pub updates: mpsc::Receiver<LocalAttrs>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+pub trait Registry: Send + 'static {
+    /// The network configuration this registry serves.
+    fn net_conf(&mut self) -> impl Future<Output = Result<NetConf, RegistryError>> + Send;
+
+    /// Acquires (or takes back) this node's lease and publishes its attributes.
+    fn acquire(
+        &mut self,
+        net: &NetConf,
+        request: &AcquireRequest,
+    ) -> impl Future<Output = Result<Lease, RegistryError>> + Send;
+
+    /// Keeps the lease and follows every node until shutdown. Errors inside are retried
+    /// with backoff and logged; it returns only on shutdown.
+    fn follow(self, links: FollowLinks) -> impl Future<Output = ()> + Send;
+}
+
+/// A running registry: the latest views and our lease, a way to publish new attributes,
+/// and a clean stop.
+pub struct RegistryHandle {
+    pub views: watch::Receiver<Arc<ClusterView>>,
+    pub local: watch::Receiver<Lease>,
+    pub updates: mpsc::Sender<LocalAttrs>,
+    shutdown: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RegistryHandle {
+    /// Stops following. The lease is left in the registry (it expires on its own, and a
+    /// restarted agent takes it back).
+    pub async fn stop(self) {
+        self.shutdown.send_replace(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Runs `registry.follow` on its own task, starting from the acquired `lease`.
+pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
+    let (views_tx, views) = watch::channel(Arc::new(ClusterView::default()));
+    let (local_tx, local) = watch::channel(lease);
+    let (updates, updates_rx) = mpsc::channel(4);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let links = FollowLinks {
+        views: views_tx,
+        local: local_tx,
+        updates: updates_rx,
+        shutdown: shutdown_rx,
+    };
+    let task = tokio::spawn(registry.follow(links));
+    RegistryHandle {
+        views,
+        local,
+        updates,
+        shutdown,
+        task,
+    }
+}

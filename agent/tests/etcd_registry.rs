@@ -1,0 +1,394 @@
+//! The etcd registry against a real etcd (Debian `etcd-server`) on loopback ports chosen by
+//! the test: concurrent acquisition, peers appearing/changing/disappearing, an etcd
+//! restart, a partition healed by re-list and diff, lease renewal and loss, and a node
+//! restarted with the same public IP getting its old subnet back.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::Client;
+use serde_json::json;
+use tokio::sync::watch;
+use weft::registry::{
+    self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry, RegistryError,
+    RegistryHandle,
+};
+use weft_backends::model::{ClusterView, Lease};
+use weft_backends::netconf::{BackendKind, NetConf};
+use weft_lab::{CutProxy, Etcd};
+
+const PREFIX: &str = "/coreos.com/network";
+const CONFIG: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
+
+async fn put(endpoint: &str, key: &str, value: &str) {
+    let mut c = Client::connect([endpoint], None).await.unwrap();
+    c.put(key, value, None).await.unwrap();
+}
+
+fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
+    LocalAttrs {
+        public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
+        public_ipv6: None,
+        backend: BackendKind::Wireguard,
+        backend_data: Some(json!({ "PublicKey": key_tag, "Port": 51820 })),
+        backend_v6_data: None,
+    }
+}
+
+fn config(endpoint: &str) -> EtcdConfig {
+    let mut cfg = EtcdConfig::new(vec![endpoint.to_string()], PREFIX);
+    cfg.request_timeout = Duration::from_secs(3);
+    cfg.backoff =
+        weft::backoff::Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
+    cfg
+}
+
+async fn acquire(cfg: EtcdConfig, attrs: LocalAttrs) -> (EtcdRegistry, NetConf, Lease) {
+    let mut reg = EtcdRegistry::connect(cfg).await.unwrap();
+    let net = reg.net_conf().await.unwrap();
+    let lease = reg
+        .acquire(
+            &net,
+            &AcquireRequest {
+                attrs,
+                previous: None,
+                previous_v6: None,
+            },
+        )
+        .await
+        .unwrap();
+    (reg, net, lease)
+}
+
+async fn node(cfg: EtcdConfig, attrs: LocalAttrs) -> (RegistryHandle, Lease) {
+    let (reg, _, lease) = acquire(cfg, attrs).await;
+    (registry::spawn(reg, lease.clone()), lease)
+}
+
+/// Waits (up to `secs`) for a view satisfying `ok`; fails with the last view seen.
+async fn wait_view(
+    rx: &mut watch::Receiver<Arc<ClusterView>>,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&ClusterView) -> bool,
+) {
+    let done = tokio::time::timeout(Duration::from_secs(secs), rx.wait_for(|v| ok(v)))
+        .await
+        .is_ok();
+    if !done {
+        panic!(
+            "timed out after {secs}s waiting for: {what}; last view: {:#?}",
+            rx.borrow().leases.keys().collect::<Vec<_>>()
+        );
+    }
+}
+
+fn key_of(view: &ClusterView, node: &str) -> Option<String> {
+    view.get(node)?
+        .backend_data
+        .as_ref()?
+        .get("PublicKey")?
+        .as_str()
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_race_for_one_subnet_and_get_distinct_ones() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let mut cfg = config(&etcd.endpoint());
+    cfg.alloc_seed = Some(41); // both start their search at the same subnet
+    let (a, b) = tokio::join!(
+        acquire(cfg.clone(), attrs(1, "a")),
+        acquire(cfg, attrs(2, "b"))
+    );
+    let (sa, sb) = (a.2.subnet.unwrap(), b.2.subnet.unwrap());
+    assert_ne!(sa, sb);
+    let pod = a.1.ipv4.unwrap();
+    assert!(pod.in_range(&sa) && pod.in_range(&sb), "{sa} {sb}");
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let listed = c
+        .get(
+            format!("{PREFIX}/subnets/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let mut keys: Vec<_> = listed
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect();
+    keys.sort();
+    let mut want = vec![
+        format!("{PREFIX}/subnets/{}", a.2.node),
+        format!("{PREFIX}/subnets/{}", b.2.node),
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+    // Each key is bound to an etcd lease with the 24 h TTL.
+    for kv in listed.kvs() {
+        let ttl = c.lease_time_to_live(kv.lease(), None).await.unwrap().ttl();
+        assert!(ttl > 86_000 && ttl <= 86_400, "ttl {ttl}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_appear_change_and_disappear() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "key-a1")).await;
+    let mut cfg_b = config(&etcd.endpoint());
+    cfg_b.lease_ttl = Duration::from_secs(3); // so its lease visibly expires once it stops
+    cfg_b.renew_margin = Duration::from_secs(2);
+    let (b, lease_b) = node(cfg_b, attrs(2, "key-b1")).await;
+    let (mut va, mut vb) = (a.views.clone(), b.views.clone());
+    wait_view(&mut va, 10, "a sees b", |v| v.get(&lease_b.node).is_some()).await;
+    wait_view(&mut vb, 10, "b sees a", |v| v.get(&lease_a.node).is_some()).await;
+    assert_eq!(
+        va.borrow().get(&lease_b.node).unwrap().public_ip,
+        Some(Ipv4Addr::new(198, 51, 100, 2))
+    );
+
+    b.updates.send(attrs(2, "key-b2")).await.unwrap();
+    wait_view(&mut va, 10, "a sees b's new key", |v| {
+        key_of(v, &lease_b.node).as_deref() == Some("key-b2")
+    })
+    .await;
+    a.updates.send(attrs(1, "key-a2")).await.unwrap();
+    wait_view(&mut vb, 10, "b sees a's new key", |v| {
+        key_of(v, &lease_a.node).as_deref() == Some("key-a2")
+    })
+    .await;
+
+    // b renews on its short TTL while it runs...
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        va.borrow().get(&lease_b.node).is_some(),
+        "b's lease expired although b renews it"
+    );
+    // ...and once stopped, its lease expires and a sees it leave.
+    b.stop().await;
+    wait_view(&mut va, 15, "a sees b leave", |v| {
+        v.get(&lease_b.node).is_none()
+    })
+    .await;
+    assert!(va.borrow().get(&lease_a.node).is_some());
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restart_loses_no_lease_and_the_watch_recovers() {
+    let mut etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
+    let (b, lease_b) = node(config(&etcd.endpoint()), attrs(2, "kb")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 10, "a sees b", |v| v.len() == 2).await;
+
+    etcd.restart().unwrap();
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    for lease in [&lease_a, &lease_b] {
+        let got = c
+            .get(format!("{PREFIX}/subnets/{}", lease.node), None)
+            .await
+            .unwrap();
+        assert_eq!(got.kvs().len(), 1, "{} lost in the restart", lease.node);
+    }
+    b.updates.send(attrs(2, "kb-after-restart")).await.unwrap();
+    wait_view(&mut va, 20, "a sees b's change after the restart", |v| {
+        key_of(v, &lease_b.node).as_deref() == Some("kb-after-restart")
+    })
+    .await;
+    assert_eq!(*a.local.borrow(), lease_a, "a kept its lease");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_relists_and_catches_up() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let upstream = etcd.endpoint().trim_start_matches("http://").to_string();
+    let proxy = CutProxy::start(upstream).await.unwrap();
+    let (a, _) = node(config(&proxy.endpoint()), attrs(1, "ka")).await;
+    let (b, lease_b) = node(config(&etcd.endpoint()), attrs(2, "kb")).await;
+    let (c, lease_c) = node(config(&etcd.endpoint()), attrs(3, "kc")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 10, "a sees three nodes", |v| v.len() == 3).await;
+
+    proxy.cut();
+    // While a is cut off: b changes, c leaves (its lease deleted), d joins.
+    b.updates.send(attrs(2, "kb2")).await.unwrap();
+    c.stop().await;
+    let mut client = Client::connect([etcd.endpoint()], None).await.unwrap();
+    client
+        .delete(format!("{PREFIX}/subnets/{}", lease_c.node), None)
+        .await
+        .unwrap();
+    let (d, lease_d) = node(config(&etcd.endpoint()), attrs(4, "kd")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        key_of(&va.borrow(), &lease_b.node).as_deref(),
+        Some("kb"),
+        "a cannot have heard anything while cut off"
+    );
+
+    proxy.restore();
+    wait_view(&mut va, 20, "a's view matches etcd again", |v| {
+        key_of(v, &lease_b.node).as_deref() == Some("kb2")
+            && v.get(&lease_c.node).is_none()
+            && v.get(&lease_d.node).is_some()
+    })
+    .await;
+    for h in [a, b, d] {
+        h.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_gets_its_old_subnet_back() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (_, _, first) = acquire(config(&etcd.endpoint()), attrs(7, "k1")).await;
+    // Same public IP, no memory of the subnet (no subnet file): the lease held for the IP.
+    let (_, _, second) = acquire(config(&etcd.endpoint()), attrs(7, "k2")).await;
+    assert_eq!(second.subnet, first.subnet);
+    // A new public IP but the previous subnet from the subnet file: that subnet, if free.
+    let mut reg = EtcdRegistry::connect(config(&etcd.endpoint()))
+        .await
+        .unwrap();
+    let net = reg.net_conf().await.unwrap();
+    let want = "10.244.77.0/24".parse().unwrap();
+    let third = reg
+        .acquire(
+            &net,
+            &AcquireRequest {
+                attrs: attrs(8, "k3"),
+                previous: Some(want),
+                previous_v6: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(third.subnet, Some(want));
+    // A previous subnet held by another IP is not taken from it.
+    let fourth = reg
+        .acquire(
+            &net,
+            &AcquireRequest {
+                attrs: attrs(9, "k4"),
+                previous: first.subnet,
+                previous_v6: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(fourth.subnet, first.subnet);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_deleted_behind_our_back_is_claimed_again() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 10, "a sees itself", |v| {
+        v.get(&lease_a.node).is_some()
+    })
+    .await;
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    c.delete(format!("{PREFIX}/subnets/{}", lease_a.node), None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = c
+        .get(format!("{PREFIX}/subnets/{}", lease_a.node), None)
+        .await
+        .unwrap();
+    assert_eq!(got.kvs().len(), 1, "the lease was not claimed again");
+    assert_eq!(
+        a.local.borrow().subnet,
+        lease_a.subnet,
+        "claimed again with the same subnet"
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_leases_are_skipped_and_the_rest_is_kept() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    put(
+        &etcd.endpoint(),
+        &format!("{PREFIX}/subnets/10.244.200.0-24"),
+        "{not json",
+    )
+    .await;
+    put(
+        &etcd.endpoint(),
+        &format!("{PREFIX}/subnets/banana"),
+        r#"{"PublicIP":"198.51.100.99"}"#,
+    )
+    .await;
+    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
+    let (b, lease_b) = node(config(&etcd.endpoint()), attrs(2, "kb")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 10, "a sees b", |v| v.get(&lease_b.node).is_some()).await;
+    put(
+        &etcd.endpoint(),
+        &format!("{PREFIX}/subnets/10.244.201.0-24"),
+        "[]",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let names: Vec<_> = va.borrow().leases.keys().cloned().collect();
+    let mut want = vec![lease_a.node.clone(), lease_b.node.clone()];
+    want.sort();
+    assert_eq!(names, want);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_bad_config_is_a_clear_error() {
+    let etcd = Etcd::start().unwrap();
+    let mut reg = EtcdRegistry::connect(config(&etcd.endpoint()))
+        .await
+        .unwrap();
+    let err = reg.net_conf().await.unwrap_err();
+    assert!(matches!(err, RegistryError::NoConfig { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("etcdctl put /coreos.com/network/config"),
+        "{err}"
+    );
+    put(
+        &etcd.endpoint(),
+        &format!("{PREFIX}/config"),
+        r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "geneve"}}"#,
+    )
+    .await;
+    let err = reg.net_conf().await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("the network config at /coreos.com/network/config is invalid"),
+        "{err}"
+    );
+    assert!(err.contains("unknown backend type \"geneve\""), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_is_an_error_naming_the_endpoint() {
+    let etcd = Etcd::start().unwrap();
+    let endpoint = etcd.endpoint();
+    drop(etcd);
+    let mut cfg = config(&endpoint);
+    cfg.request_timeout = Duration::from_secs(2);
+    let result = match EtcdRegistry::connect(cfg).await {
+        Ok(mut reg) => reg.net_conf().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains(&endpoint), "{err}");
+}

@@ -1,0 +1,151 @@
+//! A real etcd (Debian `etcd-server`) for tests and the demo: its own data directory and
+//! loopback ports chosen at run time, stoppable and restartable on the same data, killed on
+//! drop. Fails loudly, naming the fix, when the binary is missing.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+pub struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Path of the etcd binary, or an error saying how to install it.
+pub fn etcd_binary() -> anyhow::Result<PathBuf> {
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let path = PathBuf::from(dir).join("etcd");
+        if path.exists() {
+            return Ok(path);
+        }
+    }
+    bail!("etcd not found: install Debian's etcd-server (`apt-get install etcd-server`, or run scripts/install-deps)")
+}
+
+impl Etcd {
+    pub fn start() -> anyhow::Result<Self> {
+        let mut etcd = Etcd {
+            child: None,
+            dir: tempfile::Builder::new().prefix("weft-etcd-").tempdir()?,
+            client_port: free_port()?,
+            peer_port: free_port()?,
+        };
+        etcd.spawn()?;
+        Ok(etcd)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Starts etcd on this fixture's data and ports; `new` on the first start only.
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let mut command = Command::new(etcd_binary()?);
+        command
+            .args(["--name", "lab", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &self.endpoint(),
+                "--advertise-client-urls",
+                &self.endpoint(),
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("lab={peer}"),
+                "--initial-cluster-state",
+                "new",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.child = Some(command.spawn().context("starting etcd")?);
+        self.wait_healthy()
+    }
+
+    fn wait_healthy(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "etcd exited with {status} at start; log:\n{}",
+                        self.log_tail()
+                    );
+                }
+            }
+            if self.healthy() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "etcd did not become healthy in 20 s; log:\n{}",
+            self.log_tail()
+        )
+    }
+
+    fn healthy(&self) -> bool {
+        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = String::new();
+        conn.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
+            && conn.read_to_string(&mut reply).is_ok()
+            && reply.contains("\"health\":\"true\"")
+    }
+
+    /// The last lines etcd logged, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Kills etcd (its data stays).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same data and ports.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop();
+        self.spawn()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
