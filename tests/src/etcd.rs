@@ -34,15 +34,21 @@ pub fn etcd_binary() -> anyhow::Result<PathBuf> {
 }
 
 impl Etcd {
+    /// A running etcd.
     pub fn start() -> anyhow::Result<Self> {
-        let mut etcd = Etcd {
+        let mut etcd = Etcd::reserve()?;
+        etcd.launch()?;
+        Ok(etcd)
+    }
+
+    /// Ports and a data directory, with etcd not yet running (for "etcd is down at start").
+    pub fn reserve() -> anyhow::Result<Self> {
+        Ok(Etcd {
             child: None,
             dir: tempfile::Builder::new().prefix("weft-etcd-").tempdir()?,
             client_port: free_port()?,
             peer_port: free_port()?,
-        };
-        etcd.spawn()?;
-        Ok(etcd)
+        })
     }
 
     pub fn endpoint(&self) -> String {
@@ -53,8 +59,8 @@ impl Etcd {
         self.dir.path().join("etcd.log")
     }
 
-    /// Starts etcd on this fixture's data and ports; `new` on the first start only.
-    fn spawn(&mut self) -> anyhow::Result<()> {
+    /// Starts etcd on this fixture's data and ports and waits until it is healthy.
+    pub fn launch(&mut self) -> anyhow::Result<()> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let log = File::options()
             .create(true)
@@ -140,7 +146,7 @@ impl Etcd {
     /// Starts etcd again on the same data and ports.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
-        self.spawn()
+        self.launch()
     }
 }
 

@@ -6,3 +6,4 @@ pub mod proxy;
 
 pub use etcd::Etcd;
 pub use proxy::CutProxy;
+pub mod demo;

@@ -1,0 +1,254 @@
+//! The `weft` binary as an operator runs it: `keys` byte-compatible with `wg` (Debian
+//! `wireguard-tools`), `config check` on good and bad files, and `weft agent` started while
+//! etcd is down: it must say so, retry, acquire once etcd is up, write subnet.env, and exit
+//! cleanly on SIGTERM.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_lab::Etcd;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+fn run(program: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (wg comes from Debian wireguard-tools: scripts/install-deps)"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[test]
+fn keys_match_wireguard_tools_byte_for_byte() {
+    for _ in 0..5 {
+        let private = stdout(&run(WEFT, &["keys", "generate"], ""));
+        assert_eq!(
+            private.len(),
+            45,
+            "44 base64 characters and a newline: {private:?}"
+        );
+        assert_eq!(
+            stdout(&run("wg", &["pubkey"], &private)),
+            stdout(&run(WEFT, &["keys", "public"], &private))
+        );
+        let theirs = stdout(&run("wg", &["genkey"], ""));
+        assert_eq!(
+            stdout(&run("wg", &["pubkey"], &theirs)),
+            stdout(&run(WEFT, &["keys", "public"], &theirs))
+        );
+    }
+    let psk = stdout(&run(WEFT, &["keys", "psk"], ""));
+    let wg_psk = stdout(&run("wg", &["genpsk"], ""));
+    assert_eq!((psk.len(), wg_psk.len()), (45, 45));
+    assert_ne!(psk, stdout(&run(WEFT, &["keys", "psk"], "")));
+    // A PSK from either tool is accepted where a config takes one.
+    for p in [psk.trim(), wg_psk.trim()] {
+        let conf = format!(
+            r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "wireguard", "PSK": "{p}"}}}}"#
+        );
+        assert!(run(WEFT, &["config", "check", "-"], &conf).status.success());
+    }
+}
+
+#[test]
+fn keys_public_refuses_garbage_and_says_why() {
+    let out = run(WEFT, &["keys", "public"], "hello\n");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("standard input does not hold a WireGuard private key"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_check_prints_the_effective_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("net-conf.json");
+    std::fs::write(
+        &path,
+        r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#,
+    )
+    .unwrap();
+    let out = run(WEFT, &["config", "check", path.to_str().unwrap()], "");
+    let effective: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(effective["SubnetLen"], 24);
+    assert_eq!(effective["SubnetMin"], "10.244.1.0");
+    assert_eq!(effective["Backend"]["ListenPort"], 51820);
+    assert_eq!(effective["Backend"]["Implementation"], "auto");
+}
+
+#[test]
+fn config_check_lists_every_problem_and_exits_1() {
+    let bad = r#"{"Network": "10.244.0.0/33", "Colour": 1, "Backend": {"Type": "wireguard", "ListenPort": 0, "Mode": "x"}}"#;
+    let out = run(WEFT, &["config", "check", "-"], bad);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("standard input: net-conf.json has 4 problems:"),
+        "{err}"
+    );
+    for needle in [
+        "`Network` = \"10.244.0.0/33\"",
+        "unknown key `Colour`",
+        "`Backend.ListenPort` = 0",
+        "`Backend.Mode` = \"x\"",
+    ] {
+        assert!(err.contains(needle), "missing {needle} in {err}");
+    }
+    let out = run(WEFT, &["config", "check", "/nonexistent/net-conf.json"], "");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "reading net-conf.json at /nonexistent/net-conf.json: No such file or directory"
+        ),
+        "{err}"
+    );
+}
+
+fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {secs}s waiting for {what}");
+}
+
+fn log_of(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn agent_waits_for_etcd_then_acquires_writes_subnet_env_and_stops_on_sigterm() {
+    let mut etcd = Etcd::reserve().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (key_file, subnet_file, log) = (
+        dir.path().join("lib/wireguard.key"),
+        dir.path().join("run/subnet.env"),
+        dir.path().join("agent.log"),
+    );
+    let mut agent = Command::new(WEFT)
+        .args(["agent", "--public-ip=198.51.100.9", "--ip-masq"])
+        .env("FLANNELD_ETCD_ENDPOINTS", etcd.endpoint())
+        .env("WEFT_SUBNET_FILE", &subnet_file)
+        .env("WIREGUARD_KEY_FILE", &key_file)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the agent to report etcd unreachable", 15, || {
+        log_of(&log).contains("connecting to etcd failed; retrying")
+            || log_of(&log).contains("reading the network config failed; retrying")
+    });
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the agent exited while etcd was down:\n{}",
+        log_of(&log)
+    );
+
+    etcd.launch().unwrap();
+    let client = tokio::runtime::Runtime::new().unwrap();
+    client.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        c.put(
+            "/coreos.com/network/config",
+            r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#,
+            None,
+        )
+        .await
+        .unwrap();
+    });
+    wait_for("subnet.env", 30, || subnet_file.exists());
+    let env = std::fs::read_to_string(&subnet_file).unwrap();
+    assert!(
+        env.starts_with("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244."),
+        "{env}"
+    );
+    assert!(
+        env.ends_with("FLANNEL_MTU=1420\nFLANNEL_IPMASQ=true\n"),
+        "{env}"
+    );
+    assert_eq!(
+        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The published key is the key file's public key.
+    let public = stdout(&run(
+        WEFT,
+        &["keys", "public"],
+        &std::fs::read_to_string(&key_file).unwrap(),
+    ));
+    let published = client.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        let r = c
+            .get(
+                "/coreos.com/network/subnets/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        r.kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap().to_string())
+            .unwrap_or_default()
+    });
+    assert!(
+        published.contains(&format!("\"PublicKey\":\"{}\"", public.trim())),
+        "{published}"
+    );
+    assert!(
+        published.starts_with(
+            r#"{"PublicIP":"198.51.100.9","PublicIPv6":null,"BackendType":"wireguard""#
+        ),
+        "{published}"
+    );
+
+    Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = agent.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no exit 10 s after SIGTERM:\n{}",
+            log_of(&log)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit {status}:\n{}", log_of(&log));
+    assert!(log_of(&log).contains("left in place"), "{}", log_of(&log));
+}
