@@ -156,75 +156,37 @@ fn three_nodes_full_plan() {
     assert_eq!(again, state);
 }
 
+/// node-x, otherwise good, with one thing broken.
+fn broken(f: impl FnOnce(&mut Lease)) -> Lease {
+    let mut l = lease("node-x", "10.244.9.0/24", ip(9), 9);
+    f(&mut l);
+    l
+}
+
 #[test]
 fn bad_peers_are_left_out_with_a_reason_and_the_rest_is_unaffected() {
-    let mut cases: Vec<(&str, Vec<Lease>, &str)> = Vec::new();
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.backend_data = Some(json!({"PublicKey": "bm90IGEga2V5", "Port": 51820}));
-    cases.push(("undecodable key", vec![bad], "node node-x left out: its backend-data is unusable: PublicKey \"bm90IGEga2V5\": decodes to 9 bytes, but a WireGuard key is exactly 32 bytes (44 base64 characters)"));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.backend_data = None;
-    cases.push((
-        "missing backend-data",
-        vec![bad],
-        "node node-x left out: its backend-data is unusable: it is missing",
-    ));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.backend_data = Some(json!({"PublicKey": key(9).to_base64(), "Port": 0}));
-    cases.push((
-        "bad port",
-        vec![bad],
-        "node node-x left out: its backend-data is unusable: Port 0 is not a UDP port (1–65535)",
-    ));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.public_ip = None;
-    cases.push((
-        "no public IP",
-        vec![bad],
-        "node node-x left out: it publishes no IPv4 public IP to reach it on",
-    ));
-    cases.push((
-        "subnet outside network",
-        vec![lease("node-x", "10.99.9.0/24", ip(9), 9)],
-        "node node-x left out: its subnet 10.99.9.0/24 lies outside the pod network 10.244.0.0/16",
-    ));
-    cases.push((
-        "overlaps our subnet",
-        vec![lease("node-x", "10.244.1.0/25", ip(9), 9)],
-        "node node-x left out: its subnet 10.244.1.0/25 overlaps this node's subnet 10.244.1.0/24",
-    ));
-    cases.push((
-        "our own key",
-        vec![lease("node-x", "10.244.9.0/24", ip(9), 1)],
-        &*Box::leak(
-            format!(
-                "node node-x left out: it publishes this node's own public key {}",
-                key(1)
-            )
-            .into_boxed_str(),
-        ),
-    ));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.backend_type = "vxlan".into();
-    cases.push(("wrong backend", vec![bad], "node node-x left out: it runs backend \"vxlan\", this node runs wireguard; all nodes must use one backend"));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.expires = Some(SystemTime::UNIX_EPOCH + NOW - Duration::from_secs(1));
-    cases.push((
-        "expired",
-        vec![bad],
-        "node node-x left out: its lease has expired",
-    ));
-    let mut bad = lease("node-x", "10.244.9.0/24", ip(9), 9);
-    bad.subnet = None;
-    cases.push((
-        "no subnet",
-        vec![bad],
-        "node node-x left out: it holds no subnet of an enabled family",
-    ));
+    let left_out = |why: &str| format!("node node-x left out: {why}");
+    let cases: Vec<(&str, Lease, String)> = vec![
+        ("undecodable key", broken(|l| l.backend_data = Some(json!({"PublicKey": "bm90IGEga2V5", "Port": 51820}))),
+         left_out("its backend-data is unusable: PublicKey \"bm90IGEga2V5\": decodes to 9 bytes, but a WireGuard key is exactly 32 bytes (44 base64 characters)")),
+        ("missing backend-data", broken(|l| l.backend_data = None), left_out("its backend-data is unusable: it is missing")),
+        ("bad port", broken(|l| l.backend_data = Some(json!({"PublicKey": key(9).to_base64(), "Port": 0}))),
+         left_out("its backend-data is unusable: Port 0 is not a UDP port (1–65535)")),
+        ("no public IP", broken(|l| l.public_ip = None), left_out("it publishes no IPv4 public IP to reach it on")),
+        ("subnet outside network", broken(|l| l.subnet = Some("10.99.9.0/24".parse().unwrap())),
+         left_out("its subnet 10.99.9.0/24 lies outside the pod network 10.244.0.0/16")),
+        ("overlaps our subnet", broken(|l| l.subnet = Some("10.244.1.0/25".parse().unwrap())),
+         left_out("its subnet 10.244.1.0/25 overlaps this node's subnet 10.244.1.0/24")),
+        ("our own key", broken(|l| l.backend_data = Some(wireguard_backend_data(&key(1), 51820))),
+         left_out(&format!("it publishes this node's own public key {}", key(1)))),
+        ("wrong backend", broken(|l| l.backend_type = "vxlan".into()),
+         left_out("it runs backend \"vxlan\", this node runs wireguard; all nodes must use one backend")),
+        ("expired", broken(|l| l.expires = Some(SystemTime::UNIX_EPOCH + NOW - Duration::from_secs(1))), left_out("its lease has expired")),
+        ("no subnet", broken(|l| l.subnet = None), left_out("it holds no subnet of an enabled family")),
+    ];
 
-    for (name, extra, want) in cases {
-        let mut peers = extra;
-        peers.push(good_peer());
+    for (name, bad, want) in cases {
+        let peers = vec![bad, good_peer()];
         let state = run(CONF, peers, false).unwrap_or_else(|e| panic!("{name}: {e}"));
         let reasons: Vec<_> = state.left_out.iter().map(ToString::to_string).collect();
         assert_eq!(reasons, vec![want.to_string()], "{name}");
