@@ -1,6 +1,7 @@
 //! weft's backends: the data model, the pure planner, and (in `apply`, later) the
 //! reconcilers that bring the kernel in line with the plan.
 
+pub mod apply;
 pub mod model;
 pub mod netconf;
 pub mod plan;

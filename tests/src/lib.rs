@@ -7,3 +7,4 @@ pub mod proxy;
 pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod demo;
+pub mod netns;

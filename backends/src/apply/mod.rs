@@ -1,0 +1,100 @@
+//! Reconcilers: read what the kernel has, diff it against `DesiredState` for the objects weft
+//! owns, apply only the delta. The only code in this crate that does I/O. In steady state a
+//! pass makes zero writes. One failed write does not stop the others: it is reported, and the
+//! next pass tries again.
+
+mod netlink;
+mod routing;
+mod rtnl;
+
+use std::collections::BTreeMap;
+
+pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
+pub use routing::{diff_link, diff_routes, RoutingChange};
+pub use rtnl::RtNetlink;
+
+use crate::model::{DesiredState, Family};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{op}: {source}")]
+    Netlink {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What one pass did: the changes applied, and those that failed with why.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub applied: Vec<RoutingChange>,
+    pub failed: Vec<(RoutingChange, ApplyError)>,
+}
+
+async fn write<N: Netlink>(
+    nl: &mut N,
+    links: &BTreeMap<String, ObservedLink>,
+    change: &RoutingChange,
+    mtu_of: &BTreeMap<String, u32>,
+) -> Result<(), ApplyError> {
+    let link = |d: &String| links.get(d).cloned();
+    match change {
+        RoutingChange::Link { device, up, .. } => match (link(device), mtu_of.get(device)) {
+            (Some(l), Some(mtu)) => nl.set_link(&l, *mtu, *up).await,
+            _ => Ok(()),
+        },
+        RoutingChange::AddAddress { device, addr } => match link(device) {
+            Some(l) => nl.add_address(&l, *addr).await,
+            None => Ok(()),
+        },
+        RoutingChange::RemoveAddress { device, addr } => match link(device) {
+            Some(l) => nl.del_address(&l, *addr).await,
+            None => Ok(()),
+        },
+        RoutingChange::AddRoute(r) | RoutingChange::ReplaceRoute { to: r, .. } => {
+            nl.put_route(r).await
+        }
+        RoutingChange::RemoveRoute(r) => nl.del_route(r).await,
+    }
+}
+
+/// Brings the links (MTU, up, addresses) and routes of `desired` into the kernel. Devices
+/// themselves are created by the device reconciler; a device that does not exist yet is
+/// skipped here, with its routes.
+pub async fn reconcile_routing<N: Netlink>(
+    nl: &mut N,
+    desired: &DesiredState,
+) -> Result<ApplyReport, ApplyError> {
+    let mut links = BTreeMap::new();
+    let mut mtu_of = BTreeMap::new();
+    let mut changes = Vec::new();
+    for t in &desired.tunnels {
+        let Some(link) = nl.link(&t.device).await? else {
+            continue;
+        };
+        let have = nl.addresses(&link).await?;
+        changes.extend(diff_link(&link, t.mtu, &t.addresses, &have));
+        mtu_of.insert(t.device.clone(), t.mtu);
+        links.insert(t.device.clone(), link);
+    }
+    let index_of = |d: &str| links.get(d).map(|l| l.index);
+    for family in [Family::Ipv4, Family::Ipv6] {
+        let observed = nl.routes(family).await?;
+        let wanted: Vec<_> = desired
+            .routes
+            .iter()
+            .filter(|r| Family::of(&r.dst) == family)
+            .cloned()
+            .collect();
+        changes.extend(diff_routes(&wanted, &index_of, &observed));
+    }
+    let mut report = ApplyReport::default();
+    for change in changes {
+        match write(nl, &links, &change, &mtu_of).await {
+            Ok(()) => report.applied.push(change),
+            Err(e) => report.failed.push((change, e)),
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,78 @@
+//! The kernel as the routing reconciler sees it: reads and writes of links, addresses and
+//! routes behind one trait, so the reconciler is the same against rtnetlink and a fake.
+
+use std::future::Future;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::ApplyError;
+use crate::model::Family;
+
+/// The `protocol` weft stamps on its routes (`ip route show proto 87`): how weft tells its
+/// routes from everyone else's. Routes with another protocol are never removed.
+pub const RTPROT_WEFT: u8 = 87;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedLink {
+    pub index: u32,
+    pub name: String,
+    pub mtu: u32,
+    pub up: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRoute {
+    pub dst: IpNet,
+    /// Output interface index.
+    pub oif: Option<u32>,
+    pub gateway: Option<IpAddr>,
+    pub protocol: u8,
+}
+
+/// A route to install, resolved to an interface index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteWrite {
+    pub dst: IpNet,
+    pub oif: u32,
+    pub device: String,
+    pub gateway: Option<IpAddr>,
+}
+
+pub trait Netlink {
+    fn link(
+        &mut self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<ObservedLink>, ApplyError>>;
+    fn set_link(
+        &mut self,
+        link: &ObservedLink,
+        mtu: u32,
+        up: bool,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Addresses on the link, link-local IPv6 excluded (the kernel manages those).
+    fn addresses(
+        &mut self,
+        link: &ObservedLink,
+    ) -> impl Future<Output = Result<Vec<IpNet>, ApplyError>>;
+    fn add_address(
+        &mut self,
+        link: &ObservedLink,
+        addr: IpNet,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    fn del_address(
+        &mut self,
+        link: &ObservedLink,
+        addr: IpNet,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Unicast routes of the main table of one family.
+    fn routes(
+        &mut self,
+        family: Family,
+    ) -> impl Future<Output = Result<Vec<ObservedRoute>, ApplyError>>;
+    /// Adds or replaces (same destination) a route, stamped `RTPROT_WEFT`.
+    fn put_route(&mut self, route: &RouteWrite) -> impl Future<Output = Result<(), ApplyError>>;
+    fn del_route(&mut self, route: &ObservedRoute) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Writes made so far (for the "steady state makes zero writes" guarantee).
+    fn writes(&self) -> u64;
+}

@@ -1,0 +1,236 @@
+//! Pure diff of links, addresses and routes: desired (from the plan) against observed (read
+//! from the kernel this pass). Only weft's objects are considered: its devices, and routes
+//! stamped `RTPROT_WEFT`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ipnet::IpNet;
+
+use super::netlink::{ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
+use crate::model::RouteSpec;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingChange {
+    Link {
+        device: String,
+        mtu: Option<(u32, u32)>,
+        up: bool,
+    },
+    AddAddress {
+        device: String,
+        addr: IpNet,
+    },
+    RemoveAddress {
+        device: String,
+        addr: IpNet,
+    },
+    AddRoute(RouteWrite),
+    /// Same destination, other device or gateway: replaced in one write.
+    ReplaceRoute {
+        from: ObservedRoute,
+        to: RouteWrite,
+    },
+    RemoveRoute(ObservedRoute),
+}
+
+impl fmt::Display for RoutingChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let via = |g: &Option<std::net::IpAddr>| g.map(|g| format!(" via {g}")).unwrap_or_default();
+        match self {
+            RoutingChange::Link { device, mtu, up } => {
+                write!(f, "set link {device}")?;
+                if let Some((from, to)) = mtu {
+                    write!(f, " mtu {from} -> {to}")?;
+                }
+                if *up {
+                    write!(f, " up")?;
+                }
+                Ok(())
+            }
+            RoutingChange::AddAddress { device, addr } => {
+                write!(f, "add address {addr} dev {device}")
+            }
+            RoutingChange::RemoveAddress { device, addr } => {
+                write!(f, "remove address {addr} dev {device}")
+            }
+            RoutingChange::AddRoute(r) => {
+                write!(f, "add route {}{} dev {}", r.dst, via(&r.gateway), r.device)
+            }
+            RoutingChange::ReplaceRoute { to, .. } => write!(
+                f,
+                "replace route {}{} dev {}",
+                to.dst,
+                via(&to.gateway),
+                to.device
+            ),
+            RoutingChange::RemoveRoute(r) => write!(f, "remove route {}{}", r.dst, via(&r.gateway)),
+        }
+    }
+}
+
+/// Link properties and addresses of one weft device.
+pub fn diff_link(
+    link: &ObservedLink,
+    mtu: u32,
+    desired: &[IpNet],
+    observed: &[IpNet],
+) -> Vec<RoutingChange> {
+    let mut out = Vec::new();
+    if link.mtu != mtu || !link.up {
+        out.push(RoutingChange::Link {
+            device: link.name.clone(),
+            mtu: (link.mtu != mtu).then_some((link.mtu, mtu)),
+            up: !link.up,
+        });
+    }
+    for addr in desired.iter().filter(|a| !observed.contains(a)) {
+        out.push(RoutingChange::AddAddress {
+            device: link.name.clone(),
+            addr: *addr,
+        });
+    }
+    for addr in observed.iter().filter(|a| !desired.contains(a)) {
+        out.push(RoutingChange::RemoveAddress {
+            device: link.name.clone(),
+            addr: *addr,
+        });
+    }
+    out
+}
+
+/// Routes: `desired` with their devices resolved to indexes (`index_of`); a route whose
+/// device does not exist yet is skipped (the next pass adds it).
+pub fn diff_routes(
+    desired: &[RouteSpec],
+    index_of: &dyn Fn(&str) -> Option<u32>,
+    observed: &[ObservedRoute],
+) -> Vec<RoutingChange> {
+    let ours: BTreeMap<IpNet, &ObservedRoute> = observed
+        .iter()
+        .filter(|r| r.protocol == RTPROT_WEFT)
+        .map(|r| (r.dst, r))
+        .collect();
+    let mut out = Vec::new();
+    let mut wanted = Vec::new();
+    for spec in desired {
+        let Some(oif) = index_of(&spec.device) else {
+            continue;
+        };
+        wanted.push(spec.dst);
+        let write = RouteWrite {
+            dst: spec.dst,
+            oif,
+            device: spec.device.clone(),
+            gateway: spec.via,
+        };
+        match ours.get(&spec.dst) {
+            Some(have) if have.oif == Some(oif) && have.gateway == spec.via => {}
+            Some(have) => out.push(RoutingChange::ReplaceRoute {
+                from: (*have).clone(),
+                to: write,
+            }),
+            None => out.push(RoutingChange::AddRoute(write)),
+        }
+    }
+    for (dst, route) in &ours {
+        if !wanted.contains(dst) {
+            out.push(RoutingChange::RemoveRoute((*route).clone()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RouteRole;
+
+    fn spec(dst: &str, dev: &str) -> RouteSpec {
+        RouteSpec {
+            dst: dst.parse().unwrap(),
+            device: dev.into(),
+            via: None,
+            role: RouteRole::Covering,
+        }
+    }
+
+    fn seen(dst: &str, oif: u32, protocol: u8) -> ObservedRoute {
+        ObservedRoute {
+            dst: dst.parse().unwrap(),
+            oif: Some(oif),
+            gateway: None,
+            protocol,
+        }
+    }
+
+    #[test]
+    fn routes_add_replace_remove_and_leave_foreign_ones() {
+        let index = |d: &str| match d {
+            "flannel-wg" => Some(7),
+            "other" => Some(9),
+            _ => None,
+        };
+        let desired = [
+            spec("10.244.0.0/16", "flannel-wg"),
+            spec("10.244.2.0/24", "flannel-wg"),
+            spec("10.244.3.0/24", "flannel-wg"),
+            spec("10.244.4.0/24", "missing"),
+        ];
+        let observed = [
+            seen("10.244.0.0/16", 7, RTPROT_WEFT), // as wanted
+            seen("10.244.2.0/24", 9, RTPROT_WEFT), // wrong device
+            seen("10.244.9.0/24", 7, RTPROT_WEFT), // stale
+            seen("192.168.0.0/16", 9, 4),          // someone else's
+            seen("10.244.3.0/24", 9, 3),           // someone else's, same dst: add replaces it
+        ];
+        let got: Vec<String> = diff_routes(&desired, &index, &observed)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "replace route 10.244.2.0/24 dev flannel-wg",
+                "add route 10.244.3.0/24 dev flannel-wg",
+                "remove route 10.244.9.0/24"
+            ]
+        );
+        let steady = [
+            seen("10.244.0.0/16", 7, RTPROT_WEFT),
+            seen("10.244.2.0/24", 7, RTPROT_WEFT),
+            seen("10.244.3.0/24", 7, RTPROT_WEFT),
+        ];
+        assert!(diff_routes(&desired, &index, &steady).is_empty());
+    }
+
+    #[test]
+    fn link_mtu_up_and_addresses() {
+        let link = ObservedLink {
+            index: 7,
+            name: "flannel-wg".into(),
+            mtu: 1500,
+            up: false,
+        };
+        let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
+        let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];
+        let got: Vec<String> = diff_link(&link, 1420, &want, &have)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "set link flannel-wg mtu 1500 -> 1420 up",
+                "add address 10.244.1.0/32 dev flannel-wg",
+                "remove address 10.9.9.9/32 dev flannel-wg"
+            ]
+        );
+        let steady = ObservedLink {
+            mtu: 1420,
+            up: true,
+            ..link
+        };
+        assert!(diff_link(&steady, 1420, &want, &want).is_empty());
+    }
+}
