@@ -4,12 +4,14 @@
 //! next pass tries again.
 
 mod netlink;
+mod nft;
 mod routing;
 mod rtnl;
 
 use std::collections::BTreeMap;
 
 pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
+pub use nft::{reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES};
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
 
@@ -23,6 +25,8 @@ pub enum ApplyError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{op}: {detail}")]
+    Nft { op: String, detail: String },
 }
 
 /// What one pass did: the changes applied, and those that failed with why.

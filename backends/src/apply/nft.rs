@@ -1,0 +1,260 @@
+//! The masquerade rule set in nftables (DESIGN §3): tables `ip flannel-ipv4` and
+//! `ip6 flannel-ipv6`, chains `postrtg` (nat, postrouting) and `forward` (filter). Read with
+//! `nft -j list table`, compared rule by rule with what the plan wants, and, only if they
+//! differ, replaced as one atomic `nft -j -f -` transaction. Tables of a family the plan no
+//! longer wants are deleted; no other table is ever touched.
+
+use std::future::Future;
+use std::process::Stdio;
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+use super::ApplyError;
+use crate::model::{Family, MasqueradeTable, Match, NatRule};
+
+pub const TABLES: [(Family, &str); 2] = [
+    (Family::Ipv4, "flannel-ipv4"),
+    (Family::Ipv6, "flannel-ipv6"),
+];
+const POSTROUTING: &str = "postrtg";
+const FORWARD: &str = "forward";
+
+/// `nft` as the reconciler sees it; `NftCli` runs the real binary.
+pub trait Nft {
+    /// The table as `nft -j list table` prints it, or `None` if it does not exist.
+    fn list(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> impl Future<Output = Result<Option<Value>, ApplyError>>;
+    /// Runs one JSON batch as one transaction.
+    fn apply(&mut self, what: &str, batch: Value) -> impl Future<Output = Result<(), ApplyError>>;
+    fn writes(&self) -> u64;
+}
+
+#[derive(Debug, Default)]
+pub struct NftCli {
+    writes: u64,
+}
+
+async fn run_nft(
+    args: &[&str],
+    stdin: Option<String>,
+    what: &str,
+) -> Result<std::process::Output, ApplyError> {
+    let io = |source| ApplyError::Netlink {
+        op: format!("{what}: running nft"),
+        source,
+    };
+    let mut child = tokio::process::Command::new("nft")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(io)?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).await.map_err(io)?;
+    }
+    child.wait_with_output().await.map_err(io)
+}
+
+impl Nft for NftCli {
+    async fn list(&mut self, family: Family, table: &str) -> Result<Option<Value>, ApplyError> {
+        let what = format!("listing nftables table {} {table}", family.nft());
+        let out = run_nft(&["-j", "list", "table", family.nft(), table], None, &what).await?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("No such file or directory") {
+                return Ok(None);
+            }
+            return Err(ApplyError::Nft {
+                op: what,
+                detail: err.trim().to_string(),
+            });
+        }
+        serde_json::from_slice(&out.stdout)
+            .map(Some)
+            .map_err(|e| ApplyError::Nft {
+                op: what,
+                detail: format!("unreadable output: {e}"),
+            })
+    }
+
+    async fn apply(&mut self, what: &str, batch: Value) -> Result<(), ApplyError> {
+        self.writes += 1;
+        let out = run_nft(&["-j", "-f", "-"], Some(batch.to_string()), what).await?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(ApplyError::Nft {
+                op: what.to_string(),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
+        }
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes
+    }
+}
+
+fn addr_match(family: Family, field: &str, m: &Match) -> Value {
+    let (op, net) = match m {
+        Match::In(n) => ("==", n),
+        Match::NotIn(n) => ("!=", n),
+    };
+    json!({"match": {"op": op, "left": {"payload": {"protocol": family.nft(), "field": field}},
+                     "right": {"prefix": {"addr": net.network().to_string(), "len": net.prefix_len()}}}})
+}
+
+/// Rule expressions in the canonical form `nft -j list` prints them back, so an unchanged
+/// rule compares equal.
+fn nat_expr(family: Family, rule: &NatRule) -> Vec<Value> {
+    match rule {
+        NatRule::ReturnIfMarked { mark } => vec![
+            json!({"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, mark]}, "right": mark}}),
+            json!({"return": null}),
+        ],
+        NatRule::Return { src, dst } => vec![
+            addr_match(family, "saddr", src),
+            addr_match(family, "daddr", dst),
+            json!({"return": null}),
+        ],
+        NatRule::Masquerade {
+            src,
+            dst,
+            fully_random,
+        } => {
+            let masq = if *fully_random {
+                json!({"masquerade": {"flags": "fully-random"}})
+            } else {
+                json!({"masquerade": null})
+            };
+            vec![
+                addr_match(family, "saddr", src),
+                addr_match(family, "daddr", dst),
+                masq,
+            ]
+        }
+    }
+}
+
+/// The chains and their rules' expressions, as the plan wants them.
+fn wanted(t: &MasqueradeTable) -> Vec<(Value, Vec<Vec<Value>>)> {
+    let fam = t.family.nft();
+    let chain = |name: &str, kind: &str, hook: &str, prio: i32| json!({"family": fam, "table": t.table, "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept"});
+    let nat = t
+        .postrouting
+        .iter()
+        .map(|r| nat_expr(t.family, r))
+        .collect();
+    let forward = t
+        .forward
+        .iter()
+        .map(|r| {
+            let m = match (r.src, r.dst) {
+                (Some(s), _) => addr_match(t.family, "saddr", &Match::In(s)),
+                (_, d) => addr_match(t.family, "daddr", &Match::In(d.unwrap_or_default())),
+            };
+            vec![m, json!({"accept": null})]
+        })
+        .collect();
+    vec![
+        (chain(POSTROUTING, "nat", "postrouting", 100), nat),
+        (chain(FORWARD, "filter", "forward", 0), forward),
+    ]
+}
+
+/// The same shape read back from `nft -j list table` (handles dropped).
+fn observed(listing: &Value) -> Vec<(Value, Vec<Vec<Value>>)> {
+    let items = listing
+        .get("nftables")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut chains: Vec<(Value, Vec<Vec<Value>>)> = Vec::new();
+    for item in items {
+        if let Some(mut c) = item.get("chain").cloned() {
+            if let Some(o) = c.as_object_mut() {
+                o.remove("handle");
+            }
+            chains.push((c, Vec::new()));
+        } else if let Some(r) = item.get("rule") {
+            let chain = r.get("chain").and_then(Value::as_str).unwrap_or_default();
+            let expr = r
+                .get("expr")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            if let Some((_, rules)) = chains
+                .iter_mut()
+                .find(|(c, _)| c.get("name").and_then(Value::as_str) == Some(chain))
+            {
+                rules.push(expr);
+            }
+        }
+    }
+    chains
+}
+
+fn replace_batch(t: &MasqueradeTable) -> Value {
+    let fam = t.family.nft();
+    let table = json!({"table": {"family": fam, "name": t.table}});
+    let mut cmds = vec![
+        json!({"add": table}),
+        json!({"delete": table}),
+        json!({"add": table}),
+    ];
+    for (chain, rules) in wanted(t) {
+        let name = chain.get("name").cloned().unwrap_or_default();
+        cmds.push(json!({"add": {"chain": chain}}));
+        for expr in rules {
+            cmds.push(json!({"add": {"rule": {"family": fam, "table": t.table, "chain": name, "expr": expr}}}));
+        }
+    }
+    json!({ "nftables": cmds })
+}
+
+/// What the nftables pass did, one line per table replaced or deleted.
+#[derive(Debug, Default)]
+pub struct NftReport {
+    pub applied: Vec<String>,
+    pub failed: Vec<ApplyError>,
+}
+
+/// Makes weft's nftables tables match `desired` (empty = none wanted).
+pub async fn reconcile_nft<N: Nft>(
+    nft: &mut N,
+    desired: &[MasqueradeTable],
+) -> Result<NftReport, ApplyError> {
+    let mut report = NftReport::default();
+    for (family, name) in TABLES {
+        let want = desired
+            .iter()
+            .find(|t| t.family == family && t.table == name);
+        let have = nft.list(family, name).await?;
+        let (what, batch) = match (want, have) {
+            (Some(t), Some(listing)) if observed(&listing) == wanted(t) => continue,
+            (Some(t), _) => (
+                format!("replace nftables table {} {name}", family.nft()),
+                replace_batch(t),
+            ),
+            (None, Some(_)) => (
+                format!("delete nftables table {} {name}", family.nft()),
+                json!({"nftables": [{"delete": {"table": {"family": family.nft(), "name": name}}}]}),
+            ),
+            (None, None) => continue,
+        };
+        match nft.apply(&what, batch).await {
+            Ok(()) => report.applied.push(what),
+            Err(e) => report.failed.push(e),
+        }
+    }
+    Ok(report)
+}
