@@ -140,6 +140,9 @@ impl PresharedKey {
     pub fn generate() -> Result<Self, KeyError> {
         random_bytes().map(Self)
     }
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
     pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
         &self.0
     }

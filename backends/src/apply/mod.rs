@@ -7,6 +7,7 @@ mod netlink;
 mod nft;
 mod routing;
 mod rtnl;
+pub mod wireguard;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,264 @@
+//! Pure per-peer diff of a planned device (`TunnelSpec`) against what the device holds:
+//! add, update only the fields that differ, remove. Never a whole-peer-set replace: an
+//! untouched peer keeps its session.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use ipnet::IpNet;
+use weft_crypto::{PresharedKey, PublicKey};
+
+use super::WgDevice;
+use crate::model::{PeerSpec, TunnelSpec};
+
+/// Fields of an existing peer that must change (`None` = leave as is).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PeerFields {
+    pub endpoint: Option<SocketAddr>,
+    pub allowed_ips: Option<Vec<IpNet>>,
+    pub keepalive: Option<u16>,
+    /// `Some(None)` removes the PSK.
+    pub psk: Option<Option<PresharedKey>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PeerChange {
+    Add(PeerSpec),
+    /// `spec` is the whole desired peer (a device that cannot update in place re-adds it).
+    Update {
+        spec: PeerSpec,
+        fields: PeerFields,
+    },
+    Remove {
+        key: PublicKey,
+    },
+}
+
+/// Everything to change on one device; empty when it already matches.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeviceChange {
+    pub set_private_key: bool,
+    pub listen_port: Option<u16>,
+    pub peers: Vec<PeerChange>,
+}
+
+impl DeviceChange {
+    pub fn is_empty(&self) -> bool {
+        !self.set_private_key && self.listen_port.is_none() && self.peers.is_empty()
+    }
+}
+
+fn sorted(mut ips: Vec<IpNet>) -> Vec<IpNet> {
+    ips.sort();
+    ips
+}
+
+/// What must change on a device holding `observed` so it matches `spec`, with `own` as the
+/// public key of the private key it must carry.
+pub fn diff_device(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> DeviceChange {
+    let mut change = DeviceChange {
+        set_private_key: observed.public_key.as_ref() != Some(own),
+        listen_port: (observed.listen_port != spec.listen_port).then_some(spec.listen_port),
+        peers: Vec::new(),
+    };
+    for want in &spec.peers {
+        let Some(have) = observed.peers.get(&want.public_key) else {
+            change.peers.push(PeerChange::Add(want.clone()));
+            continue;
+        };
+        let allowed = sorted(want.allowed_ips.clone());
+        let fields = PeerFields {
+            endpoint: (have.endpoint != Some(want.endpoint)).then_some(want.endpoint),
+            allowed_ips: (have.allowed_ips != allowed).then_some(allowed),
+            keepalive: (have.keepalive != want.keepalive).then_some(want.keepalive),
+            psk: (have.psk != want.psk).then(|| want.psk.clone()),
+        };
+        if fields != PeerFields::default() {
+            change.peers.push(PeerChange::Update {
+                spec: want.clone(),
+                fields,
+            });
+        }
+    }
+    for key in observed.peers.keys() {
+        if !spec.peers.iter().any(|p| p.public_key == *key) {
+            change.peers.push(PeerChange::Remove { key: *key });
+        }
+    }
+    change
+}
+
+impl fmt::Display for PeerChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ips = |v: &[IpNet]| {
+            v.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            PeerChange::Add(p) => write!(
+                f,
+                "add peer {} ({}) endpoint {} allowed {}",
+                p.node,
+                p.public_key,
+                p.endpoint,
+                ips(&p.allowed_ips)
+            ),
+            PeerChange::Update { spec, fields } => {
+                write!(f, "update peer {} ({}):", spec.node, spec.public_key)?;
+                if let Some(e) = fields.endpoint {
+                    write!(f, " endpoint {e}")?;
+                }
+                if let Some(a) = &fields.allowed_ips {
+                    write!(f, " allowed {}", ips(a))?;
+                }
+                if let Some(k) = fields.keepalive {
+                    write!(f, " keepalive {k}s")?;
+                }
+                match &fields.psk {
+                    Some(Some(_)) => write!(f, " psk (new)")?,
+                    Some(None) => write!(f, " psk removed")?,
+                    None => {}
+                }
+                Ok(())
+            }
+            PeerChange::Remove { key } => write!(f, "remove peer {key}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::wireguard::WgPeer;
+    use weft_crypto::PrivateKey;
+
+    fn key(seed: u8) -> PublicKey {
+        PrivateKey::from_bytes([seed; 32]).public_key()
+    }
+
+    fn spec_peer(node: &str, seed: u8, endpoint: &str, allowed: &str) -> PeerSpec {
+        PeerSpec {
+            node: node.into(),
+            public_key: key(seed),
+            endpoint: endpoint.parse().unwrap(),
+            allowed_ips: vec![allowed.parse().unwrap()],
+            keepalive: 0,
+            psk: None,
+        }
+    }
+
+    fn seen(spec: &PeerSpec) -> WgPeer {
+        WgPeer {
+            endpoint: Some(spec.endpoint),
+            allowed_ips: spec.allowed_ips.clone(),
+            keepalive: spec.keepalive,
+            psk: spec.psk.clone(),
+            ..WgPeer::default()
+        }
+    }
+
+    fn tunnel(peers: Vec<PeerSpec>) -> TunnelSpec {
+        TunnelSpec {
+            device: "flannel-wg".into(),
+            listen_port: 51820,
+            mtu: 1420,
+            addresses: vec![],
+            peers,
+        }
+    }
+
+    #[test]
+    fn per_peer_changes_only() {
+        let b = spec_peer("node-b", 2, "198.51.100.2:51820", "10.244.2.0/24");
+        let c = spec_peer("node-c", 3, "198.51.100.3:51820", "10.244.3.0/24");
+        let d = spec_peer("node-d", 4, "198.51.100.4:51820", "10.244.4.0/24");
+        let mut observed = WgDevice {
+            public_key: Some(key(1)),
+            listen_port: 51820,
+            ..WgDevice::default()
+        };
+        observed.peers.insert(b.public_key, seen(&b)); // unchanged
+        let mut moved = seen(&c);
+        moved.endpoint = Some("203.0.113.3:51820".parse().unwrap());
+        moved.last_handshake = Some(std::time::Duration::from_secs(5)); // stats never count as a change
+        observed.peers.insert(c.public_key, moved);
+        observed.peers.insert(key(9), WgPeer::default()); // a node that left
+        let got: Vec<String> = diff_device(
+            &tunnel(vec![b.clone(), c.clone(), d.clone()]),
+            &key(1),
+            &observed,
+        )
+        .peers
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(
+            got,
+            [
+                format!(
+                    "update peer node-c ({}): endpoint 198.51.100.3:51820",
+                    key(3)
+                ),
+                format!(
+                    "add peer node-d ({}) endpoint 198.51.100.4:51820 allowed 10.244.4.0/24",
+                    key(4)
+                ),
+                format!("remove peer {}", key(9)),
+            ]
+        );
+    }
+
+    #[test]
+    fn steady_state_is_empty_and_key_or_port_changes_show() {
+        let b = spec_peer("node-b", 2, "198.51.100.2:51820", "10.244.2.0/24");
+        let mut observed = WgDevice {
+            public_key: Some(key(1)),
+            listen_port: 51820,
+            ..WgDevice::default()
+        };
+        observed.peers.insert(b.public_key, seen(&b));
+        assert!(diff_device(&tunnel(vec![b.clone()]), &key(1), &observed).is_empty());
+        let rotated = diff_device(&tunnel(vec![b.clone()]), &key(7), &observed);
+        assert!(rotated.set_private_key && rotated.peers.is_empty());
+        let mut moved_port = tunnel(vec![b]);
+        moved_port.listen_port = 51999;
+        assert_eq!(
+            diff_device(&moved_port, &key(1), &observed).listen_port,
+            Some(51999)
+        );
+        let fresh = diff_device(&tunnel(vec![]), &key(1), &WgDevice::default());
+        assert!(fresh.set_private_key && fresh.listen_port == Some(51820));
+    }
+
+    #[test]
+    fn psk_and_allowed_ips_order() {
+        let mut b = spec_peer("node-b", 2, "198.51.100.2:51820", "10.244.2.0/24");
+        b.allowed_ips
+            .insert(0, "fd00:10:244:2::/64".parse().unwrap());
+        let mut observed = WgDevice {
+            public_key: Some(key(1)),
+            listen_port: 51820,
+            ..WgDevice::default()
+        };
+        let mut have = seen(&b);
+        have.allowed_ips.sort();
+        observed.peers.insert(b.public_key, have);
+        assert!(
+            diff_device(&tunnel(vec![b.clone()]), &key(1), &observed).is_empty(),
+            "order of AllowedIPs does not matter"
+        );
+        let psk = PresharedKey::generate().unwrap();
+        b.psk = Some(psk.clone());
+        let change = diff_device(&tunnel(vec![b]), &key(1), &observed);
+        assert!(
+            matches!(&change.peers[0], PeerChange::Update { fields, .. } if fields.psk.as_ref().is_some_and(Option::is_some))
+        );
+        let line = change.peers[0].to_string();
+        assert!(
+            line.ends_with("psk (new)") && !line.contains(&psk.to_base64_secret()),
+            "{line}"
+        );
+    }
+}

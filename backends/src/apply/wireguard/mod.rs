@@ -1,0 +1,38 @@
+//! WireGuard devices: what a device holds (`WgDevice`), the per-peer diff against the plan
+//! (`diff`), and the cross-process text protocol both `wg` and userspace devices speak
+//! (`uapi`). The device implementations (kernel over generic netlink, userspace) build on
+//! these.
+
+pub mod diff;
+pub mod uapi;
+pub mod userspace;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use weft_crypto::{PresharedKey, PublicKey};
+
+/// A WireGuard device as read back from the kernel or a userspace implementation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WgDevice {
+    /// The device's own public key; `None` when no private key is set.
+    pub public_key: Option<PublicKey>,
+    pub listen_port: u16,
+    pub peers: BTreeMap<PublicKey, WgPeer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WgPeer {
+    pub endpoint: Option<SocketAddr>,
+    /// Sorted.
+    pub allowed_ips: Vec<IpNet>,
+    /// Seconds; 0 = off.
+    pub keepalive: u16,
+    pub psk: Option<PresharedKey>,
+    /// Time since the Unix epoch of the last handshake, as the device reports it.
+    pub last_handshake: Option<Duration>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}

@@ -1,0 +1,217 @@
+//! WireGuard's cross-platform text protocol ("UAPI": `get=1` / `set=1` over
+//! `/var/run/wireguard/<dev>.sock`), spoken by `wg` and by userspace devices. Keys travel
+//! as hex. Pure: encoding and parsing only; the socket lives with the device implementation.
+
+use std::fmt::Write;
+
+use weft_crypto::{PresharedKey, PrivateKey, PublicKey, KEY_LEN};
+
+use super::diff::{DeviceChange, PeerChange};
+use super::{WgDevice, WgPeer};
+use crate::model::PeerSpec;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UapiError {
+    #[error("the device answered errno={0}")]
+    Errno(i32),
+    #[error("line {line}: {problem}: {text:?}")]
+    Bad {
+        line: usize,
+        problem: &'static str,
+        text: String,
+    },
+}
+
+fn hex(bytes: &[u8; KEY_LEN]) -> String {
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(text: &str) -> Option<[u8; KEY_LEN]> {
+    if text.len() != 2 * KEY_LEN || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; KEY_LEN];
+    for (i, slot) in out.iter_mut().enumerate() {
+        *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+fn peer_lines(p: &PeerSpec) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "public_key={}", hex(p.public_key.as_bytes()));
+    if let Some(psk) = &p.psk {
+        let _ = writeln!(out, "preshared_key={}", hex(psk.as_bytes()));
+    }
+    let _ = writeln!(out, "endpoint={}", p.endpoint);
+    let _ = writeln!(out, "persistent_keepalive_interval={}", p.keepalive);
+    let _ = writeln!(out, "replace_allowed_ips=true");
+    for ip in &p.allowed_ips {
+        let _ = writeln!(out, "allowed_ip={ip}");
+    }
+    out
+}
+
+/// The `set=1` requests for `change`: the device's own settings first (peers cannot be
+/// added before the private key), then one request per peer operation. One peer per request
+/// because boringtun's parser carries fields (`remove`, `endpoint`, `preshared_key`, …) over
+/// from one peer section into the next. With `in_place_updates` false (boringtun cannot
+/// modify a peer) an update is sent as a remove and then an add of the whole peer.
+pub fn encode_set(
+    change: &DeviceChange,
+    private_key: &PrivateKey,
+    in_place_updates: bool,
+) -> Vec<String> {
+    let mut requests = Vec::new();
+    let mut own = String::new();
+    if change.set_private_key {
+        let _ = writeln!(own, "private_key={}", hex(private_key.as_bytes()));
+    }
+    if let Some(port) = change.listen_port {
+        let _ = writeln!(own, "listen_port={port}");
+    }
+    if !own.is_empty() {
+        requests.push(own);
+    }
+    let remove = |key: &PublicKey| format!("public_key={}\nremove=true\n", hex(key.as_bytes()));
+    for peer in &change.peers {
+        match peer {
+            PeerChange::Add(p) => requests.push(peer_lines(p)),
+            PeerChange::Update { spec, fields } if in_place_updates => {
+                requests.push(update_lines(spec, fields))
+            }
+            PeerChange::Update { spec, .. } => {
+                requests.push(remove(&spec.public_key));
+                requests.push(peer_lines(spec));
+            }
+            PeerChange::Remove { key } => requests.push(remove(key)),
+        }
+    }
+    requests
+        .into_iter()
+        .map(|body| format!("set=1\n{body}\n"))
+        .collect()
+}
+
+fn update_lines(spec: &PeerSpec, fields: &super::diff::PeerFields) -> String {
+    let mut out = format!(
+        "public_key={}\nupdate_only=true\n",
+        hex(spec.public_key.as_bytes())
+    );
+    if let Some(e) = fields.endpoint {
+        let _ = writeln!(out, "endpoint={e}");
+    }
+    if let Some(k) = fields.keepalive {
+        let _ = writeln!(out, "persistent_keepalive_interval={k}");
+    }
+    match &fields.psk {
+        Some(Some(psk)) => {
+            let _ = writeln!(out, "preshared_key={}", hex(psk.as_bytes()));
+        }
+        Some(None) => {
+            let _ = writeln!(out, "preshared_key={}", hex(&[0; KEY_LEN]));
+        }
+        None => {}
+    }
+    if let Some(ips) = &fields.allowed_ips {
+        let _ = writeln!(out, "replace_allowed_ips=true");
+        for ip in ips {
+            let _ = writeln!(out, "allowed_ip={ip}");
+        }
+    }
+    out
+}
+
+/// Parses a `get=1` answer (up to and including its `errno=` line).
+pub fn parse_get(text: &str) -> Result<WgDevice, UapiError> {
+    let mut device = WgDevice::default();
+    let mut current: Option<(PublicKey, WgPeer)> = None;
+    let mut handshake_sec = 0u64;
+    for (i, line) in text.lines().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |problem| UapiError::Bad {
+            line: i + 1,
+            problem,
+            text: line.chars().take(80).collect(),
+        };
+        let (key, value) = line.split_once('=').ok_or_else(|| bad("not key=value"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| bad("not a number"));
+        match key {
+            "errno" => {
+                let code: i32 = value.parse().map_err(|_| bad("not a number"))?;
+                if code != 0 {
+                    return Err(UapiError::Errno(code));
+                }
+            }
+            "private_key" => {
+                device.public_key = unhex(value)
+                    .map(|k| PrivateKey::from_bytes(k).public_key())
+                    .filter(|_| value.bytes().any(|b| b != b'0'))
+            }
+            "own_public_key" => {
+                device.public_key = Some(PublicKey::from_bytes(
+                    unhex(value).ok_or_else(|| bad("not a hex key"))?,
+                ))
+            }
+            "listen_port" => {
+                device.listen_port = u16::try_from(num(value)?).map_err(|_| bad("not a port"))?
+            }
+            "fwmark" | "protocol_version" => {}
+            "public_key" => {
+                if let Some((k, p)) = current.take() {
+                    device.peers.insert(k, p);
+                }
+                current = Some((
+                    PublicKey::from_bytes(unhex(value).ok_or_else(|| bad("not a hex key"))?),
+                    WgPeer::default(),
+                ));
+            }
+            _ => {
+                let Some((_, peer)) = current.as_mut() else {
+                    return Err(bad("peer field before any public_key"));
+                };
+                match key {
+                    "preshared_key" => {
+                        let bytes = unhex(value).ok_or_else(|| bad("not a hex key"))?;
+                        peer.psk = (bytes != [0; KEY_LEN]).then(|| PresharedKey::from_bytes(bytes));
+                    }
+                    "endpoint" => {
+                        peer.endpoint = Some(value.parse().map_err(|_| bad("not an endpoint"))?)
+                    }
+                    "persistent_keepalive_interval" => {
+                        peer.keepalive =
+                            u16::try_from(num(value)?).map_err(|_| bad("out of range"))?
+                    }
+                    "allowed_ip" => {
+                        peer.allowed_ips
+                            .push(value.parse().map_err(|_| bad("not a CIDR"))?);
+                        peer.allowed_ips.sort();
+                    }
+                    "last_handshake_time_sec" => handshake_sec = num(value)?,
+                    "last_handshake_time_nsec" => {
+                        let d = std::time::Duration::new(
+                            handshake_sec,
+                            u32::try_from(num(value)?).unwrap_or(0),
+                        );
+                        peer.last_handshake = (!d.is_zero()).then_some(d);
+                    }
+                    "rx_bytes" => peer.rx_bytes = num(value)?,
+                    "tx_bytes" => peer.tx_bytes = num(value)?,
+                    _ => {} // newer fields are ignored, not fatal
+                }
+            }
+        }
+    }
+    if let Some((k, p)) = current {
+        device.peers.insert(k, p);
+    }
+    Ok(device)
+}
+
+#[cfg(test)]
+mod tests;
