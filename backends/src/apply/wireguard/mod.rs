@@ -4,6 +4,7 @@
 //! these.
 
 pub mod diff;
+pub mod kernel_msg;
 pub mod uapi;
 pub mod userspace;
 
