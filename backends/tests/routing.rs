@@ -81,9 +81,10 @@ fn programs_the_plan_then_writes_nothing_in_steady_state() {
                 "add route 10.244.0.0/16 dev flannel-wg",
                 "add route 10.244.2.0/24 dev flannel-wg",
                 "add route 10.244.3.0/24 dev flannel-wg",
+                "add blackhole route 10.244.0.0/16 (fail closed)",
             ]
         );
-        assert_eq!(weft_routes(), "10.244.0.0/16 dev flannel-wg scope link linkdown \n10.244.2.0/24 dev flannel-wg scope link linkdown \n10.244.3.0/24 dev flannel-wg scope link linkdown \n");
+        assert_eq!(weft_routes(), "10.244.0.0/16 dev flannel-wg scope link linkdown \n10.244.2.0/24 dev flannel-wg scope link linkdown \n10.244.3.0/24 dev flannel-wg scope link linkdown \nblackhole 10.244.0.0/16 metric 4000000000 \n");
         let link = sh("ip -o link show flannel-wg");
         assert!(link.contains("mtu 1420") && link.contains(",UP"), "{link}");
         assert!(sh("ip -o -4 addr show dev flannel-wg").contains("inet 10.244.1.0/32"));
@@ -132,7 +133,11 @@ fn repairs_what_was_removed_and_leaves_others_alone() {
 
         // Removing the device's last IPv4 address makes the kernel drop its routes too.
         sh("ip addr flush dev flannel-wg");
-        assert_eq!(weft_routes(), "");
+        assert_eq!(
+            weft_routes(),
+            "blackhole 10.244.0.0/16 metric 4000000000 \n",
+            "only the fail-closed blackhole survives"
+        );
         let report = reconcile_routing(&mut nl, &state).await.unwrap();
         let applied: Vec<String> = report.applied.iter().map(ToString::to_string).collect();
         assert_eq!(
@@ -165,11 +170,14 @@ fn a_missing_device_is_skipped_and_a_failed_write_names_its_object() {
         let mut nl = RtNetlink::connect().unwrap();
         let state = desired();
         let report = reconcile_routing(&mut nl, &state).await.unwrap();
-        assert!(
-            report.applied.is_empty() && report.failed.is_empty(),
-            "no device yet: nothing to do"
+        let applied: Vec<String> = report.applied.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            applied,
+            ["add blackhole route 10.244.0.0/16 (fail closed)"],
+            "no device yet: only the fail-closed blackhole"
         );
-        assert_eq!(nl.writes(), 0);
+        assert!(report.failed.is_empty());
+        assert_eq!(nl.writes(), 1);
 
         sh("ip tuntap add mode tun name flannel-wg");
         let mut state = state;
@@ -189,5 +197,42 @@ fn a_missing_device_is_skipped_and_a_failed_write_names_its_object() {
             "the other writes went ahead: {:?}",
             report.applied
         );
+    });
+}
+
+#[test]
+fn without_its_device_pod_traffic_is_dropped_not_sent_by_the_default_route() {
+    in_new_netns(|| async {
+        sh("ip link add eth0 type veth peer name eth0-peer && ip link set eth0 up && ip link set eth0-peer up");
+        sh("ip addr add 198.51.100.1/24 dev eth0 && ip route add default via 198.51.100.254");
+        sh("ip tuntap add mode tun name flannel-wg");
+        let mut nl = RtNetlink::connect().unwrap();
+        let state = desired();
+        reconcile_routing(&mut nl, &state).await.unwrap();
+        assert!(sh("ip route get 10.244.2.7").contains("dev flannel-wg"));
+
+        // The device disappears (deleted, being recreated, or the agent that ran it is gone):
+        // its routes go with it, and the blackhole is what is left.
+        sh("ip link del flannel-wg");
+        let out = std::process::Command::new("ip")
+            .args(["route", "get", "10.244.2.7"])
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !text.contains("via 198.51.100.254"),
+            "pod traffic would leave in clear by the default route: {text}"
+        );
+        assert!(
+            !out.status.success() || text.contains("blackhole"),
+            "{text}"
+        );
+        // And without the blackhole it would indeed have leaked: prove the test can fail.
+        sh("ip route del blackhole 10.244.0.0/16 metric 4000000000");
+        assert!(sh("ip route get 10.244.2.7").contains("via 198.51.100.254"));
     });
 }

@@ -60,6 +60,7 @@ async fn write<N: Netlink>(
         RoutingChange::AddRoute(r) | RoutingChange::ReplaceRoute { to: r, .. } => {
             nl.put_route(r).await
         }
+        RoutingChange::AddBlackhole(dst) => nl.put_blackhole(*dst).await,
         RoutingChange::RemoveRoute(r) => nl.del_route(r).await,
     }
 }
@@ -92,7 +93,13 @@ pub async fn reconcile_routing<N: Netlink>(
             .filter(|r| Family::of(&r.dst) == family)
             .cloned()
             .collect();
-        changes.extend(diff_routes(&wanted, &index_of, &observed));
+        let holes: Vec<_> = desired
+            .fail_closed
+            .iter()
+            .filter(|n| Family::of(n) == family)
+            .copied()
+            .collect();
+        changes.extend(diff_routes(&wanted, &holes, &index_of, &observed));
     }
     let mut report = ApplyReport::default();
     for change in changes {

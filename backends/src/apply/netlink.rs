@@ -28,6 +28,9 @@ pub struct ObservedRoute {
     pub oif: Option<u32>,
     pub gateway: Option<IpAddr>,
     pub protocol: u8,
+    /// A `blackhole` route (weft's fail-closed routes), not a unicast one.
+    pub blackhole: bool,
+    pub metric: u32,
 }
 
 /// A route to install, resolved to an interface index.
@@ -65,13 +68,15 @@ pub trait Netlink {
         link: &ObservedLink,
         addr: IpNet,
     ) -> impl Future<Output = Result<(), ApplyError>>;
-    /// Unicast routes of the main table of one family.
+    /// Unicast and blackhole routes of the main table of one family.
     fn routes(
         &mut self,
         family: Family,
     ) -> impl Future<Output = Result<Vec<ObservedRoute>, ApplyError>>;
     /// Adds or replaces (same destination) a route, stamped `RTPROT_WEFT`.
     fn put_route(&mut self, route: &RouteWrite) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Adds a `blackhole` route for `dst` at the fail-closed metric, stamped `RTPROT_WEFT`.
+    fn put_blackhole(&mut self, dst: IpNet) -> impl Future<Output = Result<(), ApplyError>>;
     fn del_route(&mut self, route: &ObservedRoute) -> impl Future<Output = Result<(), ApplyError>>;
     /// Writes made so far (for the "steady state makes zero writes" guarantee).
     fn writes(&self) -> u64;

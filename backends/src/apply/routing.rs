@@ -26,6 +26,7 @@ pub enum RoutingChange {
         addr: IpNet,
     },
     AddRoute(RouteWrite),
+    AddBlackhole(IpNet),
     /// Same destination, other device or gateway: replaced in one write.
     ReplaceRoute {
         from: ObservedRoute,
@@ -64,6 +65,12 @@ impl fmt::Display for RoutingChange {
                 via(&to.gateway),
                 to.device
             ),
+            RoutingChange::AddBlackhole(dst) => {
+                write!(f, "add blackhole route {dst} (fail closed)")
+            }
+            RoutingChange::RemoveRoute(r) if r.blackhole => {
+                write!(f, "remove blackhole route {}", r.dst)
+            }
             RoutingChange::RemoveRoute(r) => write!(f, "remove route {}{}", r.dst, via(&r.gateway)),
         }
     }
@@ -99,17 +106,19 @@ pub fn diff_link(
     out
 }
 
-/// Routes: `desired` with their devices resolved to indexes (`index_of`); a route whose
-/// device does not exist yet is skipped (the next pass adds it).
+/// Routes: `desired` with their devices resolved to indexes (`index_of`; a route whose
+/// device does not exist yet is skipped, the next pass adds it), and the `fail_closed`
+/// blackholes. Only weft's routes (`RTPROT_WEFT`) are compared or removed.
 pub fn diff_routes(
     desired: &[RouteSpec],
+    fail_closed: &[IpNet],
     index_of: &dyn Fn(&str) -> Option<u32>,
     observed: &[ObservedRoute],
 ) -> Vec<RoutingChange> {
-    let ours: BTreeMap<IpNet, &ObservedRoute> = observed
+    let ours: BTreeMap<(IpNet, bool), &ObservedRoute> = observed
         .iter()
         .filter(|r| r.protocol == RTPROT_WEFT)
-        .map(|r| (r.dst, r))
+        .map(|r| ((r.dst, r.blackhole), r))
         .collect();
     let mut out = Vec::new();
     let mut wanted = Vec::new();
@@ -117,14 +126,14 @@ pub fn diff_routes(
         let Some(oif) = index_of(&spec.device) else {
             continue;
         };
-        wanted.push(spec.dst);
+        wanted.push((spec.dst, false));
         let write = RouteWrite {
             dst: spec.dst,
             oif,
             device: spec.device.clone(),
             gateway: spec.via,
         };
-        match ours.get(&spec.dst) {
+        match ours.get(&(spec.dst, false)) {
             Some(have) if have.oif == Some(oif) && have.gateway == spec.via => {}
             Some(have) => out.push(RoutingChange::ReplaceRoute {
                 from: (*have).clone(),
@@ -133,8 +142,14 @@ pub fn diff_routes(
             None => out.push(RoutingChange::AddRoute(write)),
         }
     }
-    for (dst, route) in &ours {
-        if !wanted.contains(dst) {
+    for dst in fail_closed {
+        wanted.push((*dst, true));
+        if !ours.contains_key(&(*dst, true)) {
+            out.push(RoutingChange::AddBlackhole(*dst));
+        }
+    }
+    for (key, route) in &ours {
+        if !wanted.contains(key) {
             out.push(RoutingChange::RemoveRoute((*route).clone()));
         }
     }
@@ -144,7 +159,7 @@ pub fn diff_routes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::RouteRole;
+    use crate::model::{RouteRole, FAIL_CLOSED_METRIC};
 
     fn spec(dst: &str, dev: &str) -> RouteSpec {
         RouteSpec {
@@ -161,7 +176,13 @@ mod tests {
             oif: Some(oif),
             gateway: None,
             protocol,
+            blackhole: false,
+            metric: 0,
         }
+    }
+
+    fn lines(changes: Vec<RoutingChange>) -> Vec<String> {
+        changes.iter().map(ToString::to_string).collect()
     }
 
     #[test]
@@ -171,6 +192,7 @@ mod tests {
             "other" => Some(9),
             _ => None,
         };
+        let net: IpNet = "10.244.0.0/16".parse().unwrap();
         let desired = [
             spec("10.244.0.0/16", "flannel-wg"),
             spec("10.244.2.0/24", "flannel-wg"),
@@ -184,24 +206,33 @@ mod tests {
             seen("192.168.0.0/16", 9, 4),          // someone else's
             seen("10.244.3.0/24", 9, 3),           // someone else's, same dst: add replaces it
         ];
-        let got: Vec<String> = diff_routes(&desired, &index, &observed)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
         assert_eq!(
-            got,
+            lines(diff_routes(&desired, &[net], &index, &observed)),
             [
                 "replace route 10.244.2.0/24 dev flannel-wg",
                 "add route 10.244.3.0/24 dev flannel-wg",
-                "remove route 10.244.9.0/24"
+                "add blackhole route 10.244.0.0/16 (fail closed)",
+                "remove route 10.244.9.0/24",
             ]
         );
+        let hole = ObservedRoute {
+            oif: None,
+            blackhole: true,
+            metric: FAIL_CLOSED_METRIC,
+            ..seen("10.244.0.0/16", 0, RTPROT_WEFT)
+        };
         let steady = [
             seen("10.244.0.0/16", 7, RTPROT_WEFT),
             seen("10.244.2.0/24", 7, RTPROT_WEFT),
             seen("10.244.3.0/24", 7, RTPROT_WEFT),
+            hole,
         ];
-        assert!(diff_routes(&desired, &index, &steady).is_empty());
+        assert!(diff_routes(&desired, &[net], &index, &steady).is_empty());
+        // No fail-closed network wanted (an unencrypted backend): the blackhole goes.
+        assert_eq!(
+            lines(diff_routes(&desired, &[], &index, &steady)),
+            ["remove blackhole route 10.244.0.0/16"]
+        );
     }
 
     #[test]
@@ -214,16 +245,12 @@ mod tests {
         };
         let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
         let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];
-        let got: Vec<String> = diff_link(&link, 1420, &want, &have)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
         assert_eq!(
-            got,
+            lines(diff_link(&link, 1420, &want, &have)),
             [
                 "set link flannel-wg mtu 1500 -> 1420 up",
                 "add address 10.244.1.0/32 dev flannel-wg",
-                "remove address 10.9.9.9/32 dev flannel-wg"
+                "remove address 10.9.9.9/32 dev flannel-wg",
             ]
         );
         let steady = ObservedLink {

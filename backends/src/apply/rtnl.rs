@@ -15,7 +15,7 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 use super::netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
 use super::ApplyError;
-use crate::model::Family;
+use crate::model::{Family, FAIL_CLOSED_METRIC};
 
 /// A rtnetlink connection, bound to the network namespace of the thread that opened it.
 pub struct RtNetlink {
@@ -114,8 +114,9 @@ fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
         RouteAttribute::Table(t) => Some(*t),
         _ => None,
     });
+    let blackhole = msg.header.kind == RouteType::BlackHole;
     if table.unwrap_or(u32::from(msg.header.table)) != u32::from(RouteHeader::RT_TABLE_MAIN)
-        || msg.header.kind != RouteType::Unicast
+        || !(blackhole || msg.header.kind == RouteType::Unicast)
     {
         return None;
     }
@@ -130,12 +131,15 @@ fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
         oif: None,
         gateway: None,
         protocol: u8::from(msg.header.protocol),
+        blackhole,
+        metric: 0,
     };
     for attr in &msg.attributes {
         match attr {
             RouteAttribute::Destination(a) => dst = addr(a),
             RouteAttribute::Gateway(a) => route.gateway = addr(a),
             RouteAttribute::Oif(i) => route.oif = Some(*i),
+            RouteAttribute::Priority(m) => route.metric = *m,
             _ => {}
         }
     }
@@ -147,15 +151,20 @@ fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
     Some(route)
 }
 
+/// A weft route message: unicast via `oif`/`gateway`, or a blackhole at `blackhole`'s metric.
 fn route_message(
     dst: IpNet,
     oif: Option<u32>,
     gateway: Option<IpAddr>,
+    blackhole: Option<u32>,
 ) -> Result<RouteMessage, String> {
     let mut builder = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(dst.addr(), dst.prefix_len())
         .map_err(|e| e.to_string())?
         .protocol(RouteProtocol::from(RTPROT_WEFT));
+    if let Some(metric) = blackhole {
+        return Ok(builder.kind(RouteType::BlackHole).priority(metric).build());
+    }
     if let Some(oif) = oif {
         builder = builder.output_interface(oif);
     }
@@ -265,7 +274,25 @@ impl Netlink for RtNetlink {
 
     async fn put_route(&mut self, route: &RouteWrite) -> Result<(), ApplyError> {
         let op = format!("adding route {} dev {}", route.dst, route.device);
-        let msg = route_message(route.dst, Some(route.oif), route.gateway).map_err(|e| {
+        let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map_err(|e| {
+            ApplyError::Netlink {
+                op: op.clone(),
+                source: io::Error::other(e),
+            }
+        })?;
+        self.writes += 1;
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(fail(op))
+    }
+
+    async fn put_blackhole(&mut self, dst: IpNet) -> Result<(), ApplyError> {
+        let op = format!("adding blackhole route {dst}");
+        let msg = route_message(dst, None, None, Some(FAIL_CLOSED_METRIC)).map_err(|e| {
             ApplyError::Netlink {
                 op: op.clone(),
                 source: io::Error::other(e),
@@ -283,11 +310,15 @@ impl Netlink for RtNetlink {
 
     async fn del_route(&mut self, route: &ObservedRoute) -> Result<(), ApplyError> {
         let op = format!("removing route {}", route.dst);
-        let msg = route_message(route.dst, route.oif, route.gateway).map_err(|e| {
-            ApplyError::Netlink {
-                op: op.clone(),
-                source: io::Error::other(e),
-            }
+        let msg = route_message(
+            route.dst,
+            route.oif,
+            route.gateway,
+            route.blackhole.then_some(route.metric),
+        )
+        .map_err(|e| ApplyError::Netlink {
+            op: op.clone(),
+            source: io::Error::other(e),
         })?;
         self.writes += 1;
         match self.handle.route().del(msg).execute().await {

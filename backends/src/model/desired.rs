@@ -13,6 +13,10 @@ use weft_crypto::{PresharedKey, PublicKey};
 pub struct DesiredState {
     pub tunnels: Vec<TunnelSpec>,
     pub routes: Vec<RouteSpec>,
+    /// Networks blackholed at a high metric, independent of any device: while a tunnel
+    /// device or its routes are missing (first start, a device being recreated, the agent
+    /// gone), traffic to them is dropped instead of following the default route in clear.
+    pub fail_closed: Vec<IpNet>,
     pub masquerade: Vec<MasqueradeTable>,
     pub subnet_env: SubnetEnv,
     /// Peers not in the plan, each with the reason.
@@ -40,6 +44,9 @@ pub struct PeerSpec {
     pub keepalive: u16,
     pub psk: Option<PresharedKey>,
 }
+
+/// Metric of the fail-closed blackhole routes: far behind any real route to the network.
+pub const FAIL_CLOSED_METRIC: u32 = 4_000_000_000;
 
 /// Why a route exists: the reconciler and the logs say it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,6 +285,13 @@ impl fmt::Display for DesiredState {
                 RouteRole::Peer(n) => format!("peer {n}"),
             };
             writeln!(f, "route {}{via} dev {}   ({why})", r.dst, r.device)?;
+        }
+        for net in &self.fail_closed {
+            writeln!(
+                f,
+                "route blackhole {net} metric {}   (fail closed when the device is missing)",
+                crate::model::FAIL_CLOSED_METRIC
+            )?;
         }
         for table in &self.masquerade {
             writeln!(f, "nftables table {} {}:", table.family.nft(), table.table)?;

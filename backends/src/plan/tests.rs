@@ -146,6 +146,11 @@ fn three_nodes_full_plan() {
         ]
     );
     assert!(state.left_out.is_empty());
+    assert_eq!(
+        state.fail_closed,
+        vec!["10.244.0.0/16".parse::<IpNet>().unwrap()],
+        "wireguard fails closed"
+    );
     // Pure: the same input gives the same plan.
     let again = run(
         CONF,

@@ -207,6 +207,9 @@ pub(crate) fn plan(
                 via: None,
                 role: RouteRole::Covering,
             });
+            if !state.fail_closed.contains(&network) {
+                state.fail_closed.push(network);
+            }
         }
         for p in &peers {
             for dst in &p.allowed_ips {
