@@ -10,11 +10,12 @@ use std::time::SystemTime;
 
 use anyhow::{bail, Context};
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{error, info, warn, Instrument};
+use weft_backends::apply::{choose_implementation, monitor, Dataplane, DataplaneReport};
 use weft_backends::model::{ClusterView, DesiredState, Lease};
 use weft_backends::netconf::{Backend, NetConf};
 use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
-use weft_crypto::{load_or_create, DEFAULT_KEY_FILE, KEY_FILE_ENV};
+use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
 use crate::backoff::{sleep_or_shutdown, Backoff};
 use crate::cli::AgentArgs;
@@ -156,6 +157,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
+    let implementation = choose_implementation(wg.implementation)
+        .context("choosing the WireGuard implementation")?;
+    info!(implementation, "WireGuard");
+    let mut dataplane = Dataplane::connect().context("opening netlink")?;
+    let deletions =
+        monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let handle = registry::spawn(registry, lease);
     let options = PlanOptions {
         ip_masq: args.ip_masq,
@@ -164,34 +171,53 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     if wg.mtu.is_none() {
         info!("no MTU in the config: assuming an underlay MTU of 1500");
     }
-    control_loop(
-        &args,
-        &net,
-        &options,
-        handle.views.clone(),
-        handle.local.clone(),
+    let inputs = LoopInputs {
+        views: handle.views.clone(),
+        local: handle.local.clone(),
+        deletions,
         shutdown,
-    )
-    .await;
+    };
+    control_loop(&args, &net, &options, &key, &mut dataplane, inputs).await;
     handle.stop().await;
-    info!("stopped; the data plane and the lease are left in place for the next start");
+    info!("stopped; the lease (and, with kernel WireGuard, the data plane) is left in place for the next start");
     Ok(0)
+}
+
+/// Everything that can wake the control loop.
+struct LoopInputs {
+    views: watch::Receiver<Arc<ClusterView>>,
+    local: watch::Receiver<Lease>,
+    deletions: tokio::sync::mpsc::Receiver<()>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// How often the nftables tables are checked: deleting one raises no netlink event.
+const NFT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn log_report(report: &DataplaneReport) {
+    for change in &report.changes {
+        info!(change = %change, "data plane");
+    }
+    for error in &report.errors {
+        warn!(error = %error, "data plane");
+    }
 }
 
 async fn control_loop(
     args: &AgentArgs,
     net: &NetConf,
     options: &PlanOptions,
-    mut views: watch::Receiver<Arc<ClusterView>>,
-    mut local: watch::Receiver<Lease>,
-    mut shutdown: watch::Receiver<bool>,
+    key: &PrivateKey,
+    dataplane: &mut Dataplane,
+    mut inputs: LoopInputs,
 ) {
     let mut resync = tokio::time::interval(args.resync_period);
+    let mut nft_check = tokio::time::interval(NFT_CHECK);
     let mut last: Option<DesiredState> = None;
+    let mut pass: u64 = 0;
     loop {
-        let _span = tracing::info_span!("reconcile").entered();
-        let me = local.borrow_and_update().clone();
-        let view = views.borrow_and_update().clone();
+        let me = inputs.local.borrow_and_update().clone();
+        let view = inputs.views.borrow_and_update().clone();
         match plan(&PlanInput {
             local: &me,
             view: &view,
@@ -206,16 +232,34 @@ async fn control_loop(
                     Ok(false) => {}
                     Err(e) => error!(error = %e, "writing the subnet file"),
                 }
+                pass += 1;
+                let span = tracing::info_span!("reconcile", pass);
+                match dataplane.reconcile(&state, key).instrument(span).await {
+                    Ok(r) => log_report(&r),
+                    Err(e) => {
+                        warn!(error = %e, "reconcile failed; retrying on the next event or resync")
+                    }
+                }
                 last = Some(state);
             }
             Err(e) => error!(error = %e, "cannot plan this node"),
         }
-        drop(_span);
-        tokio::select! {
-            _ = views.changed() => {}
-            _ = local.changed() => {}
-            _ = resync.tick() => {}
-            _ = shutdown.changed() => return,
+        loop {
+            tokio::select! {
+                _ = inputs.views.changed() => break,
+                _ = inputs.local.changed() => break,
+                _ = resync.tick() => break,
+                Some(()) = inputs.deletions.recv() => break,
+                _ = nft_check.tick() => {
+                    if let Some(state) = &last {
+                        match dataplane.reconcile_nft(state).await {
+                            Ok(r) => log_report(&r),
+                            Err(e) => warn!(error = %e, "nftables check failed"),
+                        }
+                    }
+                }
+                _ = inputs.shutdown.changed() => return,
+            }
         }
     }
 }

@@ -143,38 +143,39 @@ fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
+/// Runs in its own network namespace (etcd too): the agent programs a data plane, and the
+/// host's must never be touched.
 #[test]
-fn agent_waits_for_etcd_then_acquires_writes_subnet_env_and_stops_on_sigterm() {
-    let mut etcd = Etcd::reserve().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (key_file, subnet_file, log) = (
-        dir.path().join("lib/wireguard.key"),
-        dir.path().join("run/subnet.env"),
-        dir.path().join("agent.log"),
-    );
-    let mut agent = Command::new(WEFT)
-        .args(["agent", "--public-ip=198.51.100.9", "--ip-masq"])
-        .env("FLANNELD_ETCD_ENDPOINTS", etcd.endpoint())
-        .env("WEFT_SUBNET_FILE", &subnet_file)
-        .env("WIREGUARD_KEY_FILE", &key_file)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    wait_for("the agent to report etcd unreachable", 15, || {
-        log_of(&log).contains("connecting to etcd failed; retrying")
-            || log_of(&log).contains("reading the network config failed; retrying")
-    });
-    assert!(
-        agent.try_wait().unwrap().is_none(),
-        "the agent exited while etcd was down:\n{}",
-        log_of(&log)
-    );
+fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
+    weft_lab::netns::in_new_netns(|| async {
+        let mut etcd = Etcd::reserve().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (key_file, subnet_file, log) = (
+            dir.path().join("lib/wireguard.key"),
+            dir.path().join("run/subnet.env"),
+            dir.path().join("agent.log"),
+        );
+        let mut agent = Command::new(WEFT)
+            .args(["agent", "--public-ip=198.51.100.9", "--ip-masq"])
+            .env("FLANNELD_ETCD_ENDPOINTS", etcd.endpoint())
+            .env("WEFT_SUBNET_FILE", &subnet_file)
+            .env("WIREGUARD_KEY_FILE", &key_file)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_for("the agent to report etcd unreachable", 15, || {
+            log_of(&log).contains("connecting to etcd failed; retrying")
+                || log_of(&log).contains("reading the network config failed; retrying")
+        });
+        assert!(
+            agent.try_wait().unwrap().is_none(),
+            "the agent exited while etcd was down:\n{}",
+            log_of(&log)
+        );
 
-    etcd.launch().unwrap();
-    let client = tokio::runtime::Runtime::new().unwrap();
-    client.block_on(async {
+        etcd.launch().unwrap();
         let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
             .await
             .unwrap();
@@ -185,31 +186,26 @@ fn agent_waits_for_etcd_then_acquires_writes_subnet_env_and_stops_on_sigterm() {
         )
         .await
         .unwrap();
-    });
-    wait_for("subnet.env", 30, || subnet_file.exists());
-    let env = std::fs::read_to_string(&subnet_file).unwrap();
-    assert!(
-        env.starts_with("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244."),
-        "{env}"
-    );
-    assert!(
-        env.ends_with("FLANNEL_MTU=1420\nFLANNEL_IPMASQ=true\n"),
-        "{env}"
-    );
-    assert_eq!(
-        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
-    // The published key is the key file's public key.
-    let public = stdout(&run(
-        WEFT,
-        &["keys", "public"],
-        &std::fs::read_to_string(&key_file).unwrap(),
-    ));
-    let published = client.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
+        wait_for("subnet.env", 30, || subnet_file.exists());
+        let env = std::fs::read_to_string(&subnet_file).unwrap();
+        assert!(
+            env.starts_with("FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244."),
+            "{env}"
+        );
+        assert!(
+            env.ends_with("FLANNEL_MTU=1420\nFLANNEL_IPMASQ=true\n"),
+            "{env}"
+        );
+        assert_eq!(
+            std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // The published key is the key file's public key, in flannel's value shape.
+        let public = stdout(&run(
+            WEFT,
+            &["keys", "public"],
+            &std::fs::read_to_string(&key_file).unwrap(),
+        ));
         let r = c
             .get(
                 "/coreos.com/network/subnets/",
@@ -217,38 +213,51 @@ fn agent_waits_for_etcd_then_acquires_writes_subnet_env_and_stops_on_sigterm() {
             )
             .await
             .unwrap();
-        r.kvs()
+        let published = r
+            .kvs()
             .first()
             .map(|kv| kv.value_str().unwrap().to_string())
-            .unwrap_or_default()
-    });
-    assert!(
-        published.contains(&format!("\"PublicKey\":\"{}\"", public.trim())),
-        "{published}"
-    );
-    assert!(
-        published.starts_with(
-            r#"{"PublicIP":"198.51.100.9","PublicIPv6":null,"BackendType":"wireguard""#
-        ),
-        "{published}"
-    );
-
-    Command::new("kill")
-        .args(["-TERM", &agent.id().to_string()])
-        .status()
-        .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = agent.try_wait().unwrap() {
-            break status;
-        }
+            .unwrap_or_default();
         assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no exit 10 s after SIGTERM:\n{}",
-            log_of(&log)
+            published.contains(&format!("\"PublicKey\":\"{}\"", public.trim())),
+            "{published}"
         );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "exit {status}:\n{}", log_of(&log));
-    assert!(log_of(&log).contains("left in place"), "{}", log_of(&log));
+        assert!(
+            published.starts_with(
+                r#"{"PublicIP":"198.51.100.9","PublicIPv6":null,"BackendType":"wireguard""#
+            ),
+            "{published}"
+        );
+
+        // The node's data plane: the device with its key, the fail-closed routes, the rules.
+        wait_for("the data plane", 10, || {
+            weft_lab::netns::sh("ip -4 route show proto 87").contains("blackhole 10.244.0.0/16")
+        });
+        let routes = weft_lab::netns::sh("ip -4 route show proto 87");
+        assert!(routes.contains("10.244.0.0/16 dev flannel-wg"), "{routes}");
+        let link = weft_lab::netns::sh("ip -o link show flannel-wg");
+        assert!(link.contains("mtu 1420") && link.contains(",UP"), "{link}");
+        assert!(weft_lab::netns::sh("wg show flannel-wg listen-port").trim() == "51820");
+        assert!(weft_lab::netns::sh("nft list table ip flannel-ipv4")
+            .contains("masquerade fully-random"));
+
+        Command::new("kill")
+            .args(["-TERM", &agent.id().to_string()])
+            .status()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = agent.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no exit 10 s after SIGTERM:\n{}",
+                log_of(&log)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "exit {status}:\n{}", log_of(&log));
+        assert!(log_of(&log).contains("left in place"), "{}", log_of(&log));
+    });
 }

@@ -76,12 +76,12 @@ fn programs_the_plan_then_writes_nothing_in_steady_state() {
         assert_eq!(
             applied,
             [
+                "add blackhole route 10.244.0.0/16 (fail closed)",
                 "set link flannel-wg mtu 1500 -> 1420 up",
                 "add address 10.244.1.0/32 dev flannel-wg",
                 "add route 10.244.0.0/16 dev flannel-wg",
                 "add route 10.244.2.0/24 dev flannel-wg",
                 "add route 10.244.3.0/24 dev flannel-wg",
-                "add blackhole route 10.244.0.0/16 (fail closed)",
             ]
         );
         assert_eq!(weft_routes(), "10.244.0.0/16 dev flannel-wg scope link linkdown \n10.244.2.0/24 dev flannel-wg scope link linkdown \n10.244.3.0/24 dev flannel-wg scope link linkdown \nblackhole 10.244.0.0/16 metric 4000000000 \n");

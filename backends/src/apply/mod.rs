@@ -3,6 +3,8 @@
 //! pass makes zero writes. One failed write does not stop the others: it is reported, and the
 //! next pass tries again.
 
+mod dataplane;
+pub mod monitor;
 mod netlink;
 mod nft;
 mod routing;
@@ -11,6 +13,7 @@ pub mod wireguard;
 
 use std::collections::BTreeMap;
 
+pub use dataplane::{choose_implementation, Dataplane, DataplaneReport};
 pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
 pub use nft::{reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES};
 pub use routing::{diff_link, diff_routes, RoutingChange};
@@ -101,6 +104,8 @@ pub async fn reconcile_routing<N: Netlink>(
             .collect();
         changes.extend(diff_routes(&wanted, &holes, &index_of, &observed));
     }
+    // Fail closed: the blackholes go in before anything that could move traffic.
+    changes.sort_by_key(|c| !matches!(c, RoutingChange::AddBlackhole(_)));
     let mut report = ApplyReport::default();
     for change in changes {
         match write(nl, &links, &change, &mtu_of).await {

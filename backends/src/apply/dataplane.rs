@@ -1,0 +1,152 @@
+//! The whole data plane of one node in one reconcile: WireGuard devices and peers, links,
+//! addresses and routes, and the nftables rule set. Ordered to fail closed: the blackhole
+//! routes go in before anything else, and routes into a device only after its peers are
+//! configured.
+
+use weft_crypto::PrivateKey;
+
+use super::wireguard::diff::diff_device;
+use super::wireguard::uapi::encode_set;
+use super::wireguard::userspace::Userspace;
+use super::{reconcile_nft, reconcile_routing, ApplyError, Netlink, Nft, NftCli, RtNetlink};
+use crate::model::DesiredState;
+use crate::netconf::Implementation;
+use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
+
+/// What one reconcile did: one line per change, one per failure.
+#[derive(Debug, Default)]
+pub struct DataplaneReport {
+    pub changes: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+pub struct Dataplane {
+    nl: RtNetlink,
+    nft: NftCli,
+    wg: Userspace,
+}
+
+/// Which WireGuard implementation runs, and why: for the agent's start-up log.
+pub fn choose_implementation(wanted: Implementation) -> Result<&'static str, ApplyError> {
+    match wanted {
+        Implementation::Auto | Implementation::Userspace => Ok(match wanted {
+            Implementation::Auto => "userspace (boringtun, in-process): the kernel implementation is not built into weft yet",
+            _ => "userspace (boringtun, in-process): Implementation=userspace",
+        }),
+        Implementation::Kernel => Err(ApplyError::Netlink {
+            op: "Implementation=kernel".into(),
+            source: std::io::Error::other("the kernel WireGuard device is not implemented in weft yet; use auto or userspace"),
+        }),
+    }
+}
+
+impl Dataplane {
+    /// Opens the kernel connections; must run inside a tokio runtime.
+    pub fn connect() -> Result<Self, ApplyError> {
+        Ok(Dataplane {
+            nl: RtNetlink::connect()?,
+            nft: NftCli::default(),
+            wg: Userspace::default(),
+        })
+    }
+
+    /// Writes made so far, all kinds together.
+    pub fn writes(&self) -> u64 {
+        self.nl.writes() + self.nft.writes() + self.wg.writes()
+    }
+
+    async fn routing(
+        &mut self,
+        state: &DesiredState,
+        report: &mut DataplaneReport,
+    ) -> Result<(), ApplyError> {
+        let routing = reconcile_routing(&mut self.nl, state).await?;
+        report
+            .changes
+            .extend(routing.applied.iter().map(ToString::to_string));
+        report
+            .errors
+            .extend(routing.failed.iter().map(|(c, e)| format!("{c}: {e}")));
+        Ok(())
+    }
+
+    /// Only the nftables part (a cheap, frequent check: table deletions raise no netlink
+    /// event).
+    pub async fn reconcile_nft(
+        &mut self,
+        state: &DesiredState,
+    ) -> Result<DataplaneReport, ApplyError> {
+        let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
+        Ok(DataplaneReport {
+            changes: nft.applied,
+            errors: nft.failed.iter().map(ToString::to_string).collect(),
+        })
+    }
+
+    /// Brings the node's data plane in line with `state`. Reads that fail abort the pass
+    /// (the next one retries); a failed write is reported and the rest goes ahead.
+    pub async fn reconcile(
+        &mut self,
+        state: &DesiredState,
+        key: &PrivateKey,
+    ) -> Result<DataplaneReport, ApplyError> {
+        let mut report = DataplaneReport::default();
+        self.routing(state, &mut report).await?;
+        let mut started = false;
+        for t in &state.tunnels {
+            if self.wg.ensure(&t.device)? {
+                report
+                    .changes
+                    .push(format!("started userspace WireGuard device {}", t.device));
+                started = true;
+            }
+            let observed = self.wg.get(&t.device).await?;
+            let change = diff_device(t, &key.public_key(), &observed);
+            if change.is_empty() {
+                continue;
+            }
+            let lines: Vec<String> = change
+                .peers
+                .iter()
+                .map(|p| format!("{}: {p}", t.device))
+                .collect();
+            match self
+                .wg
+                .set(&t.device, &encode_set(&change, key, false))
+                .await
+            {
+                Ok(()) => {
+                    if change.set_private_key {
+                        report
+                            .changes
+                            .push(format!("{}: private key set", t.device));
+                    }
+                    if let Some(port) = change.listen_port {
+                        report
+                            .changes
+                            .push(format!("{}: listen port {port}", t.device));
+                    }
+                    report.changes.extend(lines);
+                }
+                Err(e) => report.errors.push(e.to_string()),
+            }
+        }
+        for name in [WG_DEVICE, WG_DEVICE_V6] {
+            if !state.tunnels.iter().any(|t| t.device == name) && self.wg.running(name) {
+                self.wg.stop(name);
+                report
+                    .changes
+                    .push(format!("stopped userspace WireGuard device {name}"));
+            }
+        }
+        if started {
+            self.routing(state, &mut report).await?;
+        }
+        let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
+        report.changes.extend(nft.applied);
+        report
+            .errors
+            .extend(nft.failed.iter().map(ToString::to_string));
+        Ok(report)
+    }
+}
