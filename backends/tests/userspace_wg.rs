@@ -8,7 +8,7 @@ use weft_backends::apply::wireguard::uapi::encode_set;
 use weft_backends::apply::wireguard::userspace::Userspace;
 use weft_backends::model::{PeerSpec, TunnelSpec};
 use weft_crypto::PrivateKey;
-use weft_lab::netns::{in_new_netns, sh};
+use weft_lab::netns::{in_new_netns, sh, sh_async};
 
 fn peer(node: &str, seed: u8, endpoint: &str, allowed: &str) -> PeerSpec {
     PeerSpec {
@@ -22,8 +22,9 @@ fn peer(node: &str, seed: u8, endpoint: &str, allowed: &str) -> PeerSpec {
 }
 
 /// `wg show <dev> dump` peer lines as (public key, endpoint, allowed IPs, keepalive).
-fn wg_peers(dev: &str) -> Vec<(String, String, String, String)> {
-    sh(&format!("wg show {dev} dump"))
+async fn wg_peers(dev: &str) -> Vec<(String, String, String, String)> {
+    sh_async(&format!("wg show {dev} dump"))
+        .await
         .lines()
         .skip(1)
         .map(|l| {
@@ -64,7 +65,7 @@ fn configured_per_peer_and_readable_by_wg() {
             .await
             .unwrap();
 
-        let header = sh(&format!("wg show {dev} dump"));
+        let header = sh_async(&format!("wg show {dev} dump")).await;
         let first: Vec<&str> = header.lines().next().unwrap().split('\t').collect();
         assert_eq!(first[2], "51820", "{header}");
         // boringtun reports its own key as a non-standard `own_public_key`, which `wg` does
@@ -88,12 +89,13 @@ fn configured_per_peer_and_readable_by_wg() {
             ),
         ];
         want.sort();
-        let mut got = wg_peers(dev);
+        let mut got = wg_peers(dev).await;
         got.sort();
         assert_eq!(got, want);
         // b's PSK is set, and does not leak onto c (boringtun's parser would carry it over
         // if both were sent in one request).
-        let psks: Vec<(String, String)> = sh(&format!("wg show {dev} preshared-keys"))
+        let psks: Vec<(String, String)> = sh_async(&format!("wg show {dev} preshared-keys"))
+            .await
             .lines()
             .map(|l| {
                 let (k, v) = l.split_once('\t').unwrap();
@@ -124,7 +126,7 @@ fn configured_per_peer_and_readable_by_wg() {
         us.set(dev, &encode_set(&change, &key, false))
             .await
             .unwrap();
-        let got = wg_peers(dev);
+        let got = wg_peers(dev).await;
         assert_eq!(got.len(), 1);
         assert_eq!(
             (got[0].0.as_str(), got[0].1.as_str()),

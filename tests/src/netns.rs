@@ -52,3 +52,14 @@ pub fn sh(cmd: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `sh` on the blocking pool, for commands that talk back to services running on this
+/// thread's runtime (e.g. `wg show` against weft's own UAPI socket). The pool's threads are
+/// started from this thread, so they are in the same network namespace.
+pub async fn sh_async(cmd: &str) -> String {
+    let cmd = cmd.to_string();
+    match tokio::task::spawn_blocking(move || sh(&cmd)).await {
+        Ok(out) => out,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
