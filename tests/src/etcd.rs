@@ -14,8 +14,12 @@ use anyhow::{bail, Context};
 pub struct Etcd {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Where it listens: loopback, or an address inside `netns`.
+    host: String,
     client_port: u16,
     peer_port: u16,
+    /// A named network namespace to run in (the lab's), instead of the caller's.
+    netns: Option<String>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -46,13 +50,55 @@ impl Etcd {
         Ok(Etcd {
             child: None,
             dir: tempfile::Builder::new().prefix("weft-etcd-").tempdir()?,
+            host: "127.0.0.1".into(),
             client_port: free_port()?,
             peer_port: free_port()?,
+            netns: None,
         })
     }
 
+    /// An etcd to run inside the named network namespace, listening on `host` there.
+    pub fn reserve_in(netns: &str, host: &str) -> anyhow::Result<Self> {
+        Ok(Etcd {
+            child: None,
+            dir: tempfile::Builder::new().prefix("weft-etcd-").tempdir()?,
+            host: host.to_string(),
+            client_port: 2379,
+            peer_port: 2380,
+            netns: Some(netns.to_string()),
+        })
+    }
+
+    /// `etcdctl` against this etcd (run in its namespace), e.g. `["put", "/k", "v"]`.
+    pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = self.command_in_netns("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoint()))
+            .args(args);
+        let out = command.output().context("running etcdctl")?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn command_in_netns(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, program]);
+                c
+            }
+            None => Command::new(program),
+        }
+    }
+
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.host, self.client_port)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -61,12 +107,12 @@ impl Etcd {
 
     /// Starts etcd on this fixture's data and ports and waits until it is healthy.
     pub fn launch(&mut self) -> anyhow::Result<()> {
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = format!("http://{}:{}", self.host, self.peer_port);
         let log = File::options()
             .create(true)
             .append(true)
             .open(self.log_path())?;
-        let mut command = Command::new(etcd_binary()?);
+        let mut command = self.command_in_netns(&etcd_binary()?.to_string_lossy());
         command
             .args(["--name", "lab", "--data-dir"])
             .arg(self.dir.path().join("data"))
@@ -118,6 +164,9 @@ impl Etcd {
     }
 
     fn healthy(&self) -> bool {
+        if self.netns.is_some() {
+            return self.etcdctl(&["endpoint", "health"]).is_ok();
+        }
         let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
             return false;
         };

@@ -7,4 +7,5 @@ pub mod proxy;
 pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod demo;
+pub mod lab;
 pub mod netns;

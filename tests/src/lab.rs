@@ -1,0 +1,388 @@
+//! The lab: N weft nodes on this machine, each a network namespace with its own mount
+//! namespace (private `/run`, hence `/var/run/wireguard`, and `/var/lib/weft`), so every
+//! agent runs with its default paths. The underlay is a bridge in a fabric namespace
+//! (198.51.100.0/24); etcd runs in its own namespace on it; an "ext" namespace stands for
+//! the world outside the pod network and is every node's default route, so a packet that
+//! escaped the tunnel would have somewhere to go, and be seen. Each node gets a `cni0`
+//! bridge with its subnet's gateway and pod namespaces attached by veth.
+//!
+//! Every namespace is named `wl<pid>x<n>-…`; dropping the lab removes them, and a new lab
+//! first removes those of processes that no longer exist (a crashed earlier run). Test
+//! traffic never leaves the namespaces the lab made.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use ipnet::Ipv4Net;
+
+use crate::Etcd;
+
+pub const ETCD_IP: &str = "198.51.100.250";
+pub const EXT_IP: &str = "198.51.100.200";
+const PREFIX: &str = "/coreos.com/network";
+
+pub struct LabConfig {
+    pub nodes: usize,
+    pub pods_per_node: usize,
+    /// net-conf.json put into etcd.
+    pub net_conf: String,
+    /// The `weft` binary the agents run.
+    pub weft: PathBuf,
+    pub extra_args: Vec<String>,
+}
+
+impl LabConfig {
+    pub fn wireguard(nodes: usize, weft: impl Into<PathBuf>) -> Self {
+        LabConfig {
+            nodes,
+            pods_per_node: 2,
+            net_conf: r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#.into(),
+            weft: weft.into(),
+            extra_args: vec!["--ip-masq".into()],
+        }
+    }
+}
+
+pub struct Pod {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+}
+
+pub struct Node {
+    pub index: usize,
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub dir: PathBuf,
+    pub subnet: Option<Ipv4Net>,
+    pub pods: Vec<Pod>,
+    agent: Option<Child>,
+}
+
+impl Node {
+    pub fn subnet_env(&self) -> PathBuf {
+        self.dir.join("run/flannel/subnet.env")
+    }
+    pub fn agent_log(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+}
+
+pub struct Lab {
+    pub tag: String,
+    dir: tempfile::TempDir,
+    pub etcd: Etcd,
+    pub nodes: Vec<Node>,
+    cfg: LabConfig,
+    /// Dropped last (after `Lab::drop` stops the processes): removes every namespace.
+    namespaces: Namespaces,
+}
+
+/// The namespaces a lab made; removed on drop, also when `Lab::start` fails half-way.
+#[derive(Default)]
+struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    fn add(&mut self, name: &str) -> anyhow::Result<()> {
+        run(Command::new("ip").args(["netns", "add", name]))?;
+        self.0.push(name.to_string());
+        in_ns(name, "ip link set lo up")?;
+        Ok(())
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in self.0.iter().rev() {
+            remove_ns(ns);
+        }
+    }
+}
+
+static LABS: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs a command, failing with its stderr.
+pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
+/// `sh -c script` inside network namespace `ns`.
+pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
+    let out = run(Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Deletes lab namespaces whose process is gone (what a crashed run left behind).
+pub fn clean_stale() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let Some(pid) = name
+            .strip_prefix("wl")
+            .and_then(|r| r.split('x').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_ns(name);
+        }
+    }
+}
+
+fn remove_ns(name: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+    let _ = Command::new("ip").args(["netns", "del", name]).status();
+}
+
+impl Lab {
+    /// Builds the fabric, etcd and the nodes, starts every agent and wires the pods once
+    /// each node has its subnet.
+    pub fn start(cfg: LabConfig) -> anyhow::Result<Lab> {
+        clean_stale();
+        if !cfg.weft.exists() {
+            bail!(
+                "the weft binary {} does not exist; build it first",
+                cfg.weft.display()
+            );
+        }
+        let tag = format!(
+            "wl{}x{}",
+            std::process::id(),
+            LABS.fetch_add(1, Ordering::SeqCst)
+        );
+        let fabric = format!("{tag}-fab");
+        let mut namespaces = Namespaces::default();
+        namespaces.add(&fabric)?;
+        in_ns(&fabric, "ip link add br0 type bridge && ip link set br0 up")?;
+        for (name, ip) in [("ext", EXT_IP), ("etcd", ETCD_IP)] {
+            let ns = format!("{tag}-{name}");
+            namespaces.add(&ns)?;
+            attach(&fabric, &ns, name, ip)?;
+        }
+        in_ns(&format!("{tag}-ext"), "sysctl -qw net.ipv4.ip_forward=1")?;
+        let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
+        let mut nodes = Vec::new();
+        for i in 1..=cfg.nodes {
+            let ns = format!("{tag}-n{i}");
+            namespaces.add(&ns)?;
+            let ip = Ipv4Addr::new(198, 51, 100, i as u8);
+            attach(&fabric, &ns, &format!("n{i}"), &ip.to_string())?;
+            in_ns(
+                &ns,
+                &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
+            )?;
+            let node_dir = dir.path().join(format!("n{i}"));
+            for sub in ["run", "lib"] {
+                fs::create_dir_all(node_dir.join(sub))?;
+            }
+            nodes.push(Node {
+                index: i,
+                ns,
+                ip,
+                dir: node_dir,
+                subnet: None,
+                pods: Vec::new(),
+                agent: None,
+            });
+        }
+        let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
+        etcd.launch()?;
+        etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
+        let mut lab = Lab {
+            tag,
+            dir,
+            etcd,
+            nodes,
+            cfg,
+            namespaces,
+        };
+        for i in 0..lab.nodes.len() {
+            lab.start_agent(i)?;
+        }
+        for i in 0..lab.nodes.len() {
+            lab.wire_pods(i)?;
+        }
+        Ok(lab)
+    }
+
+    /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`.
+    pub fn start_agent(&mut self, i: usize) -> anyhow::Result<()> {
+        let node = &self.nodes[i];
+        fs::create_dir_all("/var/lib/weft").context("creating the /var/lib/weft mount point")?;
+        let script = format!(
+            "mount --bind {run} /run && mount --bind {lib} /var/lib/weft && exec {weft} agent --etcd-endpoints=http://{ETCD_IP}:2379 --public-ip={ip} {extra}",
+            run = node.dir.join("run").display(),
+            lib = node.dir.join("lib").display(),
+            weft = self.cfg.weft.display(),
+            ip = node.ip,
+            extra = self.cfg.extra_args.join(" "),
+        );
+        let log = fs::File::options()
+            .create(true)
+            .append(true)
+            .open(node.agent_log())?;
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &node.ns,
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting an agent")?;
+        self.nodes[i].agent = Some(child);
+        Ok(())
+    }
+
+    /// Stops node `i`'s agent with `signal` (`TERM`, `KILL`) and waits for it.
+    pub fn stop_agent(&mut self, i: usize, signal: &str) -> anyhow::Result<()> {
+        if let Some(mut child) = self.nodes[i].agent.take() {
+            run(Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]))?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for node `i`'s subnet.env, then creates `cni0` and its pods.
+    fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
+        let env_path = self.nodes[i].subnet_env();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let gateway: ipnet::Ipv4Net = loop {
+            let text = fs::read_to_string(&env_path).unwrap_or_default();
+            if let Some(v) = text.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET=")) {
+                break v.parse().context("FLANNEL_SUBNET")?;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} wrote no subnet.env in 30 s; agent log:\n{}",
+                    i + 1,
+                    fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let node_ns = self.nodes[i].ns.clone();
+        in_ns(&node_ns, &format!("ip link add cni0 type bridge && ip addr add {gateway} dev cni0 && ip link set cni0 up"))?;
+        let subnet = gateway.trunc();
+        self.nodes[i].subnet = Some(subnet);
+        for p in 1..=self.cfg.pods_per_node {
+            let pod_ns = format!("{}-n{}p{p}", self.tag, i + 1);
+            self.namespaces.add(&pod_ns)?;
+            let ip = Ipv4Addr::from(u32::from(subnet.network()) + 1 + p as u32);
+            in_ns(&node_ns, &format!("ip link add vp{p} type veth peer name eth0 netns {pod_ns} && ip link set vp{p} master cni0 up"))?;
+            in_ns(&pod_ns, &format!("ip link set lo up && ip addr add {ip}/{} dev eth0 && ip link set eth0 up && ip route add default via {}", subnet.prefix_len(), gateway.addr()))?;
+            self.nodes[i].pods.push(Pod { ns: pod_ns, ip });
+        }
+        Ok(())
+    }
+
+    /// Runs `script` as node `i` sees the world: its network namespace and its private
+    /// `/run` and `/var/lib/weft` (e.g. `wg show flannel-wg`, which needs the node's UAPI
+    /// socket).
+    pub fn on_node(&self, i: usize, script: &str) -> anyhow::Result<String> {
+        let node = &self.nodes[i];
+        let wrapped = format!(
+            "mount --bind {} /run && mount --bind {} /var/lib/weft && {script}",
+            node.dir.join("run").display(),
+            node.dir.join("lib").display()
+        );
+        let out = run(Command::new("ip").args([
+            "netns",
+            "exec",
+            &node.ns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &wrapped,
+        ]))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Pings `to` from pod namespace `from` until one reply or `within` passes.
+    pub fn ping(&self, from: &str, to: Ipv4Addr, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if in_ns(from, &format!("ping -c 1 -W 1 -q {to}")).is_ok() {
+                return true;
+            }
+        }
+        false
+    }
+
+    pub fn fabric(&self) -> String {
+        format!("{}-fab", self.tag)
+    }
+
+    pub fn ext(&self) -> String {
+        format!("{}-ext", self.tag)
+    }
+
+    /// The agent logs of every node, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "--- node {} ---\n{}",
+                    n.index,
+                    fs::read_to_string(n.agent_log()).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Connects namespace `ns` to the fabric bridge: `eth0` there, `name` on the bridge.
+fn attach(fabric: &str, ns: &str, name: &str, ip: &str) -> anyhow::Result<()> {
+    in_ns(fabric, &format!("ip link add {name} type veth peer name eth0 netns {ns} && ip link set {name} master br0 up"))?;
+    in_ns(
+        ns,
+        &format!("ip addr add {ip}/24 dev eth0 && ip link set eth0 up"),
+    )?;
+    Ok(())
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            let _ = self.stop_agent(i, "KILL");
+        }
+        self.etcd.stop();
+    }
+}
