@@ -17,11 +17,20 @@ use weft_crypto::PrivateKey;
 
 use crate::Etcd;
 
+/// `weft-lab demo`: the live mesh, or with `--plan-only` the plans alone.
+pub async fn run(plan_only_flag: bool) -> anyhow::Result<()> {
+    if plan_only_flag {
+        return plan_only().await;
+    }
+    crate::live_demo::run()
+}
+
 const PREFIX: &str = "/coreos.com/network";
 const CONFIG: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 25}}"#;
 const NODES: u8 = 3;
 
-pub async fn run() -> anyhow::Result<()> {
+/// The plan-only demo (no namespaces, no root): leases in a real etcd, each node's plan.
+pub async fn plan_only() -> anyhow::Result<()> {
     println!("weft demo: {NODES} nodes, etcd registry, wireguard backend\n");
     let etcd = Etcd::start().context("starting etcd for the demo")?;
     let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await?;
@@ -109,6 +118,8 @@ pub async fn run() -> anyhow::Result<()> {
     for (handle, _, _) in nodes {
         handle.stop().await;
     }
-    println!("(this is the plan each agent computes; the reconcilers that program it into the kernel come with the data-plane issue)");
+    println!(
+        "(the plan each agent computes; `weft-lab demo` without --plan-only runs the live mesh)"
+    );
     Ok(())
 }

@@ -8,4 +8,6 @@ pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod demo;
 pub mod lab;
+pub mod live_demo;
 pub mod netns;
+pub mod tcp;

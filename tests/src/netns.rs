@@ -63,3 +63,21 @@ pub async fn sh_async(cmd: &str) -> String {
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
+
+/// Runs `f` on a new thread inside the named network namespace (`/run/netns/<name>`, as
+/// made by `ip netns add`), e.g. one end of a TCP transfer inside a lab pod.
+pub fn in_named_netns<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<io::Result<T>> {
+    let path = format!("/run/netns/{name}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path)?;
+        // SAFETY: setns(2) on a namespace file we hold open; affects only this thread.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(f())
+    })
+}

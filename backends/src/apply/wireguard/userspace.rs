@@ -14,6 +14,7 @@ use std::os::fd::IntoRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use boringtun::device::{DeviceConfig, DeviceHandle};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -109,7 +110,37 @@ async fn read_request<R: AsyncRead + Unpin>(
 async fn exchange_on(control: &Control, request: &str) -> std::io::Result<String> {
     let mut stream = control.lock().await;
     stream.get_mut().write_all(request.as_bytes()).await?;
-    read_answer(&mut stream).await
+    let answer = read_answer(&mut stream).await?;
+    Ok(handshake_times_since_epoch(&answer, SystemTime::now()))
+}
+
+/// boringtun reports `last_handshake_time_sec`/`_nsec` as the time *since* the handshake;
+/// the protocol (and `wg show`) mean the time since the Unix epoch. Rewritten here, once,
+/// for weft's own reads and for every client of the socket.
+fn handshake_times_since_epoch(answer: &str, now: SystemTime) -> String {
+    let mut out = String::with_capacity(answer.len());
+    let mut secs: Option<u64> = None;
+    for line in answer.split_inclusive('\n') {
+        if let Some(v) = line.trim_end().strip_prefix("last_handshake_time_sec=") {
+            secs = v.parse().ok();
+            continue;
+        }
+        if let Some(v) = line.trim_end().strip_prefix("last_handshake_time_nsec=") {
+            let ago = Duration::new(secs.take().unwrap_or(0), v.parse().unwrap_or(0));
+            let at = now
+                .checked_sub(ago)
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "last_handshake_time_sec={}\nlast_handshake_time_nsec={}\n",
+                at.as_secs(),
+                at.subsec_nanos()
+            ));
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// Serves `wg` and other UAPI clients on the device's socket, relaying to boringtun.
@@ -249,6 +280,27 @@ fn interface_exists(name: &str) -> bool {
     };
     // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handshake_ages_become_epoch_times() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let answer = "public_key=ab\nlast_handshake_time_sec=5\nlast_handshake_time_nsec=0\nrx_bytes=1\nerrno=0\n\n";
+        assert_eq!(
+            handshake_times_since_epoch(answer, now),
+            "public_key=ab\nlast_handshake_time_sec=1799999995\nlast_handshake_time_nsec=0\nrx_bytes=1\nerrno=0\n\n"
+        );
+        let none = "public_key=ab\nrx_bytes=1\nerrno=0\n\n";
+        assert_eq!(
+            handshake_times_since_epoch(none, now),
+            none,
+            "no handshake yet: nothing invented"
+        );
+    }
 }
 
 fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
