@@ -282,6 +282,13 @@ fn interface_exists(name: &str) -> bool {
     unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
 }
 
+fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
+    ApplyError::Netlink {
+        op: format!("{what} WireGuard device {device}"),
+        source: std::io::Error::other(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,12 +307,5 @@ mod tests {
             none,
             "no handshake yet: nothing invented"
         );
-    }
-}
-
-fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
-    ApplyError::Netlink {
-        op: format!("{what} WireGuard device {device}"),
-        source: std::io::Error::other(e.to_string()),
     }
 }
