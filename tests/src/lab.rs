@@ -180,48 +180,73 @@ impl Lab {
         }
         in_ns(&format!("{tag}-ext"), "sysctl -qw net.ipv4.ip_forward=1")?;
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
-        let mut nodes = Vec::new();
-        for i in 1..=cfg.nodes {
-            let ns = format!("{tag}-n{i}");
-            namespaces.add(&ns)?;
-            let ip = Ipv4Addr::new(198, 51, 100, i as u8);
-            attach(&fabric, &ns, &format!("n{i}"), &ip.to_string())?;
-            in_ns(
-                &ns,
-                &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
-            )?;
-            let node_dir = dir.path().join(format!("n{i}"));
-            for sub in ["run", "lib"] {
-                fs::create_dir_all(node_dir.join(sub))?;
-            }
-            nodes.push(Node {
-                index: i,
-                ns,
-                ip,
-                dir: node_dir,
-                subnet: None,
-                pods: Vec::new(),
-                agent: None,
-            });
-        }
         let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
         etcd.launch()?;
         etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
+        let count = cfg.nodes;
         let mut lab = Lab {
             tag,
             dir,
             etcd,
-            nodes,
+            nodes: Vec::new(),
             cfg,
             namespaces,
         };
-        for i in 0..lab.nodes.len() {
+        for _ in 0..count {
+            lab.create_node()?;
+        }
+        for i in 0..count {
             lab.start_agent(i)?;
         }
-        for i in 0..lab.nodes.len() {
+        for i in 0..count {
             lab.wire_pods(i)?;
         }
         Ok(lab)
+    }
+
+    /// The namespace and underlay address of a new node; no agent yet.
+    fn create_node(&mut self) -> anyhow::Result<usize> {
+        let i = self.nodes.len() + 1;
+        let ns = format!("{}-n{i}", self.tag);
+        self.namespaces.add(&ns)?;
+        let ip = Ipv4Addr::new(198, 51, 100, i as u8);
+        attach(&self.fabric(), &ns, &format!("n{i}"), &ip.to_string())?;
+        in_ns(
+            &ns,
+            &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
+        )?;
+        let dir = self.dir.path().join(format!("n{i}"));
+        for sub in ["run", "lib"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        self.nodes.push(Node {
+            index: i,
+            ns,
+            ip,
+            dir,
+            subnet: None,
+            pods: Vec::new(),
+            agent: None,
+        });
+        Ok(i - 1)
+    }
+
+    /// A node joining later: created, its agent started, its pods wired. Returns its index.
+    pub fn add_node(&mut self) -> anyhow::Result<usize> {
+        let i = self.create_node()?;
+        self.start_agent(i)?;
+        self.wire_pods(i)?;
+        Ok(i)
+    }
+
+    /// The etcd key of node `i`'s lease.
+    pub fn lease_key(&self, i: usize) -> Option<String> {
+        let s = self.nodes[i].subnet?;
+        Some(format!(
+            "{PREFIX}/subnets/{}-{}",
+            s.network(),
+            s.prefix_len()
+        ))
     }
 
     /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`.

@@ -5,11 +5,11 @@
 
 use weft_crypto::PrivateKey;
 
-use super::wireguard::diff::diff_device;
+use super::wireguard::diff::{diff_device, PeerChange};
 use super::wireguard::uapi::encode_set;
 use super::wireguard::userspace::Userspace;
 use super::{reconcile_nft, reconcile_routing, ApplyError, Netlink, Nft, NftCli, RtNetlink};
-use crate::model::DesiredState;
+use crate::model::{DesiredState, PeerSpec};
 use crate::netconf::Implementation;
 use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 
@@ -25,6 +25,42 @@ pub struct Dataplane {
     nft: NftCli,
     wg: Userspace,
 }
+
+/// A peer just added to a device gets one empty datagram into the tunnel, to its device
+/// address (its subnet's network address), so the device handshakes now. This matters
+/// after a device (re)starts: its peers still hold sessions with the device that is gone,
+/// keep encrypting with keys nobody has, and would wait for WireGuard's rekey timers (15 s
+/// or more) before handshaking again. Every peer of a fresh device is an added peer. Runs
+/// after the routing pass, so the peer's route exists.
+fn prime_handshakes(added: &[PeerSpec], report: &mut DataplaneReport) {
+    if added.is_empty() {
+        return;
+    }
+    let Ok(v4) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+        return;
+    };
+    let v6 = std::net::UdpSocket::bind("[::]:0").ok();
+    for peer in added {
+        for net in &peer.allowed_ips {
+            let target = std::net::SocketAddr::new(net.network(), DISCARD_PORT);
+            let sent = match target {
+                std::net::SocketAddr::V4(_) => v4.send_to(&[], target),
+                std::net::SocketAddr::V6(_) => {
+                    v6.as_ref().map_or(Ok(0), |s| s.send_to(&[], target))
+                }
+            };
+            if let Err(e) = sent {
+                report.errors.push(format!(
+                    "priming a handshake with {} via {target}: {e}",
+                    peer.node
+                ));
+            }
+        }
+    }
+}
+
+/// The discard port: the datagram only exists to start a handshake.
+const DISCARD_PORT: u16 = 9;
 
 /// Which WireGuard implementation runs, and why: for the agent's start-up log.
 pub fn choose_implementation(wanted: Implementation) -> Result<&'static str, ApplyError> {
@@ -93,6 +129,7 @@ impl Dataplane {
         let mut report = DataplaneReport::default();
         self.routing(state, &mut report).await?;
         let mut started = false;
+        let mut added: Vec<PeerSpec> = Vec::new();
         for t in &state.tunnels {
             if self.wg.ensure(&t.device)? {
                 report
@@ -110,6 +147,11 @@ impl Dataplane {
                 .iter()
                 .map(|p| format!("{}: {p}", t.device))
                 .collect();
+            let new_peers = change.peers.iter().filter_map(|c| match c {
+                PeerChange::Add(p) => Some(p.clone()),
+                _ => None,
+            });
+            let new_peers: Vec<PeerSpec> = new_peers.collect();
             match self
                 .wg
                 .set(&t.device, &encode_set(&change, key, false))
@@ -127,6 +169,7 @@ impl Dataplane {
                             .push(format!("{}: listen port {port}", t.device));
                     }
                     report.changes.extend(lines);
+                    added.extend(new_peers);
                 }
                 Err(e) => report.errors.push(e.to_string()),
             }
@@ -142,6 +185,7 @@ impl Dataplane {
         if started {
             self.routing(state, &mut report).await?;
         }
+        prime_handshakes(&added, &mut report);
         let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
         report.changes.extend(nft.applied);
         report

@@ -1,0 +1,140 @@
+//! End to end in the lab: nodes leaving and joining, and an agent killed and restarted.
+//! A node that leaves (agent stopped, lease deleted) disappears from every other node's
+//! device and routes within 5 s; a node that joins later is reached by all; an agent killed
+//! with SIGKILL and restarted keeps its key, and every node ends with exactly one peer per
+//! other node. The traffic lost across the restart is measured and printed.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{in_ns, Lab, LabConfig};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+fn peers(lab: &Lab, i: usize) -> usize {
+    lab.on_node(i, "wg show flannel-wg peers")
+        .map(|p| p.lines().count())
+        .unwrap_or(usize::MAX)
+}
+
+#[test]
+fn a_node_that_leaves_is_removed_and_a_node_that_joins_is_reached() {
+    let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    assert!(
+        lab.ping(
+            &lab.nodes[0].pods[0].ns,
+            lab.nodes[2].pods[0].ip,
+            Duration::from_secs(10)
+        ),
+        "{}",
+        lab.logs()
+    );
+    let gone = lab.nodes[2].subnet.unwrap();
+    lab.stop_agent(2, "TERM").unwrap();
+    lab.etcd
+        .etcdctl(&["del", &lab.lease_key(2).unwrap()])
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let done = (0..2).all(|i| {
+            peers(&lab, i) == 1
+                && !in_ns(&lab.nodes[i].ns, "ip route show proto 87")
+                    .unwrap()
+                    .contains(&gone.to_string())
+        });
+        if done {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "node 3's peer or route still present after 5 s\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "node left: peer and route removed from the others in {:?}",
+        started.elapsed()
+    );
+
+    let joined = lab.add_node().unwrap();
+    for (a, b) in [(0, joined), (1, joined), (joined, 0), (joined, 1)] {
+        let (from, to) = (&lab.nodes[a].pods[0], &lab.nodes[b].pods[1]);
+        assert!(
+            lab.ping(&from.ns, to.ip, Duration::from_secs(10)),
+            "n{} -> n{} after the join\n{}",
+            a + 1,
+            b + 1,
+            lab.logs()
+        );
+    }
+    for i in [0, 1, joined] {
+        assert_eq!(peers(&lab, i), 2, "node {}", i + 1);
+    }
+}
+
+#[test]
+fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
+    let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    let (a, b) = (lab.nodes[0].pods[0].ns.clone(), lab.nodes[1].pods[0].ip);
+    assert!(lab.ping(&a, b, Duration::from_secs(10)), "{}", lab.logs());
+    let key_before = lab.on_node(1, "cat /var/lib/weft/wireguard.key").unwrap();
+
+    // 20 pings a second for 10 s across the kill and the restart.
+    let mut ping = Command::new("ip");
+    ping.args([
+        "netns",
+        "exec",
+        &a,
+        "ping",
+        "-i",
+        "0.05",
+        "-c",
+        "200",
+        "-W",
+        "1",
+        &b.to_string(),
+    ]);
+    let pinger = std::thread::spawn(move || ping.output());
+    std::thread::sleep(Duration::from_secs(2));
+    lab.stop_agent(1, "KILL").unwrap();
+    lab.start_agent(1).unwrap();
+    let out = pinger.join().unwrap().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let summary = text
+        .lines()
+        .find(|l| l.contains("packets transmitted"))
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("20 pps across SIGKILL + restart of node 2's agent: {summary}");
+    let received: u32 = summary
+        .split(", ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        received >= 180,
+        "more than 1 s of traffic lost across the restart: {summary}\n{}",
+        lab.logs()
+    );
+
+    assert!(
+        lab.ping(&a, b, Duration::from_secs(10)),
+        "no traffic after the restart\n{}",
+        lab.logs()
+    );
+    assert_eq!(
+        lab.on_node(1, "cat /var/lib/weft/wireguard.key").unwrap(),
+        key_before,
+        "the key changed across a restart"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            peers(&lab, i),
+            2,
+            "node {} does not have exactly one peer per other node",
+            i + 1
+        );
+    }
+}
