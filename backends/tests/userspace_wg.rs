@@ -68,8 +68,9 @@ fn configured_per_peer_and_readable_by_wg() {
         let header = sh_async(&format!("wg show {dev} dump")).await;
         let first: Vec<&str> = header.lines().next().unwrap().split('\t').collect();
         assert_eq!(first[2], "51820", "{header}");
-        // boringtun reports its own key as a non-standard `own_public_key`, which `wg` does
-        // not read (it shows "(none)"); our reader does.
+        // boringtun reports its own key as a non-standard `own_public_key`; weft's socket
+        // answers in the standard form, so `wg` shows the interface's public key.
+        assert_eq!(first[1], key.public_key().to_base64(), "{header}");
         assert_eq!(
             us.get(dev).await.unwrap().public_key,
             Some(key.public_key())

@@ -33,7 +33,14 @@ pub fn socket_path(device: &str) -> PathBuf {
 }
 
 /// weft's end of the socketpair to one boringtun device; one request at a time.
-type Control = Arc<Mutex<BufReader<UnixStream>>>;
+type Control = Arc<Mutex<Channel>>;
+
+struct Channel {
+    stream: BufReader<UnixStream>,
+    /// The `private_key=` line weft last set. boringtun answers `get` with a non-standard
+    /// `own_public_key=`; the standard answer (which `wg show` reads) carries the private key.
+    private_key: Option<String>,
+}
 
 struct Running {
     /// Dropping it stops the device (its interface disappears).
@@ -108,9 +115,33 @@ async fn read_request<R: AsyncRead + Unpin>(
 }
 
 async fn exchange_on(control: &Control, request: &str) -> std::io::Result<String> {
-    let mut stream = control.lock().await;
-    stream.get_mut().write_all(request.as_bytes()).await?;
-    let answer = read_answer(&mut stream).await?;
+    let mut channel = control.lock().await;
+    if let Some(line) = request.lines().find(|l| l.starts_with("private_key=")) {
+        channel.private_key = Some(line.to_string());
+    }
+    channel
+        .stream
+        .get_mut()
+        .write_all(request.as_bytes())
+        .await?;
+    let answer = read_answer(&mut channel.stream).await?;
+    let answer = match &channel.private_key {
+        Some(key) => answer
+            .lines()
+            .map(|l| {
+                if l.starts_with("own_public_key=") {
+                    key.as_str()
+                } else {
+                    l
+                }
+            })
+            .fold(String::new(), |mut out, l| {
+                out.push_str(l);
+                out.push('\n');
+                out
+            }),
+        None => answer,
+    };
     Ok(handshake_times_since_epoch(&answer, SystemTime::now()))
 }
 
@@ -178,9 +209,11 @@ impl Userspace {
         let op = format!("starting userspace WireGuard device {device}");
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(err(op.clone()))?;
         ours.set_nonblocking(true).map_err(err(op.clone()))?;
-        let control: Control = Arc::new(Mutex::new(BufReader::new(
-            UnixStream::from_std(ours).map_err(err(op.clone()))?,
-        )));
+        let stream = BufReader::new(UnixStream::from_std(ours).map_err(err(op.clone()))?);
+        let control: Control = Arc::new(Mutex::new(Channel {
+            stream,
+            private_key: None,
+        }));
         // boringtun takes ownership of its end of the pair.
         let config = DeviceConfig {
             n_threads: 2,
