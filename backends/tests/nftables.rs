@@ -3,46 +3,15 @@
 //! flushed or deleted table comes back, other tables are never touched, and turning
 //! masquerading off removes only weft's tables.
 
-use std::time::SystemTime;
-
 use weft_backends::apply::{reconcile_nft, Nft, NftCli};
-use weft_backends::model::{ClusterView, Lease, MasqueradeTable};
-use weft_backends::netconf::parse;
-use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
-use weft_crypto::PrivateKey;
+use weft_backends::model::MasqueradeTable;
+use weft_lab::fixtures::{lease, plan_of};
 use weft_lab::netns::{in_new_netns, sh};
 
 fn tables(conf: &str) -> Vec<MasqueradeTable> {
-    let config = parse(conf).unwrap();
-    let me = Lease {
-        node: "node-a".into(),
-        subnet: Some("10.244.1.0/24".parse().unwrap()),
-        subnet_v6: Some("fd00:10:244:1::/64".parse().unwrap()),
-        public_ip: Some("198.51.100.1".parse().unwrap()),
-        public_ipv6: None,
-        backend_type: "wireguard".into(),
-        backend_data: Some(wireguard_backend_data(
-            &PrivateKey::from_bytes([1; 32]).public_key(),
-            51820,
-        )),
-        backend_v6_data: None,
-        expires: None,
-    };
-    let mut view = ClusterView::default();
-    view.insert(me.clone());
-    let options = PlanOptions {
-        ip_masq: true,
-        underlay_mtu: 1500,
-    };
-    plan(&PlanInput {
-        local: &me,
-        view: &view,
-        config: &config,
-        options: &options,
-        now: SystemTime::now(),
-    })
-    .unwrap()
-    .masquerade
+    let mut me = lease("node-a", "10.244.1.0/24", "198.51.100.1", 1);
+    me.subnet_v6 = Some("fd00:10:244:1::/64".parse().unwrap());
+    plan_of(conf, &me, vec![]).masquerade
 }
 
 const V4: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;

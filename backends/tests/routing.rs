@@ -3,61 +3,26 @@
 //! a route or address removed behind its back returns in one pass; stale weft routes go;
 //! other software's routes stay; and a failed write names operation, object and errno.
 
-use std::time::SystemTime;
-
 use serde_json::json;
 use weft_backends::apply::{reconcile_routing, Netlink, RtNetlink};
-use weft_backends::model::{ClusterView, DesiredState, Lease};
-use weft_backends::netconf::parse;
-use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
-use weft_crypto::PrivateKey;
+use weft_backends::model::DesiredState;
+use weft_lab::fixtures::{lease, plan_of};
 use weft_lab::netns::{in_new_netns, sh};
-
-fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
-    Lease {
-        node: node.into(),
-        subnet: Some(subnet.parse().unwrap()),
-        subnet_v6: None,
-        public_ip: Some(ip.parse().unwrap()),
-        public_ipv6: None,
-        backend_type: "wireguard".into(),
-        backend_data: Some(wireguard_backend_data(
-            &PrivateKey::from_bytes([seed; 32]).public_key(),
-            51820,
-        )),
-        backend_v6_data: None,
-        expires: None,
-    }
-}
 
 /// node-a's plan in a three-node cluster (one peer's data broken, so it is left out).
 fn desired() -> DesiredState {
-    let config =
-        parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#).unwrap();
-    let me = lease("node-a", "10.244.1.0/24", "198.51.100.1", 1);
-    let mut view = ClusterView::default();
     let mut broken = lease("node-d", "10.244.4.0/24", "198.51.100.4", 4);
     broken.backend_data = Some(json!({"PublicKey": "nope"}));
-    for l in [
-        me.clone(),
+    let peers = vec![
         lease("node-b", "10.244.2.0/24", "198.51.100.2", 2),
         lease("node-c", "10.244.3.0/24", "198.51.100.3", 3),
         broken,
-    ] {
-        view.insert(l);
-    }
-    let options = PlanOptions {
-        ip_masq: true,
-        underlay_mtu: 1500,
-    };
-    plan(&PlanInput {
-        local: &me,
-        view: &view,
-        config: &config,
-        options: &options,
-        now: SystemTime::now(),
-    })
-    .unwrap()
+    ];
+    plan_of(
+        r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#,
+        &lease("node-a", "10.244.1.0/24", "198.51.100.1", 1),
+        peers,
+    )
 }
 
 fn weft_routes() -> String {

@@ -254,9 +254,7 @@ impl Lab {
         let node = &self.nodes[i];
         fs::create_dir_all("/var/lib/weft").context("creating the /var/lib/weft mount point")?;
         let script = format!(
-            "mount --bind {run} /run && mount --bind {lib} /var/lib/weft && exec {weft} agent --etcd-endpoints=http://{ETCD_IP}:2379 --public-ip={ip} {extra}",
-            run = node.dir.join("run").display(),
-            lib = node.dir.join("lib").display(),
+            "exec {weft} agent --etcd-endpoints=http://{ETCD_IP}:2379 --public-ip={ip} {extra}",
             weft = self.cfg.weft.display(),
             ip = node.ip,
             extra = self.cfg.extra_args.join(" "),
@@ -265,19 +263,8 @@ impl Lab {
             .create(true)
             .append(true)
             .open(node.agent_log())?;
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &node.ns,
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                &script,
-            ])
+        let child = self
+            .node_shell(i, &script)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -330,17 +317,17 @@ impl Lab {
         Ok(())
     }
 
-    /// Runs `script` as node `i` sees the world: its network namespace and its private
-    /// `/run` and `/var/lib/weft` (e.g. `wg show flannel-wg`, which needs the node's UAPI
-    /// socket).
-    pub fn on_node(&self, i: usize, script: &str) -> anyhow::Result<String> {
+    /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
+    /// `/var/lib/weft` bound in a mount namespace of its own.
+    fn node_shell(&self, i: usize, script: &str) -> Command {
         let node = &self.nodes[i];
         let wrapped = format!(
             "mount --bind {} /run && mount --bind {} /var/lib/weft && {script}",
             node.dir.join("run").display(),
             node.dir.join("lib").display()
         );
-        let out = run(Command::new("ip").args([
+        let mut command = Command::new("ip");
+        command.args([
             "netns",
             "exec",
             &node.ns,
@@ -351,7 +338,15 @@ impl Lab {
             "sh",
             "-c",
             &wrapped,
-        ]))?;
+        ]);
+        command
+    }
+
+    /// Runs `script` as node `i` sees the world: its network namespace and its private
+    /// `/run` and `/var/lib/weft` (e.g. `wg show flannel-wg`, which needs the node's UAPI
+    /// socket).
+    pub fn on_node(&self, i: usize, script: &str) -> anyhow::Result<String> {
+        let out = run(&mut self.node_shell(i, script))?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 

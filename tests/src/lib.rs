@@ -7,6 +7,7 @@ pub mod proxy;
 pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod demo;
+pub mod fixtures;
 pub mod lab;
 pub mod live_demo;
 pub mod netns;

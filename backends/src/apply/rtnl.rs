@@ -85,6 +85,28 @@ impl RtNetlink {
     }
 }
 
+impl RtNetlink {
+    /// Adds (or replaces, same destination) one route; `op` names it in errors.
+    async fn add_route(
+        &mut self,
+        op: String,
+        msg: Result<RouteMessage, String>,
+    ) -> Result<(), ApplyError> {
+        let msg = msg.map_err(|e| ApplyError::Netlink {
+            op: op.clone(),
+            source: io::Error::other(e),
+        })?;
+        self.writes += 1;
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(fail(op))
+    }
+}
+
 impl Drop for RtNetlink {
     fn drop(&mut self) {
         self.connection.abort();
@@ -274,38 +296,14 @@ impl Netlink for RtNetlink {
 
     async fn put_route(&mut self, route: &RouteWrite) -> Result<(), ApplyError> {
         let op = format!("adding route {} dev {}", route.dst, route.device);
-        let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map_err(|e| {
-            ApplyError::Netlink {
-                op: op.clone(),
-                source: io::Error::other(e),
-            }
-        })?;
-        self.writes += 1;
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
-            .await
-            .map_err(fail(op))
+        let msg = route_message(route.dst, Some(route.oif), route.gateway, None);
+        self.add_route(op, msg).await
     }
 
     async fn put_blackhole(&mut self, dst: IpNet) -> Result<(), ApplyError> {
-        let op = format!("adding blackhole route {dst}");
-        let msg = route_message(dst, None, None, Some(FAIL_CLOSED_METRIC)).map_err(|e| {
-            ApplyError::Netlink {
-                op: op.clone(),
-                source: io::Error::other(e),
-            }
-        })?;
-        self.writes += 1;
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
+        let msg = route_message(dst, None, None, Some(FAIL_CLOSED_METRIC));
+        self.add_route(format!("adding blackhole route {dst}"), msg)
             .await
-            .map_err(fail(op))
     }
 
     async fn del_route(&mut self, route: &ObservedRoute) -> Result<(), ApplyError> {

@@ -1,0 +1,49 @@
+//! Sample leases and plans for the integration tests (the unit tests in `weft-backends`
+//! keep their own: they link the crate under test, not this one's copy).
+
+use std::time::SystemTime;
+
+use weft_backends::model::{ClusterView, DesiredState, Lease};
+use weft_backends::netconf::parse;
+use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
+use weft_crypto::PrivateKey;
+
+/// A wireguard node: `subnet`, public IP `ip`, and the public key of `[seed; 32]`.
+pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
+    Lease {
+        node: node.into(),
+        subnet: subnet.parse().ok(),
+        subnet_v6: None,
+        public_ip: ip.parse().ok(),
+        public_ipv6: None,
+        backend_type: "wireguard".into(),
+        backend_data: Some(wireguard_backend_data(
+            &PrivateKey::from_bytes([seed; 32]).public_key(),
+            51820,
+        )),
+        backend_v6_data: None,
+        expires: None,
+    }
+}
+
+/// `me`'s plan in a cluster of `me` and `peers` under net-conf `conf`, with `--ip-masq` and
+/// a 1500-byte underlay. Panics on a bad fixture: it is test input.
+pub fn plan_of(conf: &str, me: &Lease, peers: Vec<Lease>) -> DesiredState {
+    let config = parse(conf).unwrap_or_else(|e| panic!("fixture config: {e}"));
+    let mut view = ClusterView::default();
+    for l in peers.into_iter().chain([me.clone()]) {
+        view.insert(l);
+    }
+    let options = PlanOptions {
+        ip_masq: true,
+        underlay_mtu: 1500,
+    };
+    plan(&PlanInput {
+        local: me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::now(),
+    })
+    .unwrap_or_else(|e| panic!("fixture plan: {e}"))
+}
