@@ -1,6 +1,8 @@
 //! The masquerade rule set of DESIGN §3, one nftables table per enabled family.
 
-use ipnet::IpNet;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::LocalSubnets;
 use crate::model::{Family, ForwardRule, MasqueradeTable, Match, NatRule};
@@ -12,7 +14,7 @@ pub const KUBE_PROXY_MARK: u32 = 0x4000;
 pub(crate) fn tables(config: &NetConf, ours: &LocalSubnets) -> Vec<MasqueradeTable> {
     let mut out = Vec::new();
     if let (Some(net), Some(subnet)) = (config.ipv4, ours.v4) {
-        let multicast: IpNet = "224.0.0.0/4".parse().unwrap_or(net.network);
+        let multicast = IpNet::V4(Ipv4Net::new_assert(Ipv4Addr::new(224, 0, 0, 0), 4));
         out.push(table(
             Family::Ipv4,
             "flannel-ipv4",
@@ -22,7 +24,10 @@ pub(crate) fn tables(config: &NetConf, ours: &LocalSubnets) -> Vec<MasqueradeTab
         ));
     }
     if let (Some(net), Some(subnet)) = (config.ipv6, ours.v6) {
-        let multicast: IpNet = "ff00::/8".parse().unwrap_or(net.network);
+        let multicast = IpNet::V6(Ipv6Net::new_assert(
+            Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0),
+            8,
+        ));
         out.push(table(
             Family::Ipv6,
             "flannel-ipv6",
