@@ -65,10 +65,8 @@ const DISCARD_PORT: u16 = 9;
 /// Which WireGuard implementation runs, and why: for the agent's start-up log.
 pub fn choose_implementation(wanted: Implementation) -> Result<&'static str, ApplyError> {
     match wanted {
-        Implementation::Auto | Implementation::Userspace => Ok(match wanted {
-            Implementation::Auto => "userspace (boringtun, in-process): the kernel implementation is not built into weft yet",
-            _ => "userspace (boringtun, in-process): Implementation=userspace",
-        }),
+        Implementation::Auto => Ok("userspace (boringtun, in-process): the kernel implementation is not built into weft yet"),
+        Implementation::Userspace => Ok("userspace (boringtun, in-process): Implementation=userspace"),
         Implementation::Kernel => Err(ApplyError::Netlink {
             op: "Implementation=kernel".into(),
             source: std::io::Error::other("the kernel WireGuard device is not implemented in weft yet; use auto or userspace"),

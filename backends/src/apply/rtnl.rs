@@ -211,7 +211,7 @@ impl Netlink for RtNetlink {
         match found {
             Ok(Some(msg)) => Ok(Some(Self::parse_link(&msg))),
             Ok(None) => Ok(None),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc_enodev() => {
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc::ENODEV => {
                 Ok(None)
             }
             Err(e) => Err(fail(format!("looking up link {name}"))(e)),
@@ -320,7 +320,7 @@ impl Netlink for RtNetlink {
         })?;
         self.writes += 1;
         match self.handle.route().del(msg).execute().await {
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc_esrch() => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc::ESRCH => Ok(()),
             other => other.map_err(fail(op)),
         }
     }
@@ -328,12 +328,4 @@ impl Netlink for RtNetlink {
     fn writes(&self) -> u64 {
         self.writes
     }
-}
-
-/// errno values (Linux): a missing device, a route already gone.
-const fn libc_enodev() -> i32 {
-    19
-}
-const fn libc_esrch() -> i32 {
-    3
 }

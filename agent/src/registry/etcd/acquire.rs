@@ -151,9 +151,7 @@ impl EtcdRegistry {
     /// Claims again after the lease was lost (deleted, expired): the same subnet if free.
     pub(crate) async fn reacquire(&mut self) -> Result<Lease, RegistryError> {
         let (Some((lease, request)), Some(net)) = (self.held.clone(), self.net.clone()) else {
-            return Err(RegistryError::NoConfig {
-                key: self.cfg.config_key(),
-            });
+            return Err(RegistryError::NotAcquired);
         };
         let request = AcquireRequest {
             previous: lease.subnet,
@@ -196,9 +194,7 @@ impl EtcdRegistry {
     /// Publishes new attributes on the lease we hold; re-acquires if it is no longer ours.
     pub(crate) async fn republish(&mut self, attrs: LocalAttrs) -> Result<Lease, RegistryError> {
         let (Some((lease, request)), Some(id)) = (self.held.clone(), self.lease_id) else {
-            return Err(RegistryError::NoConfig {
-                key: self.cfg.config_key(),
-            });
+            return Err(RegistryError::NotAcquired);
         };
         let request = super::with_attrs(&request, attrs);
         let Some(subnet) = lease.subnet else {

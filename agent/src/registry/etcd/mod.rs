@@ -87,6 +87,8 @@ pub enum RegistryError {
     },
     #[error("etcd has no network config at {key}; write one, e.g. `etcdctl put {key} '{{\"Network\": \"10.244.0.0/16\", \"Backend\": {{\"Type\": \"wireguard\"}}}}'`")]
     NoConfig { key: String },
+    #[error("this node holds no lease yet: acquire one first")]
+    NotAcquired,
     #[error("the network config at {key} is invalid: {errors}")]
     BadConfig { key: String, errors: ConfigErrors },
     #[error(transparent)]

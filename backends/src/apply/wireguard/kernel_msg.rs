@@ -41,14 +41,13 @@ struct PeerOp {
 
 fn op_of(change: &PeerChange) -> PeerOp {
     let full = |p: &PeerSpec, flags: WireguardPeerFlags| {
-        let mut head = vec![
+        let head = vec![
             WireguardPeerAttribute::Endpoint(p.endpoint),
             WireguardPeerAttribute::PersistentKeepalive(p.keepalive),
             WireguardPeerAttribute::PresharedKey(
                 p.psk.as_ref().map_or([0; KEY_LEN], |k| *k.as_bytes()),
             ),
         ];
-        head.shrink_to_fit();
         PeerOp {
             head,
             flags: flags | WireguardPeerFlags::ReplaceAllowedIps,
