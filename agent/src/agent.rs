@@ -11,7 +11,8 @@ use std::time::SystemTime;
 use anyhow::{bail, Context};
 use tokio::sync::watch;
 use tracing::{error, info, warn, Instrument};
-use weft_backends::apply::{choose_implementation, monitor, Dataplane, DataplaneReport};
+use weft_backends::apply::wireguard::process::UserspaceProcess;
+use weft_backends::apply::{monitor, Dataplane, DataplaneReport};
 use weft_backends::model::{ClusterView, DesiredState, Lease};
 use weft_backends::netconf::{Backend, NetConf};
 use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
@@ -52,7 +53,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<i32> {
     runtime.block_on(run_async(args))
 }
 
-fn init_tracing() {
+pub(crate) fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
@@ -157,10 +158,13 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let implementation = choose_implementation(wg.implementation)
+    let (mut dataplane, why) = Dataplane::connect(wg.implementation, UserspaceProcess::default())
+        .await
         .context("choosing the WireGuard implementation")?;
-    info!(implementation, "WireGuard");
-    let mut dataplane = Dataplane::connect().context("opening netlink")?;
+    info!(
+        implementation = dataplane.implementation(),
+        why, "WireGuard"
+    );
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let handle = registry::spawn(registry, lease);
@@ -179,7 +183,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     };
     control_loop(&args, &net, &options, &key, &mut dataplane, inputs).await;
     handle.stop().await;
-    info!("stopped; the lease (and, with kernel WireGuard, the data plane) is left in place for the next start");
+    info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)
 }
 

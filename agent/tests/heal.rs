@@ -143,9 +143,11 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
     );
     eprintln!("nftables: rules back {rules:?} after a flush, table back {table:?} after deletion");
     let log = std::fs::read_to_string(node.agent_log()).unwrap();
-    assert!(
-        log.contains("started userspace WireGuard device flannel-wg"),
-        "{log}"
+    assert_eq!(
+        log.matches("created userspace WireGuard device flannel-wg")
+            .count(),
+        2,
+        "created at start and again after the deletion:\n{log}"
     );
     assert_eq!(
         log.matches("acquired").count(),

@@ -2,7 +2,8 @@
 //! A node that leaves (agent stopped, lease deleted) disappears from every other node's
 //! device and routes within 5 s; a node that joins later is reached by all; an agent killed
 //! with SIGKILL and restarted keeps its key, and every node ends with exactly one peer per
-//! other node. The traffic lost across the restart is measured and printed.
+//! other node. The device outlives the agent (a kernel device, or the userspace device's
+//! own process), so a 20 pps ping across the kill and the restart loses nothing.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -113,10 +114,17 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
-    assert!(
-        received >= 180,
-        "more than 1 s of traffic lost across the restart: {summary}\n{}",
+    assert_eq!(
+        received,
+        200,
+        "traffic lost across the restart: {summary}\n{}",
         lab.logs()
+    );
+    let log = std::fs::read_to_string(lab.nodes[1].agent_log()).unwrap();
+    assert_eq!(
+        log.matches("created userspace WireGuard device").count(),
+        1,
+        "the restarted agent replaced the running device instead of taking it over:\n{log}"
     );
 
     assert!(

@@ -40,6 +40,14 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Run one userspace WireGuard device (boringtun) until its interface is deleted or
+    /// SIGTERM arrives. The agent starts it where the kernel has no WireGuard; it is a
+    /// process of its own so the device outlives agent restarts, as a kernel device does.
+    #[command(hide = true)]
+    UserspaceDevice {
+        /// The interface name, e.g. flannel-wg.
+        device: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

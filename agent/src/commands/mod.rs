@@ -3,3 +3,4 @@
 
 pub mod config_check;
 pub mod keys;
+pub mod userspace_device;

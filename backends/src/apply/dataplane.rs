@@ -5,9 +5,9 @@
 
 use weft_crypto::PrivateKey;
 
+use super::wireguard::devices::{WgDevices, WgImpl};
 use super::wireguard::diff::{diff_device, PeerChange};
-use super::wireguard::uapi::encode_set;
-use super::wireguard::userspace::Userspace;
+use super::wireguard::process::{stop_server, UserspaceProcess};
 use super::{reconcile_nft, reconcile_routing, ApplyError, Netlink, Nft, NftCli, RtNetlink};
 use crate::model::{DesiredState, PeerSpec};
 use crate::netconf::Implementation;
@@ -23,7 +23,7 @@ pub struct DataplaneReport {
 pub struct Dataplane {
     nl: RtNetlink,
     nft: NftCli,
-    wg: Userspace,
+    wg: WgImpl,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -62,26 +62,28 @@ fn prime_handshakes(added: &[PeerSpec], report: &mut DataplaneReport) {
 /// The discard port: the datagram only exists to start a handshake.
 const DISCARD_PORT: u16 = 9;
 
-/// Which WireGuard implementation runs, and why: for the agent's start-up log.
-pub fn choose_implementation(wanted: Implementation) -> Result<&'static str, ApplyError> {
-    match wanted {
-        Implementation::Auto => Ok("userspace (boringtun, in-process): the kernel implementation is not built into weft yet"),
-        Implementation::Userspace => Ok("userspace (boringtun, in-process): Implementation=userspace"),
-        Implementation::Kernel => Err(ApplyError::Netlink {
-            op: "Implementation=kernel".into(),
-            source: std::io::Error::other("the kernel WireGuard device is not implemented in weft yet; use auto or userspace"),
-        }),
-    }
-}
-
 impl Dataplane {
-    /// Opens the kernel connections; must run inside a tokio runtime.
-    pub fn connect() -> Result<Self, ApplyError> {
-        Ok(Dataplane {
-            nl: RtNetlink::connect()?,
+    /// Opens the kernel connections and picks the WireGuard implementation for `wanted`
+    /// (see `WgImpl::choose`); returns the data plane and why that implementation runs.
+    /// `userspace` runs userspace devices should they be needed. Must run inside a tokio
+    /// runtime.
+    pub async fn connect(
+        wanted: Implementation,
+        userspace: UserspaceProcess,
+    ) -> Result<(Self, String), ApplyError> {
+        let mut nl = RtNetlink::connect()?;
+        let (wg, why) = WgImpl::choose(wanted, &mut nl, WG_DEVICE, userspace).await?;
+        let dataplane = Dataplane {
+            nl,
             nft: NftCli::default(),
-            wg: Userspace::default(),
-        })
+            wg,
+        };
+        Ok((dataplane, why))
+    }
+
+    /// `kernel` or `userspace`.
+    pub fn implementation(&self) -> &'static str {
+        self.wg.name()
     }
 
     /// Writes made so far, all kinds together.
@@ -129,10 +131,12 @@ impl Dataplane {
         let mut started = false;
         let mut added: Vec<PeerSpec> = Vec::new();
         for t in &state.tunnels {
-            if self.wg.ensure(&t.device)? {
-                report
-                    .changes
-                    .push(format!("started userspace WireGuard device {}", t.device));
+            if self.wg.ensure(&mut self.nl, &t.device).await? {
+                report.changes.push(format!(
+                    "created {} WireGuard device {}",
+                    self.wg.name(),
+                    t.device
+                ));
                 started = true;
             }
             let observed = self.wg.get(&t.device).await?;
@@ -150,11 +154,7 @@ impl Dataplane {
                 _ => None,
             });
             let new_peers: Vec<PeerSpec> = new_peers.collect();
-            match self
-                .wg
-                .set(&t.device, &encode_set(&change, key, false))
-                .await
-            {
+            match self.wg.apply(&t.device, &change, key).await {
                 Ok(()) => {
                     if change.set_private_key {
                         report
@@ -173,11 +173,17 @@ impl Dataplane {
             }
         }
         for name in [WG_DEVICE, WG_DEVICE_V6] {
-            if !state.tunnels.iter().any(|t| t.device == name) && self.wg.running(name) {
-                self.wg.stop(name);
-                report
-                    .changes
-                    .push(format!("stopped userspace WireGuard device {name}"));
+            if state.tunnels.iter().any(|t| t.device == name) {
+                continue;
+            }
+            if let Some(link) = self.nl.link(name).await? {
+                stop_server(name);
+                match self.nl.del_link(&link).await {
+                    Ok(()) => report
+                        .changes
+                        .push(format!("removed WireGuard device {name}: not in the plan")),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
             }
         }
         if started {

@@ -13,7 +13,7 @@ pub mod wireguard;
 
 use std::collections::BTreeMap;
 
-pub use dataplane::{choose_implementation, Dataplane, DataplaneReport};
+pub use dataplane::{Dataplane, DataplaneReport};
 pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
 pub use nft::{reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES};
 pub use routing::{diff_link, diff_routes, RoutingChange};

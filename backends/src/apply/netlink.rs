@@ -19,6 +19,8 @@ pub struct ObservedLink {
     pub name: String,
     pub mtu: u32,
     pub up: bool,
+    /// The link type (`IFLA_INFO_KIND`: `wireguard`, `tun`, `vxlan`, …), when it has one.
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

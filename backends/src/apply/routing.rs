@@ -242,6 +242,7 @@ mod tests {
             name: "flannel-wg".into(),
             mtu: 1500,
             up: false,
+            kind: Some("wireguard".into()),
         };
         let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
         let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];

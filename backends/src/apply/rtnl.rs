@@ -7,11 +7,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkUnspec, LinkWireguard, RouteMessageBuilder};
 
 use super::netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
 use super::ApplyError;
@@ -53,17 +53,45 @@ impl RtNetlink {
         })
     }
 
+    /// Creates a kernel WireGuard link; the kernel answers `EOPNOTSUPP` when it has no
+    /// WireGuard (module missing or not built).
+    pub async fn add_wireguard_link(&mut self, name: &str) -> Result<(), ApplyError> {
+        self.writes += 1;
+        self.handle
+            .link()
+            .add(LinkWireguard::new(name).build())
+            .execute()
+            .await
+            .map_err(fail(format!("creating WireGuard link {name}")))
+    }
+
+    pub async fn del_link(&mut self, link: &ObservedLink) -> Result<(), ApplyError> {
+        self.writes += 1;
+        match self.handle.link().del(link.index).execute().await {
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc::ENODEV => Ok(()),
+            other => other.map_err(fail(format!("deleting link {}", link.name))),
+        }
+    }
+
     fn parse_link(msg: &LinkMessage) -> ObservedLink {
         let mut link = ObservedLink {
             index: msg.header.index,
             name: String::new(),
             mtu: 0,
             up: msg.header.flags.contains(LinkFlags::Up),
+            kind: None,
         };
         for attr in &msg.attributes {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n.clone(),
                 LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(kind) = info {
+                            link.kind = Some(kind.to_string());
+                        }
+                    }
+                }
                 _ => {}
             }
         }

@@ -3,9 +3,14 @@
 //! (`uapi`). The device implementations (kernel over generic netlink, userspace) build on
 //! these.
 
+pub mod devices;
 pub mod diff;
+pub mod genl;
+pub mod kernel;
 pub mod kernel_msg;
+pub mod process;
 pub mod uapi;
+pub mod uapi_socket;
 pub mod userspace;
 
 use std::collections::BTreeMap;

@@ -11,26 +11,21 @@
 
 use std::collections::HashMap;
 use std::os::fd::IntoRawFd;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use boringtun::device::{DeviceConfig, DeviceHandle};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
 use super::uapi::{self, UapiError};
+use super::uapi_socket::{read_answer, read_request};
+pub use super::uapi_socket::{socket_path, SOCKET_DIR};
 use super::WgDevice;
 use crate::apply::ApplyError;
-
-pub const SOCKET_DIR: &str = "/var/run/wireguard";
-
-pub fn socket_path(device: &str) -> PathBuf {
-    PathBuf::from(SOCKET_DIR).join(format!("{device}.sock"))
-}
 
 /// weft's end of the socketpair to one boringtun device; one request at a time.
 type Control = Arc<Mutex<Channel>>;
@@ -47,6 +42,9 @@ struct Running {
     _handle: DeviceHandle,
     control: Control,
     server: JoinHandle<()>,
+    /// The inode of the socket file this device bound: removed on stop only if the path
+    /// still names it (a successor may have bound the path since).
+    socket_inode: Option<u64>,
 }
 
 impl Drop for Running {
@@ -64,54 +62,6 @@ pub struct Userspace {
 
 fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
     move |source| ApplyError::Netlink { op, source }
-}
-
-/// Reads one UAPI answer: lines up to `errno=N`, plus the blank line that ends it.
-async fn read_answer<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> std::io::Result<String> {
-    let mut answer = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await? == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the device closed its control socket",
-            ));
-        }
-        let done = line.starts_with("errno=");
-        answer.push_str(&line);
-        if done {
-            let mut blank = String::new();
-            reader.read_line(&mut blank).await?;
-            answer.push('\n');
-            return Ok(answer);
-        }
-    }
-}
-
-/// Reads one UAPI request from a client: `get=1` (one line) or `set=1` up to its blank line.
-async fn read_request<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-) -> std::io::Result<Option<String>> {
-    let mut first = String::new();
-    if reader.read_line(&mut first).await? == 0 {
-        return Ok(None);
-    }
-    let mut request = first.clone();
-    if first.trim_end() == "set=1" {
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
-                break;
-            }
-            request.push_str(&line);
-        }
-        request.push('\n');
-    } else {
-        // `get=1` is followed by a blank line from `wg`; boringtun must not see it.
-        let mut blank = String::new();
-        reader.read_line(&mut blank).await?;
-    }
-    Ok(Some(request))
 }
 
 async fn exchange_on(control: &Control, request: &str) -> std::io::Result<String> {
@@ -242,6 +192,7 @@ impl Userspace {
             UnixListener::bind(&path).map_err(err(format!("listening on {}", path.display())))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(err(format!("restricting {}", path.display())))?;
+        let socket_inode = std::fs::metadata(&path).ok().map(|m| m.ino());
         let server = tokio::spawn(serve(listener, control.clone()));
         self.writes += 1;
         self.devices.insert(
@@ -250,6 +201,7 @@ impl Userspace {
                 _handle: handle,
                 control,
                 server,
+                socket_inode,
             },
         );
         Ok(true)
@@ -257,8 +209,8 @@ impl Userspace {
 
     /// Stops `device`: its interface and its UAPI socket disappear.
     pub fn stop(&mut self, device: &str) {
-        if self.devices.remove(device).is_some() {
-            let _ = std::fs::remove_file(socket_path(device));
+        if let Some(running) = self.devices.remove(device) {
+            remove_socket(device, running.socket_inode);
         }
     }
 
@@ -300,10 +252,46 @@ impl Userspace {
 
 impl Drop for Userspace {
     fn drop(&mut self) {
-        for name in self.devices.keys() {
-            let _ = std::fs::remove_file(socket_path(name));
+        for (name, running) in &self.devices {
+            remove_socket(name, running.socket_inode);
         }
     }
+}
+
+/// Removes `device`'s socket file if it is still the one this process bound.
+fn remove_socket(device: &str, inode: Option<u64>) {
+    let path = socket_path(device);
+    let current = std::fs::metadata(&path).ok().map(|m| m.ino());
+    if current.is_some() && current == inode {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// How often the device process checks that its interface still exists.
+const INTERFACE_CHECK: Duration = Duration::from_millis(200);
+
+/// Runs `device` in this process until its interface is deleted, or SIGTERM or SIGINT
+/// arrives: the userspace device process (`weft userspace-device <dev>`) the agent starts,
+/// so the device outlives an agent restart as a kernel device does. Must run inside a
+/// tokio runtime. Returns why it stopped.
+pub async fn run_device(device: &str) -> Result<&'static str, ApplyError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(err("handling SIGTERM".into()))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(err("handling SIGINT".into()))?;
+    let mut us = Userspace::default();
+    us.ensure(device)?;
+    let mut check = tokio::time::interval(INTERFACE_CHECK);
+    let why = loop {
+        tokio::select! {
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = check.tick() => if !interface_exists(device) {
+                break "its interface was deleted";
+            },
+        }
+    };
+    us.stop(device);
+    Ok(why)
 }
 
 /// Asks the kernel, in the caller's network namespace (sysfs may show another one).

@@ -1,0 +1,243 @@
+//! The two WireGuard implementations behind `WgDevices`, each in a fresh network namespace:
+//! how `auto` chooses (checked against what the kernel really accepts), the userspace
+//! device as a process of its own (taken over by a second agent with zero writes, gone when
+//! its link is deleted, a broken or ownerless device replaced), and the kernel device with
+//! 1000 peers where the kernel has WireGuard (inside the VM runner; here the kernel has
+//! none, and `WEFT_REQUIRE_KERNEL_WG=1` turns that into a failure).
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use weft_backends::apply::wireguard::devices::WgImpl;
+use weft_backends::apply::wireguard::diff::diff_device;
+use weft_backends::apply::wireguard::kernel::Kernel;
+use weft_backends::apply::wireguard::process::UserspaceProcess;
+use weft_backends::apply::wireguard::uapi_socket::{socket_path, UapiClient};
+use weft_backends::apply::{Netlink, RtNetlink};
+use weft_backends::model::{PeerSpec, TunnelSpec};
+use weft_backends::netconf::Implementation;
+use weft_crypto::PrivateKey;
+use weft_lab::netns::{in_new_netns, sh, sh_async};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+fn userspace() -> UserspaceProcess {
+    UserspaceProcess::new(vec![WEFT.into(), "userspace-device".into()])
+}
+
+/// Asks the kernel directly, with iproute2.
+fn kernel_has_wireguard() -> bool {
+    let ok = Command::new("ip")
+        .args(["link", "add", "wgt-ask", "type", "wireguard"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        sh("ip link del wgt-ask");
+    }
+    ok
+}
+
+fn spec(device: &str, peers: usize) -> TunnelSpec {
+    let peers = (0..peers)
+        .map(|i| {
+            let mut seed = [7u8; 32];
+            seed[..4].copy_from_slice(&(i as u32).to_be_bytes());
+            PeerSpec {
+                node: format!("node-{i}"),
+                public_key: PrivateKey::from_bytes(seed).public_key(),
+                endpoint: SocketAddr::from(([198, 51, 100, 2 + (i % 200) as u8], 51820)),
+                allowed_ips: vec![IpNet::new(
+                    std::net::Ipv4Addr::from(0x0a00_0000 | ((i as u32) << 8)).into(),
+                    24,
+                )
+                .unwrap()],
+                keepalive: 25,
+                psk: None,
+            }
+        })
+        .collect();
+    TunnelSpec {
+        device: device.into(),
+        listen_port: 51820,
+        mtu: 1420,
+        addresses: vec![],
+        peers,
+    }
+}
+
+/// Whether `pid` has exited (gone, or a zombie waiting for its parent).
+fn exited(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
+async fn server_pid(device: &str) -> i32 {
+    UapiClient::connect(device)
+        .await
+        .unwrap()
+        .server_pid()
+        .unwrap()
+}
+
+#[test]
+fn auto_chooses_what_the_kernel_accepts_and_kernel_without_it_is_a_clear_error() {
+    in_new_netns(|| async {
+        let has = kernel_has_wireguard();
+        let mut nl = RtNetlink::connect().unwrap();
+        let (chosen, why) = WgImpl::choose(Implementation::Auto, &mut nl, "wgt-auto", userspace())
+            .await
+            .unwrap();
+        assert_eq!(
+            chosen.name(),
+            if has { "kernel" } else { "userspace" },
+            "{why}"
+        );
+        if has {
+            assert!(why.starts_with("kernel: the kernel accepts"), "{why}");
+        } else {
+            assert!(why.contains("the kernel has no WireGuard ("), "{why}");
+            let err = WgImpl::choose(Implementation::Kernel, &mut nl, "wgt-auto", userspace())
+                .await
+                .err()
+                .expect("Implementation=kernel without kernel WireGuard must fail");
+            let text = err.to_string();
+            assert!(
+                text.contains("Implementation=kernel")
+                    && text.contains("load the wireguard module"),
+                "{text}"
+            );
+        }
+        let (chosen, why) =
+            WgImpl::choose(Implementation::Userspace, &mut nl, "wgt-auto", userspace())
+                .await
+                .unwrap();
+        assert_eq!(chosen.name(), "userspace", "{why}");
+        assert!(
+            !sh("ip -o link").contains("weft-probe-wg"),
+            "the probe link was left behind"
+        );
+    });
+}
+
+#[test]
+fn the_userspace_device_process_is_taken_over_and_replaced_when_broken() {
+    in_new_netns(|| async {
+        let dev = "wgt-proc"; // the socket directory is shared between tests: one name each
+        let key = PrivateKey::generate().unwrap();
+        let spec = spec(dev, 3);
+        let mut nl = RtNetlink::connect().unwrap();
+        let mut first = userspace();
+        assert!(first.ensure(&mut nl, dev).await.unwrap(), "started");
+        assert!(
+            !first.ensure(&mut nl, dev).await.unwrap(),
+            "already running"
+        );
+        let link = nl.link(dev).await.unwrap().unwrap();
+        assert_eq!(link.kind.as_deref(), Some("tun"));
+        let mode = std::fs::metadata(socket_path(dev)).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        let change = diff_device(&spec, &key.public_key(), &first.get(dev).await.unwrap());
+        first.apply(dev, &change, &key).await.unwrap();
+
+        // A second agent (as after a restart) takes the device over: nothing to write.
+        let mut second = userspace();
+        assert!(!second.ensure(&mut nl, dev).await.unwrap(), "taken over");
+        let seen = second.get(dev).await.unwrap();
+        assert!(diff_device(&spec, &key.public_key(), &seen).is_empty());
+        assert_eq!(second.writes(), 0);
+        let shown = sh_async(&format!("wg show {dev} peers")).await;
+        assert_eq!(shown.lines().count(), 3, "{shown}");
+
+        // Its link deleted, the device process exits; ensure starts a new one.
+        let pid = server_pid(dev).await;
+        sh(&format!("ip link del {dev}"));
+        let t = Instant::now();
+        while !exited(pid) {
+            assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(second.ensure(&mut nl, dev).await.unwrap(), "started again");
+        assert_ne!(server_pid(dev).await, pid);
+        assert!(
+            second.get(dev).await.unwrap().peers.is_empty(),
+            "a new device starts empty; the reconcile replays the peers"
+        );
+
+        // A TUN under the name that no process serves is replaced.
+        let pid = server_pid(dev).await;
+        sh(&format!("kill -9 {pid}"));
+        let t = Instant::now();
+        while nl.link(dev).await.unwrap().is_some() {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "the TUN outlived its process"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sh(&format!("ip tuntap add dev {dev} mode tun"));
+        assert!(second.ensure(&mut nl, dev).await.unwrap(), "replaced");
+        assert!(second.get(dev).await.is_ok(), "a device process answers");
+
+        // Clean up: deleting the link ends the process.
+        let pid = server_pid(dev).await;
+        sh(&format!("ip link del {dev}"));
+        let t = Instant::now();
+        while !exited(pid) {
+            assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+#[test]
+fn kernel_device_takes_1000_peers_in_split_messages_and_then_writes_nothing() {
+    in_new_netns(|| async {
+        if !kernel_has_wireguard() {
+            assert!(
+                std::env::var_os("WEFT_REQUIRE_KERNEL_WG").is_none(),
+                "WEFT_REQUIRE_KERNEL_WG is set but this kernel refuses wireguard links"
+            );
+            eprintln!("skipped here: this kernel has no WireGuard (the VM runner runs it)");
+            return;
+        }
+        let dev = "wgt-kernel";
+        let key = PrivateKey::generate().unwrap();
+        let spec = spec(dev, 1000);
+        let mut nl = RtNetlink::connect().unwrap();
+
+        // A userspace device holding the name is replaced by the kernel's.
+        let mut us = userspace();
+        assert!(us.ensure(&mut nl, dev).await.unwrap());
+        let mut k = Kernel::open().unwrap();
+        assert!(k.ensure(&mut nl, dev).await.unwrap(), "created");
+        let link = nl.link(dev).await.unwrap().unwrap();
+        assert_eq!(link.kind.as_deref(), Some("wireguard"));
+        assert!(!k.ensure(&mut nl, dev).await.unwrap(), "already there");
+
+        let change = diff_device(&spec, &key.public_key(), &k.get(dev).unwrap());
+        assert_eq!(change.peers.len(), 1000);
+        k.apply(dev, &change, &key).unwrap();
+        let messages = k.writes();
+        assert!(messages > 1, "1000 peers went out in {messages} message(s)");
+        let seen = k.get(dev).unwrap();
+        assert_eq!(seen.peers.len(), 1000);
+        assert_eq!(seen.public_key, Some(key.public_key()));
+        assert!(diff_device(&spec, &key.public_key(), &seen).is_empty());
+        assert_eq!(k.writes(), messages, "a second pass writes nothing");
+        let shown = sh_async(&format!("wg show {dev} peers")).await;
+        assert_eq!(shown.lines().count(), 1000);
+        eprintln!("kernel device: 1000 peers in {messages} netlink messages");
+    });
+}

@@ -1,0 +1,163 @@
+//! The two WireGuard implementations behind one trait: the kernel device, and the
+//! userspace device (boringtun in a process of its own). Both create the device under the
+//! same name, take the same per-peer changes and read back the same `WgDevice`; the
+//! data plane does not care which one runs.
+
+use std::future::Future;
+
+use weft_crypto::PrivateKey;
+
+use super::diff::DeviceChange;
+use super::kernel::{self, Kernel};
+use super::process::UserspaceProcess;
+use super::WgDevice;
+use crate::apply::{ApplyError, RtNetlink};
+use crate::netconf::Implementation;
+
+pub trait WgDevices {
+    /// Creates `device` unless this implementation already runs it (replacing whatever
+    /// else holds the name). Returns whether it was created.
+    fn ensure(
+        &mut self,
+        nl: &mut RtNetlink,
+        device: &str,
+    ) -> impl Future<Output = Result<bool, ApplyError>>;
+    fn get(&mut self, device: &str) -> impl Future<Output = Result<WgDevice, ApplyError>>;
+    fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Writes made so far.
+    fn writes(&self) -> u64;
+}
+
+impl WgDevices for Kernel {
+    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+        Kernel::ensure(self, nl, device).await
+    }
+    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+        Kernel::get(self, device)
+    }
+    async fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> Result<(), ApplyError> {
+        Kernel::apply(self, device, change, key)
+    }
+    fn writes(&self) -> u64 {
+        Kernel::writes(self)
+    }
+}
+
+impl WgDevices for UserspaceProcess {
+    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+        UserspaceProcess::ensure(self, nl, device).await
+    }
+    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+        UserspaceProcess::get(self, device).await
+    }
+    async fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> Result<(), ApplyError> {
+        UserspaceProcess::apply(self, device, change, key).await
+    }
+    fn writes(&self) -> u64 {
+        UserspaceProcess::writes(self)
+    }
+}
+
+/// The implementation a node runs, chosen once at start.
+pub enum WgImpl {
+    Kernel(Kernel),
+    Userspace(UserspaceProcess),
+}
+
+impl WgImpl {
+    /// `kernel` or `userspace`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WgImpl::Kernel(_) => "kernel",
+            WgImpl::Userspace(_) => "userspace",
+        }
+    }
+
+    /// Picks the implementation for `wanted`, saying why: `auto` takes the kernel's when
+    /// the kernel accepts a `wireguard` link and falls back to userspace when it refuses;
+    /// `kernel` without kernel support is an error naming the kernel's answer.
+    pub async fn choose(
+        wanted: Implementation,
+        nl: &mut RtNetlink,
+        device: &str,
+        userspace: UserspaceProcess,
+    ) -> Result<(WgImpl, String), ApplyError> {
+        if wanted == Implementation::Userspace {
+            return Ok((
+                WgImpl::Userspace(userspace),
+                "userspace (boringtun): Implementation=userspace".into(),
+            ));
+        }
+        match kernel::probe(nl, device).await {
+            Ok(()) => Ok((
+                WgImpl::Kernel(Kernel::open()?),
+                format!(
+                    "kernel: the kernel accepts a wireguard link (Implementation={})",
+                    if wanted == Implementation::Auto {
+                        "auto"
+                    } else {
+                        "kernel"
+                    }
+                ),
+            )),
+            Err(refused) if wanted == Implementation::Auto => Ok((
+                WgImpl::Userspace(userspace),
+                format!("userspace (boringtun): the kernel has no WireGuard ({refused})"),
+            )),
+            Err(refused) => Err(ApplyError::Netlink {
+                op: "Implementation=kernel".into(),
+                source: std::io::Error::other(format!(
+                    "the kernel has no WireGuard ({refused}); load the wireguard module, or \
+                     use Implementation auto or userspace"
+                )),
+            }),
+        }
+    }
+}
+
+impl WgDevices for WgImpl {
+    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+        match self {
+            WgImpl::Kernel(k) => k.ensure(nl, device).await,
+            WgImpl::Userspace(u) => u.ensure(nl, device).await,
+        }
+    }
+    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+        match self {
+            WgImpl::Kernel(k) => k.get(device),
+            WgImpl::Userspace(u) => u.get(device).await,
+        }
+    }
+    async fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> Result<(), ApplyError> {
+        match self {
+            WgImpl::Kernel(k) => k.apply(device, change, key),
+            WgImpl::Userspace(u) => u.apply(device, change, key).await,
+        }
+    }
+    fn writes(&self) -> u64 {
+        match self {
+            WgImpl::Kernel(k) => k.writes(),
+            WgImpl::Userspace(u) => u.writes(),
+        }
+    }
+}

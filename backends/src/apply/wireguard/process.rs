@@ -1,0 +1,202 @@
+//! The userspace WireGuard device run as its own process (`weft userspace-device <dev>`,
+//! see `userspace::run_device`), driven over its UAPI socket like `wg` drives it. Being a
+//! process of its own, the device outlives the agent as a kernel device would: an agent
+//! that crashes or is restarted leaves every session and every packet in flight alone,
+//! and the next agent finds the device configured and writes nothing.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_crypto::PrivateKey;
+
+use super::diff::DeviceChange;
+use super::uapi::{self, encode_set};
+use super::uapi_socket::{socket_path, UapiClient};
+use super::WgDevice;
+use crate::apply::{ApplyError, Netlink, RtNetlink};
+
+/// The link type of a TUN device, which a userspace device is.
+pub const KIND: &str = "tun";
+
+/// How long a freshly started device process may take to answer on its socket.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct UserspaceProcess {
+    /// The program, and the arguments before the device name, that run a device.
+    command: Vec<String>,
+    /// Device processes started by this agent, reaped once they exit.
+    children: Vec<Child>,
+    writes: u64,
+}
+
+fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
+    move |source| ApplyError::Netlink { op, source }
+}
+
+/// Kills the process serving `device`'s UAPI socket, if one answers, and removes the
+/// socket file. Blocking: runs before a device is replaced.
+pub fn stop_server(device: &str) {
+    let path = socket_path(device);
+    if let Ok(stream) = std::os::unix::net::UnixStream::connect(&path) {
+        if let Some(pid) = peer_pid(&stream) {
+            if pid != std::process::id() as i32 && pid > 1 {
+                // SAFETY: kill(2) with a pid read from the socket's peer credentials.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a `ucred` of the length given; both outlive the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+impl UserspaceProcess {
+    /// `command`: the program and leading arguments that run one device, e.g.
+    /// `["/usr/local/bin/weft", "userspace-device"]`; the device name is appended.
+    pub fn new(command: Vec<String>) -> Self {
+        UserspaceProcess {
+            command,
+            children: Vec::new(),
+            writes: 0,
+        }
+    }
+
+    async fn client(&self, device: &str) -> Result<UapiClient, ApplyError> {
+        UapiClient::connect(device).await.map_err(err(format!(
+            "connecting to userspace WireGuard device {device} at {}",
+            socket_path(device).display()
+        )))
+    }
+
+    /// Whether a device process serves `device` and its TUN link exists.
+    async fn alive(&self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+        let link = nl.link(device).await?;
+        if link.and_then(|l| l.kind).as_deref() != Some(KIND) {
+            return Ok(false);
+        }
+        match UapiClient::connect(device).await {
+            Ok(mut c) => Ok(c.exchange("get=1\n").await.is_ok()),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Starts a device process for `device` unless one runs; whatever else holds the name
+    /// (a kernel device, a TUN without its process, a process whose link was deleted) is
+    /// removed first. Returns whether a process was started.
+    pub async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+        self.children
+            .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        if self.alive(nl, device).await? {
+            return Ok(false);
+        }
+        stop_server(device);
+        if let Some(link) = nl.link(device).await? {
+            nl.del_link(&link).await?;
+        }
+        let op = format!("starting userspace WireGuard device {device}");
+        let Some((program, args)) = self.command.split_first() else {
+            return Err(err(op)(std::io::Error::other(
+                "no device command configured",
+            )));
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .arg(device)
+            .stdin(Stdio::null())
+            // Its own process group: a Ctrl-C meant for the agent leaves the device alone.
+            .process_group(0);
+        let mut child = cmd.spawn().map_err(err(format!("{op}: {program}")))?;
+        self.writes += 1;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(err(op)(std::io::Error::other(format!(
+                    "the device process exited ({status}) before it answered"
+                ))));
+            }
+            if self.alive(nl, device).await? {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(op)(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer on {} in {START_TIMEOUT:?}",
+                        socket_path(device).display()
+                    ),
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.children.push(child);
+        Ok(true)
+    }
+
+    pub async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+        let mut client = self.client(device).await?;
+        let answer = client
+            .exchange("get=1\n")
+            .await
+            .map_err(err(format!("reading userspace WireGuard device {device}")))?;
+        uapi::parse_get(&answer).map_err(|e| {
+            err(format!("reading userspace WireGuard device {device}"))(std::io::Error::other(
+                e.to_string(),
+            ))
+        })
+    }
+
+    /// Sends the `set=1` requests of `change`, one peer per request, updates as remove +
+    /// add (boringtun cannot modify a peer); stops at the first refused.
+    pub async fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> Result<(), ApplyError> {
+        let mut client = self.client(device).await?;
+        let op = format!("configuring userspace WireGuard device {device}");
+        for request in encode_set(change, key, false) {
+            self.writes += 1;
+            let answer = client.exchange(&request).await.map_err(err(op.clone()))?;
+            uapi::parse_get(&answer)
+                .map_err(|e| err(op.clone())(std::io::Error::other(e.to_string())))?;
+        }
+        Ok(())
+    }
+
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+}
+
+impl Default for UserspaceProcess {
+    /// Runs devices with this very program (`weft userspace-device <dev>`).
+    fn default() -> Self {
+        let exe = std::env::current_exe()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "weft".into());
+        UserspaceProcess::new(vec![exe, "userspace-device".into()])
+    }
+}

@@ -1,0 +1,94 @@
+//! The UAPI socket `/var/run/wireguard/<dev>.sock`: framing of requests and answers, and
+//! a client for it. The same code serves `wg` (in the userspace device process) and talks
+//! to that process from the agent.
+
+use std::path::PathBuf;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+pub const SOCKET_DIR: &str = "/var/run/wireguard";
+
+pub fn socket_path(device: &str) -> PathBuf {
+    PathBuf::from(SOCKET_DIR).join(format!("{device}.sock"))
+}
+
+/// Reads one UAPI answer: lines up to `errno=N`, plus the blank line that ends it.
+pub async fn read_answer<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+) -> std::io::Result<String> {
+    let mut answer = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the device closed its control socket",
+            ));
+        }
+        let done = line.starts_with("errno=");
+        answer.push_str(&line);
+        if done {
+            let mut blank = String::new();
+            reader.read_line(&mut blank).await?;
+            answer.push('\n');
+            return Ok(answer);
+        }
+    }
+}
+
+/// Reads one UAPI request from a client: `get=1` (one line) or `set=1` up to its blank line.
+pub async fn read_request<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+) -> std::io::Result<Option<String>> {
+    let mut first = String::new();
+    if reader.read_line(&mut first).await? == 0 {
+        return Ok(None);
+    }
+    let mut request = first.clone();
+    if first.trim_end() == "set=1" {
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
+                break;
+            }
+            request.push_str(&line);
+        }
+        request.push('\n');
+    } else {
+        // `get=1` is followed by a blank line from `wg`; boringtun must not see it.
+        let mut blank = String::new();
+        reader.read_line(&mut blank).await?;
+    }
+    Ok(Some(request))
+}
+
+/// A connection to a device's UAPI socket.
+pub struct UapiClient {
+    stream: BufReader<UnixStream>,
+}
+
+impl UapiClient {
+    pub async fn connect(device: &str) -> std::io::Result<Self> {
+        let stream = UnixStream::connect(socket_path(device)).await?;
+        Ok(UapiClient {
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// The pid of the process serving the socket.
+    pub fn server_pid(&self) -> Option<i32> {
+        self.stream.get_ref().peer_cred().ok()?.pid()
+    }
+
+    /// Sends one request (`get=1\n\n` or a `set=1` block ending in a blank line) and
+    /// returns the answer.
+    pub async fn exchange(&mut self, request: &str) -> std::io::Result<String> {
+        let mut text = request.to_string();
+        if request.trim_end() == "get=1" {
+            text = "get=1\n\n".into();
+        }
+        self.stream.get_mut().write_all(text.as_bytes()).await?;
+        read_answer(&mut self.stream).await
+    }
+}
