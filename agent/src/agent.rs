@@ -219,6 +219,15 @@ async fn control_loop(
     let mut nft_check = tokio::time::interval(NFT_CHECK);
     let mut last: Option<DesiredState> = None;
     let mut pass: u64 = 0;
+    // Nothing is planned before the registry's first full listing: a plan made from the
+    // empty view would remove every peer that a previous run left in place, dropping
+    // traffic that the restart should not touch.
+    tokio::select! {
+        listed = inputs.views.changed() => if listed.is_err() {
+            return;
+        },
+        _ = inputs.shutdown.changed() => return,
+    }
     loop {
         let me = inputs.local.borrow_and_update().clone();
         let view = inputs.views.borrow_and_update().clone();

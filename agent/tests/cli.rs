@@ -1,7 +1,7 @@
 //! The `weft` binary as an operator runs it: `keys` byte-compatible with `wg` (Debian
 //! `wireguard-tools`), `config check` on good and bad files, and `weft agent` started while
 //! etcd is down: it must say so, retry, acquire once etcd is up, write subnet.env, and exit
-//! cleanly on SIGTERM.
+//! cleanly on SIGTERM, leaving the data plane in place.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -139,6 +139,29 @@ fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
     panic!("timed out after {secs}s waiting for {what}");
 }
 
+/// Userspace device processes in this thread's network namespace (still running).
+fn device_processes_here() -> usize {
+    let here = std::fs::read_link("/proc/thread-self/ns/net").ok();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .flatten()
+        .filter(|p| {
+            let dir = p.path();
+            let cmd = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'));
+            String::from_utf8_lossy(&cmd).contains("userspace-device")
+                && !zombie
+                && std::fs::read_link(dir.join("ns/net")).ok() == here
+        })
+        .count()
+}
+
 fn log_of(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -259,5 +282,16 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
         };
         assert!(status.success(), "exit {status}:\n{}", log_of(&log));
         assert!(log_of(&log).contains("left in place"), "{}", log_of(&log));
+        // Left in place indeed: the device still carries its peers' configuration.
+        assert_eq!(
+            weft_lab::netns::sh("wg show flannel-wg listen-port").trim(),
+            "51820",
+            "the device did not outlive the agent"
+        );
+        // Deleting the link ends a userspace device's process, so nothing outlives the test.
+        weft_lab::netns::sh("ip link del flannel-wg");
+        wait_for("the device process to exit", 5, || {
+            device_processes_here() == 0
+        });
     });
 }

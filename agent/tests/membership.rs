@@ -126,6 +126,11 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         1,
         "the restarted agent replaced the running device instead of taking it over:\n{log}"
     );
+    let restarted = log.rsplit("WireGuard key").next().unwrap_or_default();
+    assert!(
+        !restarted.contains("data plane"),
+        "the restarted agent changed a data plane it should have taken over as is:\n{restarted}"
+    );
 
     assert!(
         lab.ping(&a, b, Duration::from_secs(10)),
