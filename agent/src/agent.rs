@@ -14,7 +14,7 @@ use tracing::{error, info, warn, Instrument};
 use weft_backends::apply::wireguard::process::UserspaceProcess;
 use weft_backends::apply::{monitor, Dataplane, DataplaneReport};
 use weft_backends::model::{ClusterView, DesiredState, Lease};
-use weft_backends::netconf::{Backend, NetConf};
+use weft_backends::netconf::{Backend, Implementation, NetConf};
 use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
 use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
@@ -59,6 +59,8 @@ pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: journald, kubectl logs and files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 
@@ -158,7 +160,13 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let (mut dataplane, why) = Dataplane::connect(wg.implementation, UserspaceProcess::default())
+    let wanted = match args.wireguard_implementation.as_deref() {
+        Some("kernel") => Implementation::Kernel,
+        Some("userspace") => Implementation::Userspace,
+        Some(_) => Implementation::Auto,
+        None => wg.implementation,
+    };
+    let (mut dataplane, why) = Dataplane::connect(wanted, UserspaceProcess::default())
         .await
         .context("choosing the WireGuard implementation")?;
     info!(

@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weft_lab::lab::{in_ns, Lab, LabConfig, EXT_IP};
+use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig, EXT_IP};
 use weft_lab::live_demo::transfer;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -144,8 +144,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
     eprintln!("nftables: rules back {rules:?} after a flush, table back {table:?} after deletion");
     let log = std::fs::read_to_string(node.agent_log()).unwrap();
     assert_eq!(
-        log.matches("created userspace WireGuard device flannel-wg")
-            .count(),
+        devices_created(&log),
         2,
         "created at start and again after the deletion:\n{log}"
     );

@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weft_lab::lab::{in_ns, Lab, LabConfig};
+use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -122,7 +122,7 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
     );
     let log = std::fs::read_to_string(lab.nodes[1].agent_log()).unwrap();
     assert_eq!(
-        log.matches("created userspace WireGuard device").count(),
+        devices_created(&log),
         1,
         "the restarted agent replaced the running device instead of taking it over:\n{log}"
     );

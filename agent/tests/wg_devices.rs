@@ -15,10 +15,12 @@ use weft_backends::apply::wireguard::diff::diff_device;
 use weft_backends::apply::wireguard::kernel::Kernel;
 use weft_backends::apply::wireguard::process::UserspaceProcess;
 use weft_backends::apply::wireguard::uapi_socket::{socket_path, UapiClient};
-use weft_backends::apply::{Netlink, RtNetlink};
-use weft_backends::model::{PeerSpec, TunnelSpec};
+use weft_backends::apply::{Dataplane, Netlink, RtNetlink};
+use weft_backends::model::{Lease, PeerSpec, TunnelSpec};
 use weft_backends::netconf::Implementation;
+use weft_backends::plan::wireguard_backend_data;
 use weft_crypto::PrivateKey;
+use weft_lab::fixtures::plan_of;
 use weft_lab::netns::{in_new_netns, sh, sh_async};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -239,5 +241,72 @@ fn kernel_device_takes_1000_peers_in_split_messages_and_then_writes_nothing() {
         let shown = sh_async(&format!("wg show {dev} peers")).await;
         assert_eq!(shown.lines().count(), 1000);
         eprintln!("kernel device: 1000 peers in {messages} netlink messages");
+    });
+}
+
+/// A wireguard lease for synthetic node `i`: subnet 10.(i/256).(i%256).0/24 inside
+/// 10.0.0.0/8's /24s, a key of its own, an address on the documentation range.
+fn synthetic_lease(i: u32) -> Lease {
+    let mut seed = [9u8; 32];
+    seed[..4].copy_from_slice(&i.to_be_bytes());
+    Lease {
+        node: format!("node-{i}"),
+        subnet: format!("10.{}.{}.0/24", 1 + i / 256, i % 256).parse().ok(),
+        subnet_v6: None,
+        public_ip: Some(std::net::Ipv4Addr::from(0xc633_0000 | i)), // 198.51.x.y
+        public_ipv6: None,
+        backend_type: "wireguard".into(),
+        backend_data: Some(wireguard_backend_data(
+            &PrivateKey::from_bytes(seed).public_key(),
+            51820,
+        )),
+        backend_v6_data: None,
+        expires: None,
+    }
+}
+
+#[test]
+fn one_reconcile_programs_1000_kernel_peers_in_split_messages_and_the_next_writes_nothing() {
+    in_new_netns(|| async {
+        if !kernel_has_wireguard() {
+            assert!(
+                std::env::var_os("WEFT_REQUIRE_KERNEL_WG").is_none(),
+                "WEFT_REQUIRE_KERNEL_WG is set but this kernel refuses wireguard links"
+            );
+            eprintln!("skipped here: this kernel has no WireGuard (the VM runner runs it)");
+            return;
+        }
+        let me = synthetic_lease(0);
+        let peers: Vec<Lease> = (1..=1000).map(synthetic_lease).collect();
+        let conf = r#"{"Network": "10.0.0.0/8", "Backend": {"Type": "wireguard"}}"#;
+        let state = plan_of(conf, &me, peers);
+        assert_eq!(state.tunnels[0].peers.len(), 1000);
+        let (mut dp, why) = Dataplane::connect(Implementation::Kernel, userspace())
+            .await
+            .unwrap();
+        assert_eq!(dp.implementation(), "kernel", "{why}");
+        let key = PrivateKey::generate().unwrap();
+        let t = Instant::now();
+        let first = dp.reconcile(&state, &key).await.unwrap();
+        let took = t.elapsed();
+        assert!(first.errors.is_empty(), "{:?}", first.errors);
+        let messages = dp.wireguard_writes();
+        assert!(messages > 1, "1000 peers in {messages} message(s)");
+        let writes = dp.writes();
+        let second = dp.reconcile(&state, &key).await.unwrap();
+        assert!(second.changes.is_empty(), "{:?}", second.changes);
+        assert_eq!(dp.writes(), writes, "the second reconcile wrote");
+        let shown = sh_async("wg show flannel-wg peers").await;
+        assert_eq!(shown.lines().count(), 1000);
+        let routes = sh("ip -4 route show proto 87 dev flannel-wg");
+        assert_eq!(
+            routes.lines().count(),
+            1001,
+            "1000 peer routes + the covering one"
+        );
+        eprintln!(
+            "kernel, 1000 peers: first reconcile {took:?}, {messages} WireGuard netlink \
+             messages, {writes} writes in all; second reconcile 0 writes"
+        );
     });
 }

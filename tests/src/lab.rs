@@ -34,16 +34,30 @@ pub struct LabConfig {
     /// The `weft` binary the agents run.
     pub weft: PathBuf,
     pub extra_args: Vec<String>,
+    /// Per node (cycled), its `--wireguard-implementation`; empty: the config's.
+    pub implementations: Vec<String>,
 }
+
+/// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
+/// `kernel`, `userspace`, or `mixed` (kernel on odd-numbered nodes, userspace on the
+/// others). The VM runner sets it to run the same scenarios on kernel WireGuard.
+pub const IMPLEMENTATION_ENV: &str = "WEFT_LAB_IMPLEMENTATION";
 
 impl LabConfig {
     pub fn wireguard(nodes: usize, weft: impl Into<PathBuf>) -> Self {
+        let chosen = std::env::var(IMPLEMENTATION_ENV).unwrap_or_default();
+        let implementations = match chosen.as_str() {
+            "mixed" => vec!["kernel".into(), "userspace".into()],
+            "" | "auto" => vec![],
+            one => vec![one.to_string()],
+        };
         LabConfig {
             nodes,
             pods_per_node: 2,
             net_conf: r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#.into(),
             weft: weft.into(),
             extra_args: vec!["--ip-masq".into()],
+            implementations,
         }
     }
 }
@@ -104,6 +118,17 @@ impl Drop for Namespaces {
 }
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
+
+/// How often an agent log says the agent created `flannel-wg` (kernel or userspace).
+pub fn devices_created(log: &str) -> usize {
+    ["kernel", "userspace"]
+        .iter()
+        .map(|i| {
+            log.matches(&format!("created {i} WireGuard device flannel-wg"))
+                .count()
+        })
+        .sum()
+}
 
 /// Runs a command, failing with its stderr.
 pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
@@ -200,8 +225,47 @@ impl Lab {
         }
         for i in 0..count {
             lab.wire_pods(i)?;
+            lab.check_implementation(i)?;
         }
         Ok(lab)
+    }
+
+    /// The WireGuard implementation node `i` was asked to run, if the lab chose one.
+    pub fn implementation(&self, i: usize) -> Option<&str> {
+        let all = &self.cfg.implementations;
+        all.get(i % all.len().max(1)).map(String::as_str)
+    }
+
+    /// Fails unless node `i`'s `flannel-wg` is of the kind its implementation makes (a
+    /// `wireguard` link for kernel, a `tun` for userspace): a lab asked for kernel
+    /// WireGuard must not pass on userspace.
+    fn check_implementation(&self, i: usize) -> anyhow::Result<()> {
+        let Some(which) = self.implementation(i) else {
+            return Ok(());
+        };
+        let kind = match which {
+            "kernel" => "wireguard",
+            "userspace" => "tun",
+            _ => return Ok(()),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let link = loop {
+            match in_ns(&self.nodes[i].ns, "ip -d -o link show flannel-wg") {
+                Ok(link) => break link,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!("node {} has no flannel-wg", i + 1)))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        if !link.split_whitespace().any(|w| w == kind) {
+            bail!(
+                "node {} should run {which} WireGuard, but flannel-wg is: {link}\n{}",
+                i + 1,
+                fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
+            );
+        }
+        Ok(())
     }
 
     /// The namespace and underlay address of a new node; no agent yet.
@@ -236,6 +300,7 @@ impl Lab {
         let i = self.create_node()?;
         self.start_agent(i)?;
         self.wire_pods(i)?;
+        self.check_implementation(i)?;
         Ok(i)
     }
 
@@ -259,6 +324,14 @@ impl Lab {
             ip = node.ip,
             extra = self.cfg.extra_args.join(" "),
         );
+        let script = match self
+            .cfg
+            .implementations
+            .get(i % self.cfg.implementations.len().max(1))
+        {
+            Some(which) => format!("{script} --wireguard-implementation={which}"),
+            None => script,
+        };
         let log = fs::File::options()
             .create(true)
             .append(true)

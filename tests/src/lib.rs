@@ -12,3 +12,4 @@ pub mod lab;
 pub mod live_demo;
 pub mod netns;
 pub mod tcp;
+pub mod vm;

@@ -121,6 +121,11 @@ pub struct AgentArgs {
     #[arg(long, default_value = "30", value_parser = parse_seconds)]
     pub resync_period: Duration,
 
+    /// WireGuard implementation on this node (auto, kernel, userspace), overriding the
+    /// config's `Backend.Implementation`: e.g. to keep one node on userspace.
+    #[arg(long, value_parser = ["auto", "kernel", "userspace"])]
+    pub wireguard_implementation: Option<String>,
+
     /// This node's name (Kubernetes mode). Defaults to $NODE_NAME.
     #[arg(long, default_value = "")]
     pub node_name: String,

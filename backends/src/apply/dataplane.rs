@@ -91,6 +91,11 @@ impl Dataplane {
         self.nl.writes() + self.nft.writes() + self.wg.writes()
     }
 
+    /// Writes to WireGuard devices alone: for the kernel, generic netlink messages.
+    pub fn wireguard_writes(&self) -> u64 {
+        self.wg.writes()
+    }
+
     async fn routing(
         &mut self,
         state: &DesiredState,

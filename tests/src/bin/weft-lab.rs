@@ -2,6 +2,8 @@
 //! - `weft-lab demo [--plan-only]`: the README's demo.
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
+//! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
+//!   WireGuard, this machine's root read-only); prints its output, exits with its status.
 
 use std::process::ExitCode;
 
@@ -24,9 +26,13 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|bytes| weft_lab::tcp::source(arg(1), bytes))
             .map(|out| println!("{out}")),
+        "vm" => match vm(arg(1)) {
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
         _ => {
             eprintln!(
-                "usage: weft-lab demo [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES"
+                "usage: weft-lab demo [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | vm SCRIPT"
             );
             return ExitCode::from(2);
         }
@@ -38,4 +44,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn vm(script: &str) -> anyhow::Result<u8> {
+    let vm = weft_lab::vm::Vm::prepare()?;
+    let run = vm.run(script, std::time::Duration::from_secs(3600))?;
+    print!("{}", run.log);
+    eprintln!(
+        "weft-lab: {} ({}) ran {:.1?}, status {:?}",
+        vm.package, vm.accel, run.elapsed, run.status
+    );
+    Ok(run.status.and_then(|s| u8::try_from(s).ok()).unwrap_or(1))
 }

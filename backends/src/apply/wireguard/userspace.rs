@@ -27,6 +27,9 @@ pub use super::uapi_socket::{socket_path, SOCKET_DIR};
 use super::WgDevice;
 use crate::apply::ApplyError;
 
+/// The TUN clone device boringtun opens.
+const TUN: &str = "/dev/net/tun";
+
 /// weft's end of the socketpair to one boringtun device; one request at a time.
 type Control = Arc<Mutex<Channel>>;
 
@@ -157,6 +160,15 @@ impl Userspace {
         }
         self.stop(device);
         let op = format!("starting userspace WireGuard device {device}");
+        if !std::path::Path::new(TUN).exists() {
+            return Err(err(op)(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{TUN} is missing: load the tun module (modprobe tun), or in a container \
+                     mount the host's {TUN}"
+                ),
+            )));
+        }
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(err(op.clone()))?;
         ours.set_nonblocking(true).map_err(err(op.clone()))?;
         let stream = BufReader::new(UnixStream::from_std(ours).map_err(err(op.clone()))?);

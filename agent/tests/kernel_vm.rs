@@ -1,0 +1,110 @@
+//! Kernel WireGuard in a real kernel: boots a Debian kernel under qemu (`weft_lab::vm`) and
+//! runs this package's own end-to-end test binaries inside it, on kernel WireGuard
+//! (`WEFT_LAB_IMPLEMENTATION=kernel`): the mesh (all-pairs ping, leak capture), the TCP
+//! transfer, masquerade and self-heal, the hitless restart and membership, the device
+//! tests with 1000 peers (`WEFT_REQUIRE_KERNEL_WG=1`: no silent skip), and a mixed mesh of
+//! kernel and userspace nodes. Any scenario failing in the VM fails this test, with the
+//! VM's output. If qemu cannot start, this test fails and says why.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use weft_lab::vm::Vm;
+
+/// The newest executable `<name>-<hash>` next to this test binary: the test binaries
+/// cargo built together with this one.
+fn sibling_test(name: &str) -> PathBuf {
+    let me = std::env::current_exe().expect("the test binary's path");
+    let dir = me.parent().expect("the test binary's directory");
+    let prefix = format!("{name}-");
+    let newest = std::fs::read_dir(dir)
+        .expect("listing the test binaries")
+        .flatten()
+        .filter(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            file.strip_prefix(&prefix)
+                .is_some_and(|h| h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max();
+    newest
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| panic!("no {name}-<hash> test binary beside {}", me.display()))
+}
+
+fn step(label: &str, env: &str, binary: &Path) -> String {
+    format!(
+        "run '{label}' env {env} RUST_BACKTRACE=1 {} --test-threads=1 --nocapture\n",
+        binary.display()
+    )
+}
+
+#[test]
+fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
+    let vm = Vm::prepare().unwrap_or_else(|e| panic!("the VM cannot be prepared: {e:#}"));
+    let (mesh, heal, membership, devices) = (
+        sibling_test("mesh"),
+        sibling_test("heal"),
+        sibling_test("membership"),
+        sibling_test("wg_devices"),
+    );
+    let mut script = String::from(
+        r#"set -u
+failed=""
+run() {
+  label=$1; shift
+  echo "=== $label"
+  t0=$(cut -d' ' -f1 /proc/uptime)
+  if "$@"; then verdict=ok; else verdict=FAILED; failed="$failed [$label]"; fi
+  t1=$(cut -d' ' -f1 /proc/uptime)
+  echo "=== $label: $verdict in $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') s"
+}
+cd /tmp
+echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
+"#,
+    );
+    script += &step("devices, 1000 peers", "WEFT_REQUIRE_KERNEL_WG=1", &devices);
+    script += &step("mesh: kernel", "WEFT_LAB_IMPLEMENTATION=kernel", &mesh);
+    script += &step("heal: kernel", "WEFT_LAB_IMPLEMENTATION=kernel", &heal);
+    script += &step(
+        "membership: kernel",
+        "WEFT_LAB_IMPLEMENTATION=kernel",
+        &membership,
+    );
+    script += &step("mesh: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &mesh);
+    script += "if [ -n \"$failed\" ]; then echo \"=== failed:$failed\"; exit 1; fi\n";
+
+    let run = vm
+        .run(&script, Duration::from_secs(1500))
+        .unwrap_or_else(|e| panic!("the VM did not run: {e:#}"));
+    let summary: Vec<&str> = run
+        .log
+        .lines()
+        .filter(|l| {
+            [
+                "=== ",
+                " -> ",
+                "20 pps",
+                "1000 peers:",
+                "nftables:",
+                "node left",
+                "MiB",
+            ]
+            .iter()
+            .any(|m| l.contains(m))
+        })
+        .collect();
+    eprintln!(
+        "VM ({} {}) ran for {:.1?}:\n{}",
+        vm.package,
+        vm.release,
+        run.elapsed,
+        summary.join("\n")
+    );
+    assert_eq!(
+        run.status,
+        Some(0),
+        "a scenario failed inside the VM; its output:\n{}",
+        run.log
+    );
+}
