@@ -179,6 +179,8 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let options = PlanOptions {
         ip_masq: args.ip_masq,
         underlay_mtu: wg.mtu.unwrap_or(1500),
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     if wg.mtu.is_none() {
         info!("no MTU in the config: assuming an underlay MTU of 1500");

@@ -89,6 +89,8 @@ pub async fn plan_only() -> anyhow::Result<()> {
     let options = PlanOptions {
         ip_masq: true,
         underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     for (handle, lease, net) in &nodes {
         let mut views = handle.views.clone();

@@ -37,6 +37,8 @@ pub fn plan_of(conf: &str, me: &Lease, peers: Vec<Lease>) -> DesiredState {
     let options = PlanOptions {
         ip_masq: true,
         underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     plan(&PlanInput {
         local: me,

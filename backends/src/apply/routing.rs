@@ -166,6 +166,7 @@ mod tests {
             dst: dst.parse().unwrap(),
             device: dev.into(),
             via: None,
+            onlink: false,
             role: RouteRole::Covering,
         }
     }

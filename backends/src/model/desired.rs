@@ -12,6 +12,8 @@ use weft_crypto::{PresharedKey, PublicKey};
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DesiredState {
     pub tunnels: Vec<TunnelSpec>,
+    /// The vxlan device (backend `vxlan`), with its per-peer neighbour and FDB entries.
+    pub vxlan: Option<VxlanSpec>,
     pub routes: Vec<RouteSpec>,
     /// Networks blackholed at a high metric, independent of any device: while a tunnel
     /// device or its routes are missing (first start, a device being recreated, the agent
@@ -45,6 +47,60 @@ pub struct PeerSpec {
     pub psk: Option<PresharedKey>,
 }
 
+/// The vxlan device `flannel.<VNI>` and what each peer needs on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanSpec {
+    pub device: String,
+    pub vni: u32,
+    /// UDP port; 0 = the kernel's default.
+    pub port: u16,
+    pub gbp: bool,
+    pub learning: bool,
+    /// The VTEP MAC this node publishes.
+    pub mac: [u8; 6],
+    /// This node's public IP: the tunnel's source address.
+    pub local: IpAddr,
+    /// The external interface the tunnel runs over.
+    pub underlay_device: Option<String>,
+    pub mtu: u32,
+    /// The subnet's network address as /32.
+    pub addresses: Vec<IpNet>,
+    /// Sorted by node name: a permanent neighbour (peer subnet address -> peer VTEP MAC)
+    /// and an FDB entry (peer VTEP MAC -> peer public IP) per peer reached over vxlan.
+    pub peers: Vec<VxlanPeer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanPeer {
+    pub node: String,
+    /// The peer subnet's network address: the on-link next hop of its route.
+    pub gateway: IpAddr,
+    pub mac: [u8; 6],
+    pub public_ip: IpAddr,
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (case-insensitive).
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = text.split(':');
+    for slot in &mut out {
+        let part = parts.next()?;
+        if part.len() != 2 {
+            return None;
+        }
+        *slot = u8::from_str_radix(part, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
 /// Metric of the fail-closed blackhole routes: far behind any real route to the network.
 pub const FAIL_CLOSED_METRIC: u32 = 4_000_000_000;
 
@@ -55,6 +111,8 @@ pub enum RouteRole {
     /// dropped there instead of leaving in plaintext by the default route.
     Covering,
     Peer(String),
+    /// `DirectRouting` / host-gw: straight to the peer's public IP on the underlay.
+    Direct(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +120,9 @@ pub struct RouteSpec {
     pub dst: IpNet,
     pub device: String,
     pub via: Option<IpAddr>,
+    /// The next hop is on the device's link though no address of the device covers it
+    /// (vxlan: via the peer subnet's network address).
+    pub onlink: bool,
     pub role: RouteRole,
 }
 
@@ -169,15 +230,41 @@ pub struct LeftOut {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaveReason {
     Expired,
-    WrongBackend { theirs: String, ours: &'static str },
-    BadBackendData { field: &'static str, detail: String },
-    NoPublicIp { family: Family },
+    WrongBackend {
+        theirs: String,
+        ours: &'static str,
+    },
+    BadBackendData {
+        field: &'static str,
+        detail: String,
+    },
+    NoPublicIp {
+        family: Family,
+    },
     NoSubnet,
-    SubnetOutsideNetwork { subnet: IpNet, network: IpNet },
-    OverlapsOurSubnet { subnet: IpNet, ours: IpNet },
-    DuplicateSubnet { subnet: IpNet, other: String },
-    DuplicateKey { key: PublicKey, other: String },
-    KeyIsOurs { key: PublicKey },
+    SubnetOutsideNetwork {
+        subnet: IpNet,
+        network: IpNet,
+    },
+    OverlapsOurSubnet {
+        subnet: IpNet,
+        ours: IpNet,
+    },
+    DuplicateSubnet {
+        subnet: IpNet,
+        other: String,
+    },
+    DuplicateKey {
+        key: PublicKey,
+        other: String,
+    },
+    KeyIsOurs {
+        key: PublicKey,
+    },
+    /// host-gw: the peer's public IP is not on this node's L2 segment.
+    NotOnLink {
+        ip: IpAddr,
+    },
 }
 
 impl fmt::Display for LeaveReason {
@@ -194,6 +281,7 @@ impl fmt::Display for LeaveReason {
             LeaveReason::DuplicateSubnet { subnet, other } => write!(f, "its subnet {subnet} is also claimed by node {other}; both are left out until one lets go"),
             LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}; both are left out until one changes"),
             LeaveReason::KeyIsOurs { key } => write!(f, "it publishes this node's own public key {key}"),
+            LeaveReason::NotOnLink { ip } => write!(f, "host-gw needs all nodes on one L2 segment; it is at {ip}, behind a router: use vxlan with DirectRouting"),
         }
     }
 }
@@ -278,13 +366,43 @@ impl fmt::Display for DesiredState {
                 writeln!(f)?;
             }
         }
+        if let Some(v) = &self.vxlan {
+            writeln!(
+                f,
+                "vxlan {} vni {} port {} mtu {} vtep {} local {} address {}",
+                v.device,
+                v.vni,
+                v.port,
+                v.mtu,
+                format_mac(&v.mac),
+                v.local,
+                v.addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )?;
+            for p in &v.peers {
+                writeln!(
+                    f,
+                    "  peer {:<12} neigh {} lladdr {}  fdb {} dst {}",
+                    p.node,
+                    p.gateway,
+                    format_mac(&p.mac),
+                    format_mac(&p.mac),
+                    p.public_ip
+                )?;
+            }
+        }
         for r in &self.routes {
             let via = r.via.map(|v| format!(" via {v}")).unwrap_or_default();
             let why = match &r.role {
                 RouteRole::Covering => "covering: fail closed".to_string(),
                 RouteRole::Peer(n) => format!("peer {n}"),
+                RouteRole::Direct(n) => format!("peer {n}, direct on the underlay"),
             };
-            writeln!(f, "route {}{via} dev {}   ({why})", r.dst, r.device)?;
+            let onlink = if r.onlink { " onlink" } else { "" };
+            writeln!(f, "route {}{via} dev {}{onlink}   ({why})", r.dst, r.device)?;
         }
         for net in &self.fail_closed {
             writeln!(

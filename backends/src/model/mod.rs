@@ -8,8 +8,9 @@ pub mod net;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use desired::{
-    DesiredState, Family, ForwardRule, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule,
-    PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec, FAIL_CLOSED_METRIC,
+    format_mac, parse_mac, DesiredState, Family, ForwardRule, LeaveReason, LeftOut,
+    MasqueradeTable, Match, NatRule, PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
+    VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, ViewChange};
 pub use net::PodNetwork;

@@ -5,6 +5,7 @@
 //! left out and why. A bad peer is left out with a reason naming it; it never disturbs the
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
+mod direct;
 mod masquerade;
 mod peers;
 mod wireguard;
@@ -14,8 +15,9 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 
 use crate::model::{DesiredState, Family, Lease, SubnetEnv};
-use crate::netconf::{Backend, BackendKind, NetConf};
+use crate::netconf::{Backend, NetConf};
 
+pub use direct::{vxlan_backend_data, vxlan_device, vxlan_mac};
 pub use wireguard::{
     backend_data as wireguard_backend_data, WireguardData, DEVICE as WG_DEVICE,
     DEVICE_V6 as WG_DEVICE_V6,
@@ -28,6 +30,11 @@ pub struct PlanOptions {
     pub ip_masq: bool,
     /// MTU of the external interface, used when the config sets no `MTU`.
     pub underlay_mtu: u32,
+    /// The external interface (vxlan runs over it; host-gw routes go out of it).
+    pub underlay_device: Option<String>,
+    /// The networks directly connected on the external interface: a peer whose public
+    /// IP lies in one is on-link (host-gw, vxlan `DirectRouting`).
+    pub underlay_networks: Vec<IpNet>,
 }
 
 pub struct PlanInput<'a> {
@@ -53,8 +60,8 @@ pub enum PlanError {
     },
     #[error("this node's ({node}) published backend data is unusable: {detail}")]
     LocalBackendData { node: String, detail: String },
-    #[error("backend {0} is not implemented yet; use wireguard")]
-    NotImplemented(BackendKind),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// This node's subnets, checked against the config.
@@ -101,7 +108,8 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
     let screened = peers::screen(input, &ours, kind);
     let mut state = match &input.config.backend {
         Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened)?,
-        Backend::Vxlan(_) | Backend::HostGw => return Err(PlanError::NotImplemented(kind)),
+        Backend::Vxlan(conf) => direct::vxlan(input, &ours, conf, screened)?,
+        Backend::HostGw => direct::host_gw(input, &ours, screened)?,
     };
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
@@ -137,3 +145,6 @@ pub(crate) fn subnet_env(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod direct_tests;

@@ -54,6 +54,8 @@ fn run(config: &str, peers: Vec<Lease>, ip_masq: bool) -> Result<DesiredState, P
     let options = PlanOptions {
         ip_masq,
         underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     plan(&PlanInput {
         local: &me,
@@ -328,6 +330,8 @@ fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
     let options = PlanOptions {
         ip_masq: true,
         underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     plan(&PlanInput {
         local: &me,
@@ -412,6 +416,8 @@ fn problems_with_our_own_lease_fail_the_plan() {
     let options = PlanOptions {
         ip_masq: false,
         underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
     };
     let view = ClusterView::default();
     let mut me = local();

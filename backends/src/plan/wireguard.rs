@@ -205,6 +205,7 @@ pub(crate) fn plan(
                 dst: network,
                 device: dev.name.into(),
                 via: None,
+                onlink: false,
                 role: RouteRole::Covering,
             });
             if !state.fail_closed.contains(&network) {
@@ -217,6 +218,7 @@ pub(crate) fn plan(
                     dst: *dst,
                     device: dev.name.into(),
                     via: None,
+                    onlink: false,
                     role: RouteRole::Peer(p.node.clone()),
                 });
             }

@@ -1,0 +1,274 @@
+//! The unencrypted backends' share of the plan. vxlan: the device `flannel.<VNI>`, per
+//! peer a neighbour and an FDB entry and an on-link route via the peer subnet's network
+//! address, or with `DirectRouting` a plain route via the public IP of a peer on this
+//! node's segment. host-gw: one route per peer subnet via the peer's public IP, for peers
+//! on this node's segment; the others are left out with the reason. IPv4 only.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde_json::{json, Value};
+
+use super::peers::{Candidate, Screened};
+use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
+use crate::model::{
+    format_mac, parse_mac, DesiredState, Family, LeaveReason, LeftOut, RouteRole, RouteSpec,
+    VxlanPeer, VxlanSpec,
+};
+use crate::netconf::VxlanConf;
+
+/// vxlan's encapsulation overhead (DESIGN §3).
+const VXLAN_OVERHEAD: u32 = 50;
+
+/// `flannel.<VNI>`.
+pub fn vxlan_device(vni: u32) -> String {
+    format!("flannel.{vni}")
+}
+
+/// `backend-data` of the vxlan backend: `{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}`.
+pub fn vxlan_backend_data(vni: u32, mac: &[u8; 6]) -> Value {
+    json!({ "VNI": vni, "VtepMAC": format_mac(mac) })
+}
+
+/// Decodes a node's published vxlan data to its VTEP MAC; the error says what is wrong.
+/// flannel before 0.10 published no `VNI`; it is not needed to reach the peer.
+pub fn vxlan_mac(value: Option<&Value>) -> Result<[u8; 6], String> {
+    let Some(value) = value else {
+        return Err("it is missing".into());
+    };
+    let Some(obj) = value.as_object() else {
+        return Err(format!(
+            "expected an object like {{\"VNI\":1,\"VtepMAC\":\"aa:bb:cc:dd:ee:ff\"}}, got {value}"
+        ));
+    };
+    match obj.get("VtepMAC") {
+        Some(Value::String(s)) => {
+            let mac = parse_mac(s).ok_or_else(|| format!("VtepMAC {s:?} is not a MAC address"))?;
+            if mac[0] & 1 == 1 || mac == [0; 6] {
+                return Err(format!("VtepMAC {s:?} is not a unicast address"));
+            }
+            Ok(mac)
+        }
+        Some(other) => Err(format!("VtepMAC is {other}, expected a string")),
+        None => Err("it has no VtepMAC".into()),
+    }
+}
+
+fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
+    input
+        .options
+        .underlay_networks
+        .iter()
+        .any(|n| n.contains(&ip))
+}
+
+fn leave(node: &str, reason: LeaveReason) -> LeftOut {
+    LeftOut {
+        node: node.to_string(),
+        reason,
+    }
+}
+
+fn only_ipv4(input: &PlanInput<'_>, backend: &str) -> Result<(), PlanError> {
+    if input.config.ipv6.is_some() {
+        return Err(PlanError::Unsupported(format!(
+            "IPv6 with the {backend} backend is not implemented yet; use wireguard"
+        )));
+    }
+    Ok(())
+}
+
+fn underlay_device(input: &PlanInput<'_>) -> Result<String, PlanError> {
+    input.options.underlay_device.clone().ok_or_else(|| {
+        PlanError::Unsupported(
+            "the external interface is unknown (give --public-ip or --iface)".into(),
+        )
+    })
+}
+
+fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> RouteSpec {
+    RouteSpec {
+        dst: subnet,
+        device: device.to_string(),
+        via: Some(ip),
+        onlink: false,
+        role: RouteRole::Direct(c.lease.node.clone()),
+    }
+}
+
+/// A candidate's IPv4 subnet and public IP, or why it cannot be a peer.
+fn reach<'a>(c: &Candidate<'a>) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
+    let Some(subnet) = c.v4 else {
+        return Ok(None);
+    };
+    let ip = c.lease.public_ip.ok_or(LeaveReason::NoPublicIp {
+        family: Family::Ipv4,
+    })?;
+    Ok(Some((subnet, IpAddr::V4(ip))))
+}
+
+pub(crate) fn host_gw(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    screened: Screened<'_>,
+) -> Result<DesiredState, PlanError> {
+    only_ipv4(input, "host-gw")?;
+    let device = underlay_device(input)?;
+    let Screened {
+        candidates,
+        mut left_out,
+    } = screened;
+    let mut state = DesiredState::default();
+    for c in &candidates {
+        match reach(c) {
+            Ok(Some((subnet, ip))) if onlink(input, ip) => {
+                state.routes.push(direct_route(c, subnet, ip, &device))
+            }
+            Ok(Some((_, ip))) => left_out.push(leave(&c.lease.node, LeaveReason::NotOnLink { ip })),
+            Ok(None) => {}
+            Err(reason) => left_out.push(leave(&c.lease.node, reason)),
+        }
+    }
+    state.left_out = left_out;
+    state.subnet_env = subnet_env(
+        input.config,
+        ours,
+        input.options.underlay_mtu,
+        input.options.ip_masq,
+    );
+    Ok(state)
+}
+
+pub(crate) fn vxlan(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    conf: &VxlanConf,
+    screened: Screened<'_>,
+) -> Result<DesiredState, PlanError> {
+    only_ipv4(input, "vxlan")?;
+    let local_error = |detail: String| PlanError::LocalBackendData {
+        node: input.local.node.clone(),
+        detail,
+    };
+    let own_mac = vxlan_mac(input.local.backend_data.as_ref()).map_err(local_error)?;
+    let local = input
+        .local
+        .public_ip
+        .ok_or_else(|| local_error("this node publishes no public IP".into()))?;
+    let device = vxlan_device(conf.vni);
+    let underlay = input.options.underlay_device.clone();
+    let mtu = conf
+        .mtu
+        .unwrap_or(input.options.underlay_mtu)
+        .saturating_sub(VXLAN_OVERHEAD);
+    let Screened {
+        candidates,
+        mut left_out,
+    } = screened;
+    let mut state = DesiredState::default();
+    let mut peers: Vec<VxlanPeer> = Vec::new();
+    let mut macs: BTreeMap<[u8; 6], String> = BTreeMap::new();
+    macs.insert(own_mac, input.local.node.clone());
+    let mut clashes: Vec<String> = Vec::new();
+    for c in &candidates {
+        let (subnet, ip) = match reach(c) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
+            Err(reason) => {
+                left_out.push(leave(&c.lease.node, reason));
+                continue;
+            }
+        };
+        if conf.direct_routing && onlink(input, ip) {
+            if let Some(dev) = &underlay {
+                state.routes.push(direct_route(c, subnet, ip, dev));
+                continue;
+            }
+        }
+        let mac = match vxlan_mac(c.lease.backend_data.as_ref()) {
+            Ok(mac) => mac,
+            Err(detail) => {
+                left_out.push(leave(
+                    &c.lease.node,
+                    LeaveReason::BadBackendData {
+                        field: "backend-data",
+                        detail,
+                    },
+                ));
+                continue;
+            }
+        };
+        if let Some(other) = macs.insert(mac, c.lease.node.clone()) {
+            // One MAC, two nodes: the FDB cannot tell them apart.
+            clashes.push(c.lease.node.clone());
+            if other != input.local.node {
+                clashes.push(other.clone());
+            }
+            left_out.push(leave(
+                &c.lease.node,
+                LeaveReason::BadBackendData {
+                    field: "backend-data",
+                    detail: format!(
+                        "VtepMAC {} is also published by node {other}",
+                        format_mac(&mac)
+                    ),
+                },
+            ));
+            continue;
+        }
+        peers.push(VxlanPeer {
+            node: c.lease.node.clone(),
+            gateway: subnet.network(),
+            mac,
+            public_ip: ip,
+        });
+        state.routes.push(RouteSpec {
+            dst: subnet,
+            device: device.clone(),
+            via: Some(subnet.network()),
+            onlink: true,
+            role: RouteRole::Peer(c.lease.node.clone()),
+        });
+    }
+    for node in &clashes {
+        if let Some(p) = peers.iter().position(|p| &p.node == node) {
+            let p = peers.remove(p);
+            state
+                .routes
+                .retain(|r| r.role != RouteRole::Peer(p.node.clone()));
+            left_out.push(leave(
+                node,
+                LeaveReason::BadBackendData {
+                    field: "backend-data",
+                    detail: format!(
+                        "VtepMAC {} is also published by another node",
+                        format_mac(&p.mac)
+                    ),
+                },
+            ));
+        }
+    }
+    peers.sort_by(|a, b| a.node.cmp(&b.node));
+    let addresses = ours
+        .v4
+        .map(|s| IpNet::new(s.network(), 32).unwrap_or(s))
+        .into_iter()
+        .collect();
+    state.vxlan = Some(VxlanSpec {
+        device,
+        vni: conf.vni,
+        port: conf.port,
+        gbp: conf.gbp,
+        learning: conf.learning,
+        mac: own_mac,
+        local: IpAddr::V4(local),
+        underlay_device: underlay,
+        mtu,
+        addresses,
+        peers,
+    });
+    state.left_out = left_out;
+    state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
+    Ok(state)
+}
