@@ -14,10 +14,11 @@ use tracing::{error, info, warn, Instrument};
 use weft_backends::apply::wireguard::process::UserspaceProcess;
 use weft_backends::apply::{monitor, Dataplane, DataplaneReport};
 use weft_backends::model::{ClusterView, DesiredState, Lease};
-use weft_backends::netconf::{Backend, Implementation, NetConf};
-use weft_backends::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions};
+use weft_backends::netconf::NetConf;
+use weft_backends::plan::{plan, PlanInput, PlanOptions};
 use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
+use crate::backend_setup;
 use crate::backoff::{sleep_or_shutdown, Backoff};
 use crate::cli::AgentArgs;
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
@@ -134,17 +135,21 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let Backend::Wireguard(wg) = &net.backend else {
-        bail!(
-            "backend {} is not implemented yet; use wireguard",
-            net.backend.kind()
-        );
-    };
+    let state_dir = key_path
+        .parent()
+        .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
+    let setup = backend_setup::prepare(
+        &net,
+        &public_key,
+        args.wireguard_implementation.as_deref(),
+        &state_dir,
+    )
+    .await?;
     let attrs = LocalAttrs {
         public_ip: Some(public_ip),
         public_ipv6: None,
         backend: net.backend.kind(),
-        backend_data: Some(wireguard_backend_data(&public_key, wg.listen_port)),
+        backend_data: setup.backend_data.clone(),
         backend_v6_data: None,
     };
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
@@ -160,15 +165,10 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     ) else {
         return Ok(0);
     };
-    let wanted = match args.wireguard_implementation.as_deref() {
-        Some("kernel") => Implementation::Kernel,
-        Some("userspace") => Implementation::Userspace,
-        Some(_) => Implementation::Auto,
-        None => wg.implementation,
-    };
-    let (mut dataplane, why) = Dataplane::connect(wanted, UserspaceProcess::default())
-        .await
-        .context("choosing the WireGuard implementation")?;
+    let (mut dataplane, why) =
+        Dataplane::connect(setup.implementation, UserspaceProcess::default())
+            .await
+            .context("choosing the WireGuard implementation")?;
     info!(
         implementation = dataplane.implementation(),
         why, "WireGuard"
@@ -176,15 +176,27 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let handle = registry::spawn(registry, lease);
+    let underlay = backend_setup::underlay(IpAddr::V4(public_ip))
+        .await
+        .context("finding the external interface")?;
+    match &underlay {
+        Some(u) => {
+            info!(device = %u.device, mtu = u.mtu, networks = ?u.networks, "external interface")
+        }
+        None => {
+            warn!(%public_ip, "no interface holds the public IP: host-gw and DirectRouting cannot tell on-link peers, and the underlay MTU is taken as 1500")
+        }
+    }
+    let underlay_mtu = setup
+        .config_mtu
+        .or(underlay.as_ref().map(|u| u.mtu))
+        .unwrap_or(1500);
     let options = PlanOptions {
         ip_masq: args.ip_masq,
-        underlay_mtu: wg.mtu.unwrap_or(1500),
-        underlay_device: None,
-        underlay_networks: vec![],
+        underlay_mtu,
+        underlay_device: underlay.as_ref().map(|u| u.device.clone()),
+        underlay_networks: underlay.map(|u| u.networks).unwrap_or_default(),
     };
-    if wg.mtu.is_none() {
-        info!("no MTU in the config: assuming an underlay MTU of 1500");
-    }
     let inputs = LoopInputs {
         views: handle.views.clone(),
         local: handle.local.clone(),

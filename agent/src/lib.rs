@@ -2,6 +2,7 @@
 //! the files it writes (`subnet.env`).
 
 pub mod agent;
+pub mod backend_setup;
 pub mod backoff;
 pub mod cli;
 pub mod commands;

@@ -41,7 +41,19 @@ fn step(label: &str, env: &str, binary: &Path) -> String {
 
 #[test]
 fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
-    let vm = Vm::prepare().unwrap_or_else(|e| panic!("the VM cannot be prepared: {e:#}"));
+    let mut vm = Vm::prepare().unwrap_or_else(|e| panic!("the VM cannot be prepared: {e:#}"));
+    // The workspace (test binaries, the weft binary) stays visible wherever it lives.
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace directory");
+    vm.keep.push(workspace.to_path_buf());
+    let target = sibling_test("mesh");
+    if !target.starts_with(workspace) {
+        // A target directory elsewhere (CARGO_TARGET_DIR) is shared too.
+        if let Some(dir) = target.ancestors().nth(3) {
+            vm.keep.push(dir.to_path_buf());
+        }
+    }
     let (mesh, heal, membership, devices) = (
         sibling_test("mesh"),
         sibling_test("heal"),

@@ -37,20 +37,7 @@ fn three_nodes_every_pod_reaches_every_pod_and_nothing_leaks() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
 
-    let mut failures = Vec::new();
-    let mut pairs = 0;
-    for a in &lab.nodes {
-        for b in lab.nodes.iter().filter(|b| b.index != a.index) {
-            for pa in &a.pods {
-                for pb in &b.pods {
-                    pairs += 1;
-                    if !lab.ping(&pa.ns, pb.ip, Duration::from_secs(10)) {
-                        failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
-                    }
-                }
-            }
-        }
-    }
+    let (pairs, failures) = lab.all_pairs(Duration::from_secs(10));
     assert!(
         failures.is_empty(),
         "{} of {pairs} pod pairs unreachable: {failures:?}\n{}",

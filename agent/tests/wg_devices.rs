@@ -281,7 +281,7 @@ fn one_reconcile_programs_1000_kernel_peers_in_split_messages_and_the_next_write
         let conf = r#"{"Network": "10.0.0.0/8", "Backend": {"Type": "wireguard"}}"#;
         let state = plan_of(conf, &me, peers);
         assert_eq!(state.tunnels[0].peers.len(), 1000);
-        let (mut dp, why) = Dataplane::connect(Implementation::Kernel, userspace())
+        let (mut dp, why) = Dataplane::connect(Some(Implementation::Kernel), userspace())
             .await
             .unwrap();
         assert_eq!(dp.implementation(), "kernel", "{why}");

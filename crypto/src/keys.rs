@@ -35,8 +35,9 @@ fn decode_key(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
     out
 }
 
-fn random_bytes() -> Result<[u8; KEY_LEN], KeyError> {
-    let mut bytes = [0u8; KEY_LEN];
+/// `N` bytes from the system's secure random source.
+pub fn random_bytes<const N: usize>() -> Result<[u8; N], KeyError> {
+    let mut bytes = [0u8; N];
     SystemRandom::new()
         .fill(&mut bytes)
         .map_err(|_| KeyError::Random)?;

@@ -9,4 +9,4 @@ mod keyfile;
 mod keys;
 
 pub use keyfile::{load_or_create, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV};
-pub use keys::{KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};
+pub use keys::{random_bytes, KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};

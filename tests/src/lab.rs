@@ -36,6 +36,8 @@ pub struct LabConfig {
     pub extra_args: Vec<String>,
     /// Per node (cycled), its `--wireguard-implementation`; empty: the config's.
     pub implementations: Vec<String>,
+    /// Nodes (by index) on the second segment, 203.0.113.0/24, behind the router.
+    pub routed: Vec<usize>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -58,9 +60,30 @@ impl LabConfig {
             weft: weft.into(),
             extra_args: vec!["--ip-masq".into()],
             implementations,
+            routed: Vec::new(),
+        }
+    }
+
+    /// A lab on another backend: `vxlan` (with `DirectRouting` if `direct`) or `host-gw`.
+    pub fn backend(nodes: usize, weft: impl Into<PathBuf>, backend: &str, direct: bool) -> Self {
+        let extra = if direct {
+            r#", "DirectRouting": true"#
+        } else {
+            ""
+        };
+        LabConfig {
+            net_conf: format!(
+                r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"{extra}}}}}"#
+            ),
+            implementations: Vec::new(),
+            ..LabConfig::wireguard(nodes, weft)
         }
     }
 }
+
+/// The router between the two segments: its address on each.
+pub const ROUTER_IP: &str = "198.51.100.254";
+pub const ROUTER_IP2: &str = "203.0.113.254";
 
 pub struct Pod {
     pub ns: String,
@@ -204,6 +227,24 @@ impl Lab {
             attach(&fabric, &ns, name, ip)?;
         }
         in_ns(&format!("{tag}-ext"), "sysctl -qw net.ipv4.ip_forward=1")?;
+        if !cfg.routed.is_empty() {
+            // The second segment and the router joining it to the first.
+            in_ns(&fabric, "ip link add br1 type bridge && ip link set br1 up")?;
+            let rt = format!("{tag}-rt");
+            namespaces.add(&rt)?;
+            attach_to(&fabric, "br0", &rt, "rt", "eth0", ROUTER_IP)?;
+            attach_to(&fabric, "br1", &rt, "rt2", "eth1", ROUTER_IP2)?;
+            in_ns(
+                &rt,
+                &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
+            )?;
+            for name in ["ext", "etcd"] {
+                in_ns(
+                    &format!("{tag}-{name}"),
+                    &format!("ip route add 203.0.113.0/24 via {ROUTER_IP}"),
+                )?;
+            }
+        }
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
         let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
         etcd.launch()?;
@@ -273,11 +314,37 @@ impl Lab {
         let i = self.nodes.len() + 1;
         let ns = format!("{}-n{i}", self.tag);
         self.namespaces.add(&ns)?;
-        let ip = Ipv4Addr::new(198, 51, 100, i as u8);
-        attach(&self.fabric(), &ns, &format!("n{i}"), &ip.to_string())?;
+        let routed = self.cfg.routed.contains(&(i - 1));
+        let (ip, bridge, routes) = if routed {
+            (
+                Ipv4Addr::new(203, 0, 113, i as u8),
+                "br1",
+                format!("ip route add default via {ROUTER_IP2}"),
+            )
+        } else if self.cfg.routed.is_empty() {
+            (
+                Ipv4Addr::new(198, 51, 100, i as u8),
+                "br0",
+                format!("ip route add default via {EXT_IP}"),
+            )
+        } else {
+            (
+                Ipv4Addr::new(198, 51, 100, i as u8),
+                "br0",
+                format!("ip route add default via {EXT_IP} && ip route add 203.0.113.0/24 via {ROUTER_IP}"),
+            )
+        };
+        attach_to(
+            &self.fabric(),
+            bridge,
+            &ns,
+            &format!("n{i}"),
+            "eth0",
+            &ip.to_string(),
+        )?;
         in_ns(
             &ns,
-            &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
+            &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
         let dir = self.dir.path().join(format!("n{i}"));
         for sub in ["run", "lib"] {
@@ -424,6 +491,26 @@ impl Lab {
     }
 
     /// Pings `to` from pod namespace `from` until one reply or `within` passes.
+    /// Pings every pod from every pod on another node; returns how many pairs were tried
+    /// and the ones that failed, as `from (node) -> to`.
+    pub fn all_pairs(&self, within: Duration) -> (usize, Vec<String>) {
+        let mut failures = Vec::new();
+        let mut pairs = 0;
+        for a in &self.nodes {
+            for b in self.nodes.iter().filter(|b| b.index != a.index) {
+                for pa in &a.pods {
+                    for pb in &b.pods {
+                        pairs += 1;
+                        if !self.ping(&pa.ns, pb.ip, within) {
+                            failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
+                        }
+                    }
+                }
+            }
+        }
+        (pairs, failures)
+    }
+
     pub fn ping(&self, from: &str, to: Ipv4Addr, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
@@ -463,10 +550,23 @@ impl Lab {
 
 /// Connects namespace `ns` to the fabric bridge: `eth0` there, `name` on the bridge.
 fn attach(fabric: &str, ns: &str, name: &str, ip: &str) -> anyhow::Result<()> {
-    in_ns(fabric, &format!("ip link add {name} type veth peer name eth0 netns {ns} && ip link set {name} master br0 up"))?;
+    attach_to(fabric, "br0", ns, name, "eth0", ip)
+}
+
+/// Connects namespace `ns` to bridge `bridge` of the fabric: `dev` there, `name` on the
+/// bridge, `ip`/24 on `dev`.
+fn attach_to(
+    fabric: &str,
+    bridge: &str,
+    ns: &str,
+    name: &str,
+    dev: &str,
+    ip: &str,
+) -> anyhow::Result<()> {
+    in_ns(fabric, &format!("ip link add {name} type veth peer name {dev} netns {ns} && ip link set {name} master {bridge} up"))?;
     in_ns(
         ns,
-        &format!("ip addr add {ip}/24 dev eth0 && ip link set eth0 up"),
+        &format!("ip addr add {ip}/24 dev {dev} && ip link set {dev} up"),
     )?;
     Ok(())
 }

@@ -48,6 +48,9 @@ pub struct Vm {
     pub accel: String,
     /// qemu's `-cpu`.
     pub cpu: String,
+    /// Host directories that must stay visible at their own path even where the VM mounts
+    /// a tmpfs (a workspace under `/tmp`, say), each shared read-only on its own.
+    pub keep: Vec<PathBuf>,
 }
 
 /// What a scenario left: everything the VM printed, and the scenario's exit status
@@ -171,6 +174,7 @@ impl Vm {
             cpus: 2,
             accel: std::env::var("WEFT_VM_ACCEL").unwrap_or_else(|_| "tcg,thread=multi".into()),
             cpu: std::env::var("WEFT_VM_CPU").unwrap_or_else(|_| "max".into()),
+            keep: Vec::new(),
         })
     }
 
@@ -212,7 +216,10 @@ impl Vm {
         fs::write(tree.join("modules"), names.join("\n") + "\n")?;
         fs::write(tree.join("scenario.sh"), scenario)?;
         let init = tree.join("init");
-        fs::write(&init, init_script(&self.root.join("lib/modules")))?;
+        fs::write(
+            &init,
+            init_script(&self.root.join("lib/modules"), &self.keep),
+        )?;
         run(Command::new("chmod").arg("0755").arg(&init))?;
         let image = dir.join("initramfs.cpio");
         let cpio = format!(
@@ -246,6 +253,15 @@ impl Vm {
                 "-virtfs",
                 "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             ])
+            .args(self.keep.iter().enumerate().flat_map(|(i, dir)| {
+                [
+                    "-virtfs".to_string(),
+                    format!(
+                        "local,path={},mount_tag=keep{i},security_model=none,readonly=on,multidevs=remap",
+                        dir.display()
+                    ),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -372,7 +388,17 @@ fn fetch(package: &str, cache: &Path, root: &Path) -> anyhow::Result<()> {
 /// scenario writable places and the kernel's modules, then `switch_root` into the host
 /// root, so the kernel's own module loading (`/sbin/modprobe`) works there, run the
 /// scenario, report its status and power off.
-fn init_script(modules_root: &Path) -> String {
+fn init_script(modules_root: &Path, keep: &[PathBuf]) -> String {
+    let keep: String = keep
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            format!(
+                "mkdir -p /root{d} && mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 keep{i} /root{d}\n",
+                d = dir.display()
+            )
+        })
+        .collect();
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -394,7 +420,7 @@ mkdir -p /root/dev/pts /root/dev/shm
 mount -t devpts devpts /root/dev/pts
 mount -t cgroup2 cgroup2 /root/sys/fs/cgroup 2>/dev/null
 mount --bind /root{modules} /root/lib/modules
-ln -s /proc/self/fd /root/dev/fd
+{keep}ln -s /proc/self/fd /root/dev/fd
 ln -s /proc/self/fd/0 /root/dev/stdin
 ln -s /proc/self/fd/1 /root/dev/stdout
 ln -s /proc/self/fd/2 /root/dev/stderr

@@ -8,7 +8,9 @@ use weft_crypto::PrivateKey;
 use super::wireguard::devices::{WgDevices, WgImpl};
 use super::wireguard::diff::{diff_device, PeerChange};
 use super::wireguard::process::{stop_server, UserspaceProcess};
-use super::{reconcile_nft, reconcile_routing, ApplyError, Netlink, Nft, NftCli, RtNetlink};
+use super::{
+    reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
+};
 use crate::model::{DesiredState, PeerSpec};
 use crate::netconf::Implementation;
 use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
@@ -23,7 +25,8 @@ pub struct DataplaneReport {
 pub struct Dataplane {
     nl: RtNetlink,
     nft: NftCli,
-    wg: WgImpl,
+    /// `None` for the unencrypted backends: no WireGuard implementation is probed.
+    wg: Option<WgImpl>,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -63,16 +66,25 @@ fn prime_handshakes(added: &[PeerSpec], report: &mut DataplaneReport) {
 const DISCARD_PORT: u16 = 9;
 
 impl Dataplane {
-    /// Opens the kernel connections and picks the WireGuard implementation for `wanted`
-    /// (see `WgImpl::choose`); returns the data plane and why that implementation runs.
-    /// `userspace` runs userspace devices should they be needed. Must run inside a tokio
-    /// runtime.
+    /// Opens the kernel connections and, for the wireguard backend (`wanted` is set),
+    /// picks the WireGuard implementation (see `WgImpl::choose`); returns the data plane
+    /// and why that implementation runs. `userspace` runs userspace devices should they be
+    /// needed. Must run inside a tokio runtime.
     pub async fn connect(
-        wanted: Implementation,
+        wanted: Option<Implementation>,
         userspace: UserspaceProcess,
     ) -> Result<(Self, String), ApplyError> {
         let mut nl = RtNetlink::connect()?;
-        let (wg, why) = WgImpl::choose(wanted, &mut nl, WG_DEVICE, userspace).await?;
+        let (wg, why) = match wanted {
+            Some(wanted) => {
+                let (wg, why) = WgImpl::choose(wanted, &mut nl, WG_DEVICE, userspace).await?;
+                (Some(wg), why)
+            }
+            None => (
+                None,
+                "no WireGuard: the backend does not encrypt".to_string(),
+            ),
+        };
         let dataplane = Dataplane {
             nl,
             nft: NftCli::default(),
@@ -81,19 +93,19 @@ impl Dataplane {
         Ok((dataplane, why))
     }
 
-    /// `kernel` or `userspace`.
+    /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
-        self.wg.name()
+        self.wg.as_ref().map_or("none", WgImpl::name)
     }
 
     /// Writes made so far, all kinds together.
     pub fn writes(&self) -> u64 {
-        self.nl.writes() + self.nft.writes() + self.wg.writes()
+        self.nl.writes() + self.nft.writes() + self.wireguard_writes()
     }
 
     /// Writes to WireGuard devices alone: for the kernel, generic netlink messages.
     pub fn wireguard_writes(&self) -> u64 {
-        self.wg.writes()
+        self.wg.as_ref().map_or(0, WgImpl::writes)
     }
 
     async fn routing(
@@ -136,15 +148,22 @@ impl Dataplane {
         let mut started = false;
         let mut added: Vec<PeerSpec> = Vec::new();
         for t in &state.tunnels {
-            if self.wg.ensure(&mut self.nl, &t.device).await? {
+            let Some(wg) = self.wg.as_mut() else {
+                report.errors.push(format!(
+                    "{}: planned, but this agent runs no WireGuard implementation",
+                    t.device
+                ));
+                continue;
+            };
+            if wg.ensure(&mut self.nl, &t.device).await? {
                 report.changes.push(format!(
                     "created {} WireGuard device {}",
-                    self.wg.name(),
+                    wg.name(),
                     t.device
                 ));
                 started = true;
             }
-            let observed = self.wg.get(&t.device).await?;
+            let observed = wg.get(&t.device).await?;
             let change = diff_device(t, &key.public_key(), &observed);
             if change.is_empty() {
                 continue;
@@ -159,7 +178,7 @@ impl Dataplane {
                 _ => None,
             });
             let new_peers: Vec<PeerSpec> = new_peers.collect();
-            match self.wg.apply(&t.device, &change, key).await {
+            match wg.apply(&t.device, &change, key).await {
                 Ok(()) => {
                     if change.set_private_key {
                         report
@@ -190,6 +209,10 @@ impl Dataplane {
                     Err(e) => report.errors.push(e.to_string()),
                 }
             }
+        }
+        match reconcile_vxlan(&mut self.nl, state.vxlan.as_ref(), &mut report.changes).await {
+            Ok(created) => started |= created,
+            Err(e) => report.errors.push(e.to_string()),
         }
         if started {
             self.routing(state, &mut report).await?;

@@ -9,15 +9,19 @@ mod netlink;
 mod nft;
 mod routing;
 mod rtnl;
+mod underlay;
+mod vxlan;
 pub mod wireguard;
 
 use std::collections::BTreeMap;
 
 pub use dataplane::{Dataplane, DataplaneReport};
-pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
+pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo, RTPROT_WEFT};
 pub use nft::{reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES};
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
+pub use underlay::Underlay;
+pub use vxlan::reconcile_vxlan;
 
 use crate::model::{DesiredState, Family};
 
@@ -78,16 +82,37 @@ pub async fn reconcile_routing<N: Netlink>(
     let mut links = BTreeMap::new();
     let mut mtu_of = BTreeMap::new();
     let mut changes = Vec::new();
-    for t in &desired.tunnels {
-        let Some(link) = nl.link(&t.device).await? else {
+    let owned = desired
+        .tunnels
+        .iter()
+        .map(|t| (&t.device, t.mtu, &t.addresses))
+        .chain(
+            desired
+                .vxlan
+                .iter()
+                .map(|v| (&v.device, v.mtu, &v.addresses)),
+        );
+    for (device, mtu, addresses) in owned {
+        let Some(link) = nl.link(device).await? else {
             continue;
         };
         let have = nl.addresses(&link).await?;
-        changes.extend(diff_link(&link, t.mtu, &t.addresses, &have));
-        mtu_of.insert(t.device.clone(), t.mtu);
-        links.insert(t.device.clone(), link);
+        changes.extend(diff_link(&link, mtu, addresses, &have));
+        mtu_of.insert(device.clone(), mtu);
+        links.insert(device.clone(), link);
     }
-    let index_of = |d: &str| links.get(d).map(|l| l.index);
+    // Routes may also leave by a device weft does not own (host-gw, DirectRouting: the
+    // external interface); it is only looked up.
+    let mut indexes: BTreeMap<String, u32> =
+        links.iter().map(|(n, l)| (n.clone(), l.index)).collect();
+    for r in &desired.routes {
+        if !indexes.contains_key(&r.device) {
+            if let Some(l) = nl.link(&r.device).await? {
+                indexes.insert(r.device.clone(), l.index);
+            }
+        }
+    }
+    let index_of = |d: &str| indexes.get(d).copied();
     for family in [Family::Ipv4, Family::Ipv6] {
         let observed = nl.routes(family).await?;
         let wanted: Vec<_> = desired

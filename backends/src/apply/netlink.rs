@@ -21,6 +21,21 @@ pub struct ObservedLink {
     pub up: bool,
     /// The link type (`IFLA_INFO_KIND`: `wireguard`, `tun`, `vxlan`, …), when it has one.
     pub kind: Option<String>,
+    /// The link-layer address (empty for links without one).
+    pub mac: Vec<u8>,
+    /// A vxlan link's settings.
+    pub vxlan: Option<VxlanInfo>,
+}
+
+/// What a vxlan link was created with; a link that differs is recreated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VxlanInfo {
+    pub vni: u32,
+    pub port: u16,
+    pub local: Option<IpAddr>,
+    pub underlay_index: Option<u32>,
+    pub learning: bool,
+    pub gbp: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +57,8 @@ pub struct RouteWrite {
     pub oif: u32,
     pub device: String,
     pub gateway: Option<IpAddr>,
+    /// The gateway is on the link though no address of the device covers it.
+    pub onlink: bool,
 }
 
 pub trait Netlink {

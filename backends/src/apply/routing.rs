@@ -132,6 +132,7 @@ pub fn diff_routes(
             oif,
             device: spec.device.clone(),
             gateway: spec.via,
+            onlink: spec.onlink,
         };
         match ours.get(&(spec.dst, false)) {
             Some(have) if have.oif == Some(oif) && have.gateway == spec.via => {}
@@ -244,6 +245,8 @@ mod tests {
             mtu: 1500,
             up: false,
             kind: Some("wireguard".into()),
+            mac: Vec::new(),
+            vxlan: None,
         };
         let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
         let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];

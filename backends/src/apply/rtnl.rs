@@ -7,9 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{InfoData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
 };
 use rtnetlink::{Handle, LinkUnspec, LinkWireguard, RouteMessageBuilder};
 
@@ -19,8 +20,8 @@ use crate::model::{Family, FAIL_CLOSED_METRIC};
 
 /// A rtnetlink connection, bound to the network namespace of the thread that opened it.
 pub struct RtNetlink {
-    handle: Handle,
-    writes: u64,
+    pub(super) handle: Handle,
+    pub(super) writes: u64,
     connection: tokio::task::JoinHandle<()>,
 }
 
@@ -73,22 +74,29 @@ impl RtNetlink {
         }
     }
 
-    fn parse_link(msg: &LinkMessage) -> ObservedLink {
+    pub(super) fn parse_link(msg: &LinkMessage) -> ObservedLink {
         let mut link = ObservedLink {
             index: msg.header.index,
             name: String::new(),
             mtu: 0,
             up: msg.header.flags.contains(LinkFlags::Up),
             kind: None,
+            mac: Vec::new(),
+            vxlan: None,
         };
         for attr in &msg.attributes {
             match attr {
                 LinkAttribute::IfName(n) => link.name = n.clone(),
                 LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::Address(mac) => link.mac = mac.clone(),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
-                        if let LinkInfo::Kind(kind) = info {
-                            link.kind = Some(kind.to_string());
+                        match info {
+                            LinkInfo::Kind(kind) => link.kind = Some(kind.to_string()),
+                            LinkInfo::Data(InfoData::Vxlan(attrs)) => {
+                                link.vxlan = Some(super::vxlan::info_of(attrs))
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -141,7 +149,7 @@ impl Drop for RtNetlink {
     }
 }
 
-fn address_of(msg: &AddressMessage) -> Option<IpNet> {
+pub(super) fn address_of(msg: &AddressMessage) -> Option<IpNet> {
     let local = msg.attributes.iter().find_map(|a| match a {
         AddressAttribute::Local(ip) => Some(*ip),
         _ => None,
@@ -324,7 +332,12 @@ impl Netlink for RtNetlink {
 
     async fn put_route(&mut self, route: &RouteWrite) -> Result<(), ApplyError> {
         let op = format!("adding route {} dev {}", route.dst, route.device);
-        let msg = route_message(route.dst, Some(route.oif), route.gateway, None);
+        let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map(|mut m| {
+            if route.onlink {
+                m.header.flags.insert(RouteFlags::Onlink);
+            }
+            m
+        });
         self.add_route(op, msg).await
     }
 

@@ -1,0 +1,106 @@
+//! What the agent needs per backend before it can publish and plan: the `backend-data` to
+//! publish (the WireGuard key, the vxlan VTEP MAC, nothing for host-gw), whether a
+//! WireGuard implementation must be chosen, and the external interface's facts.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::Value;
+use tracing::{info, warn};
+use weft_backends::apply::{Netlink, RtNetlink, Underlay};
+use weft_backends::model::{format_mac, parse_mac};
+use weft_backends::netconf::{Backend, Implementation, NetConf};
+use weft_backends::plan::{vxlan_backend_data, vxlan_device, wireguard_backend_data};
+use weft_crypto::PublicKey;
+
+pub struct BackendSetup {
+    pub backend_data: Option<Value>,
+    /// `Some` for wireguard: the implementation asked for.
+    pub implementation: Option<Implementation>,
+    /// The config's `MTU` (the underlay's), if it sets one.
+    pub config_mtu: Option<u32>,
+}
+
+/// File (beside the key) holding the VTEP MAC this node publishes, so it survives the
+/// device and the agent.
+const VTEP_MAC_FILE: &str = "vtep.mac";
+
+pub async fn prepare(
+    net: &NetConf,
+    public_key: &PublicKey,
+    override_impl: Option<&str>,
+    state_dir: &Path,
+) -> anyhow::Result<BackendSetup> {
+    Ok(match &net.backend {
+        Backend::Wireguard(wg) => BackendSetup {
+            backend_data: Some(wireguard_backend_data(public_key, wg.listen_port)),
+            implementation: Some(match override_impl {
+                Some("kernel") => Implementation::Kernel,
+                Some("userspace") => Implementation::Userspace,
+                Some(_) => Implementation::Auto,
+                None => wg.implementation,
+            }),
+            config_mtu: wg.mtu,
+        },
+        Backend::Vxlan(v) => {
+            let mac = vtep_mac(&vxlan_device(v.vni), state_dir).await?;
+            info!(vtep_mac = %format_mac(&mac), "vxlan");
+            BackendSetup {
+                backend_data: Some(vxlan_backend_data(v.vni, &mac)),
+                implementation: None,
+                config_mtu: v.mtu,
+            }
+        }
+        Backend::HostGw => BackendSetup {
+            backend_data: None,
+            implementation: None,
+            config_mtu: None,
+        },
+    })
+}
+
+/// The VTEP MAC stays the same across restarts: the MAC of the existing device (also one
+/// that flannel left), else the one this node recorded when it first published, else a new
+/// random locally administered unicast address, recorded.
+async fn vtep_mac(device: &str, state_dir: &Path) -> anyhow::Result<[u8; 6]> {
+    let path = state_dir.join(VTEP_MAC_FILE);
+    let mut nl = RtNetlink::connect().context("opening rtnetlink")?;
+    let existing = nl
+        .link(device)
+        .await?
+        .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(text) => match parse_mac(text.trim()) {
+            Some(mac) => Some(mac),
+            None => {
+                warn!(path = %path.display(), "not a MAC address; choosing a new VTEP MAC");
+                None
+            }
+        },
+        Err(_) => None,
+    };
+    let mac = match existing.or(recorded) {
+        Some(mac) => mac,
+        None => {
+            let mut mac = weft_crypto::random_bytes::<6>().context("choosing a VTEP MAC")?;
+            mac[0] = (mac[0] & 0xfe) | 0x02;
+            mac
+        }
+    };
+    if recorded != Some(mac) {
+        std::fs::create_dir_all(state_dir)
+            .with_context(|| format!("creating {}", state_dir.display()))?;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}\n", format_mac(&mac)))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("recording the VTEP MAC in {}", path.display()))?;
+    }
+    Ok(mac)
+}
+
+/// The external interface: the link holding `public_ip`.
+pub async fn underlay(public_ip: IpAddr) -> anyhow::Result<Option<Underlay>> {
+    let mut nl = RtNetlink::connect().context("opening rtnetlink")?;
+    Ok(nl.underlay_of(public_ip).await?)
+}
