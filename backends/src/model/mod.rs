@@ -2,6 +2,7 @@
 //! the pod network arithmetic they rest on. Pure: no I/O.
 
 pub mod alloc;
+pub mod annotations;
 mod desired;
 mod lease;
 pub mod net;

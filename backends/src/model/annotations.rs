@@ -1,0 +1,97 @@
+//! flannel's Node annotations (DESIGN §3): what a node publishes, and reading a peer's.
+//! The kube registry builds on these; the shapes are checked against golden fixtures of
+//! what flannel itself writes (`tests/fixtures/flannel/`).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+use super::{Lease, LeaseAttrs};
+
+pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
+
+/// The annotations a node running `attrs` publishes under `prefix`. Values are strings;
+/// backend data is its JSON text (`null` for host-gw, as flannel writes it).
+pub fn publish(prefix: &str, attrs: &LeaseAttrs) -> BTreeMap<String, String> {
+    let key = |name: &str| format!("{prefix}/{name}");
+    let json = |v: &Option<Value>| v.as_ref().unwrap_or(&Value::Null).to_string();
+    let mut out = BTreeMap::new();
+    out.insert(key("kube-subnet-manager"), "true".into());
+    out.insert(key("backend-type"), attrs.backend_type.clone());
+    if let Some(ip) = attrs.public_ip {
+        out.insert(key("public-ip"), ip.to_string());
+        out.insert(key("backend-data"), json(&attrs.backend_data));
+    }
+    if let Some(ip) = attrs.public_ipv6 {
+        out.insert(key("public-ipv6"), ip.to_string());
+        out.insert(key("backend-v6-data"), json(&attrs.backend_v6_data));
+    }
+    out
+}
+
+/// A peer's lease from its Node: `Ok(None)` if it is not managed by flannel/weft (no
+/// `kube-subnet-manager: "true"`); an error naming the node and the annotation otherwise.
+/// `public-ip-overwrite` wins over `public-ip`.
+pub fn read(
+    prefix: &str,
+    node: &str,
+    pod_cidrs: &[IpNet],
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<Lease>, String> {
+    let get = |name: &str| annotations.get(&format!("{prefix}/{name}"));
+    if get("kube-subnet-manager").map(String::as_str) != Some("true") {
+        return Ok(None);
+    }
+    let parse_json = |name: &str| -> Result<Option<Value>, String> {
+        match get(name) {
+            None => Ok(None),
+            Some(text) => serde_json::from_str::<Value>(text)
+                .map(|v| (!v.is_null()).then_some(v))
+                .map_err(|e| format!("node {node}: annotation {prefix}/{name} is not JSON: {e}")),
+        }
+    };
+    let ip4 = |name: &str| -> Result<Option<Ipv4Addr>, String> {
+        get(name)
+            .map(|t| {
+                t.parse().map_err(|_| {
+                    format!("node {node}: annotation {prefix}/{name} {t:?} is not an IPv4 address")
+                })
+            })
+            .transpose()
+    };
+    let ip6 = |name: &str| -> Result<Option<Ipv6Addr>, String> {
+        get(name)
+            .map(|t| {
+                t.parse().map_err(|_| {
+                    format!("node {node}: annotation {prefix}/{name} {t:?} is not an IPv6 address")
+                })
+            })
+            .transpose()
+    };
+    let public_ip = match ip4("public-ip-overwrite")? {
+        Some(ip) => Some(ip),
+        None => ip4("public-ip")?,
+    };
+    let public_ipv6 = match ip6("public-ipv6-overwrite")? {
+        Some(ip) => Some(ip),
+        None => ip6("public-ipv6")?,
+    };
+    let attrs = LeaseAttrs {
+        public_ip,
+        public_ipv6,
+        backend_type: get("backend-type").cloned().unwrap_or_default(),
+        backend_data: parse_json("backend-data")?,
+        backend_v6_data: parse_json("backend-v6-data")?,
+    };
+    let v4 = pod_cidrs
+        .iter()
+        .find(|n| matches!(n, IpNet::V4(_)))
+        .copied();
+    let v6 = pod_cidrs
+        .iter()
+        .find(|n| matches!(n, IpNet::V6(_)))
+        .copied();
+    Ok(Some(attrs.into_lease(node.to_string(), v4, v6)))
+}

@@ -1,0 +1,126 @@
+//! flannel's published shapes, both ways, against golden fixtures: what weft publishes
+//! for each backend (etcd value byte for byte, Node annotations key for key) equals what
+//! flannel writes, and what flannel writes reads back into the same lease.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use weft_backends::model::annotations::{publish, read, DEFAULT_PREFIX};
+use weft_backends::model::{Lease, LeaseAttrs};
+use weft_backends::plan::{vxlan_backend_data, vxlan_mac, wireguard_backend_data, WireguardData};
+use weft_crypto::PublicKey;
+
+fn fixture(name: &str) -> String {
+    let path = format!(
+        "{}/../tests/fixtures/flannel/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn key() -> PublicKey {
+    PublicKey::from_bytes([2; 32])
+}
+
+/// What weft publishes for each backend, as lease attributes.
+fn ours(backend: &str) -> LeaseAttrs {
+    let data = match backend {
+        "wireguard" => Some(wireguard_backend_data(&key(), 51820)),
+        "vxlan" => Some(vxlan_backend_data(1, &[0x0a, 0, 0, 0, 0, 2])),
+        _ => None,
+    };
+    LeaseAttrs {
+        public_ip: Some(Ipv4Addr::new(198, 51, 100, 2)),
+        public_ipv6: None,
+        backend_type: backend.into(),
+        backend_data: data,
+        backend_v6_data: None,
+    }
+}
+
+const BACKENDS: [&str; 3] = ["wireguard", "vxlan", "host-gw"];
+
+#[test]
+fn weft_writes_flannels_etcd_values_byte_for_byte() {
+    for b in BACKENDS {
+        let written = serde_json::to_string(&ours(b)).unwrap();
+        assert_eq!(written, fixture(&format!("etcd-{b}.json")), "backend {b}");
+    }
+}
+
+#[test]
+fn weft_writes_flannels_annotations() {
+    for b in BACKENDS {
+        let golden: BTreeMap<String, String> =
+            serde_json::from_str(&fixture(&format!("annotations-{b}.json"))).unwrap();
+        assert_eq!(publish(DEFAULT_PREFIX, &ours(b)), golden, "backend {b}");
+    }
+}
+
+fn check_read(b: &str, lease: &Lease) {
+    assert_eq!(lease.public_ip, Some(Ipv4Addr::new(198, 51, 100, 2)), "{b}");
+    assert_eq!(lease.backend_type, b);
+    match b {
+        "wireguard" => {
+            let d = WireguardData::decode(lease.backend_data.as_ref()).unwrap();
+            assert_eq!(d.public_key, key());
+        }
+        "vxlan" => assert_eq!(
+            vxlan_mac(lease.backend_data.as_ref()).unwrap(),
+            [0x0a, 0, 0, 0, 0, 2]
+        ),
+        _ => assert_eq!(lease.backend_data, None, "host-gw has no backend data"),
+    }
+}
+
+#[test]
+fn weft_reads_flannels_etcd_values_and_annotations() {
+    for b in BACKENDS {
+        let attrs: LeaseAttrs = serde_json::from_str(&fixture(&format!("etcd-{b}.json"))).unwrap();
+        let lease = attrs.into_lease("10.244.2.0-24".into(), None, None);
+        check_read(b, &lease);
+
+        let annotations: BTreeMap<String, String> =
+            serde_json::from_str(&fixture(&format!("annotations-{b}.json"))).unwrap();
+        let subnet = "10.244.2.0/24".parse().unwrap();
+        let lease = read(DEFAULT_PREFIX, "node-b", &[subnet], &annotations)
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.subnet, Some(subnet));
+        check_read(b, &lease);
+    }
+    // flannel's own wireguard data carries no port: the peer's port is then ours.
+    let attrs: LeaseAttrs =
+        serde_json::from_str(&fixture("flannel-etcd-wireguard-without-port.json")).unwrap();
+    let d = WireguardData::decode(attrs.backend_data.as_ref()).unwrap();
+    assert_eq!((d.public_key, d.port), (key(), None));
+}
+
+#[test]
+fn annotations_overwrite_unmanaged_nodes_and_bad_values() {
+    let p = DEFAULT_PREFIX;
+    let mut a: BTreeMap<String, String> =
+        serde_json::from_str(&fixture("annotations-vxlan.json")).unwrap();
+    a.insert(format!("{p}/public-ip-overwrite"), "203.0.113.9".into());
+    let lease = read(p, "node-b", &[], &a).unwrap().unwrap();
+    assert_eq!(lease.public_ip, Some(Ipv4Addr::new(203, 0, 113, 9)));
+
+    let mut unmanaged = a.clone();
+    unmanaged.remove(&format!("{p}/kube-subnet-manager"));
+    assert_eq!(read(p, "node-b", &[], &unmanaged).unwrap(), None);
+
+    let mut bad = a.clone();
+    bad.insert(format!("{p}/backend-data"), "{not json".into());
+    let err = read(p, "node-b", &[], &bad).unwrap_err();
+    assert!(
+        err.starts_with(
+            "node node-b: annotation flannel.alpha.coreos.com/backend-data is not JSON"
+        ),
+        "{err}"
+    );
+    let mut bad = a;
+    bad.insert(format!("{p}/public-ip"), "nope".into());
+    bad.remove(&format!("{p}/public-ip-overwrite"));
+    let err = read(p, "node-b", &[], &bad).unwrap_err();
+    assert!(err.contains("\"nope\" is not an IPv4 address"), "{err}");
+}
