@@ -120,7 +120,7 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
     );
     eprintln!("vxlan: flannel.1 deleted -> back with all entries in {back:?}");
 
-    // A neighbour entry deleted behind weft's back comes back too.
+    // A neighbour entry deleted behind weft's back comes back too, and so does a route.
     let (gw, _, _) = published(&lab, 1);
     in_ns(
         &lab.nodes[0].ns,
@@ -128,6 +128,23 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
     )
     .unwrap();
     wait_until("the neighbour entry back", Duration::from_secs(2), || {
+        entries(&lab, 0) == expected(&lab, 0)
+    });
+    let s3 = lab.nodes[2].subnet.unwrap();
+    in_ns(&lab.nodes[0].ns, &format!("ip route del {s3}")).unwrap();
+    wait_until("the route back", Duration::from_secs(2), || {
+        in_ns(&lab.nodes[0].ns, "ip -4 route show proto 87")
+            .is_ok_and(|r| r.contains(&format!("{s3} via {} dev flannel.1 onlink", s3.network())))
+    });
+
+    // So does an FDB entry.
+    let (_, mac, ip) = published(&lab, 2);
+    in_ns(
+        &lab.nodes[0].ns,
+        &format!("bridge fdb del {mac} dev flannel.1 dst {ip}"),
+    )
+    .unwrap();
+    wait_until("the FDB entry back", Duration::from_secs(2), || {
         entries(&lab, 0) == expected(&lab, 0)
     });
 

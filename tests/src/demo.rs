@@ -17,12 +17,13 @@ use weft_crypto::PrivateKey;
 
 use crate::Etcd;
 
-/// `weft-lab demo`: the live mesh, or with `--plan-only` the plans alone.
-pub async fn run(plan_only_flag: bool) -> anyhow::Result<()> {
+/// `weft-lab demo [BACKEND]`: the live mesh on `backend` (wireguard, vxlan, host-gw), or
+/// with `--plan-only` the wireguard plans alone.
+pub async fn run(plan_only_flag: bool, backend: &str) -> anyhow::Result<()> {
     if plan_only_flag {
         return plan_only().await;
     }
-    crate::live_demo::run()
+    crate::live_demo::run(backend)
 }
 
 const PREFIX: &str = "/coreos.com/network";

@@ -1,5 +1,5 @@
 //! `weft-lab`: the lab's command.
-//! - `weft-lab demo [--plan-only]`: the README's demo.
+//! - `weft-lab demo [wireguard|vxlan|host-gw] [--plan-only]`: the README's demo.
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
@@ -14,7 +14,14 @@ fn main() -> ExitCode {
         "demo" => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| {
-                rt.block_on(weft_lab::demo::run(args.iter().any(|a| a == "--plan-only")))
+                let backend = args[1..]
+                    .iter()
+                    .find(|a| !a.starts_with("--"))
+                    .map_or("wireguard", String::as_str);
+                rt.block_on(weft_lab::demo::run(
+                    args.iter().any(|a| a == "--plan-only"),
+                    backend,
+                ))
             }),
         "tcp-sink" => arg(1)
             .parse()
@@ -32,7 +39,7 @@ fn main() -> ExitCode {
         },
         _ => {
             eprintln!(
-                "usage: weft-lab demo [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | vm SCRIPT"
+                "usage: weft-lab demo [wireguard|vxlan|host-gw] [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | vm SCRIPT"
             );
             return ExitCode::from(2);
         }
