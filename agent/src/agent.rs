@@ -250,6 +250,10 @@ async fn control_loop(
         },
         _ = inputs.shutdown.changed() => return,
     }
+    info!(
+        nodes = inputs.views.borrow().leases.len(),
+        "first full listing"
+    );
     loop {
         let me = inputs.local.borrow_and_update().clone();
         let view = inputs.views.borrow_and_update().clone();
@@ -269,8 +273,19 @@ async fn control_loop(
                 }
                 pass += 1;
                 let span = tracing::info_span!("reconcile", pass);
+                let (started, writes) = (std::time::Instant::now(), dataplane.writes());
                 match dataplane.reconcile(&state, key).instrument(span).await {
-                    Ok(r) => log_report(&r),
+                    Ok(r) => {
+                        log_report(&r);
+                        info!(
+                            pass,
+                            changes = r.changes.len(),
+                            errors = r.errors.len(),
+                            writes = dataplane.writes() - writes,
+                            took_ms = started.elapsed().as_secs_f64() * 1e3,
+                            "reconciled"
+                        );
+                    }
                     Err(e) => {
                         warn!(error = %e, "reconcile failed; retrying on the next event or resync")
                     }

@@ -86,6 +86,38 @@ impl Etcd {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// The named network namespace etcd runs in, if any.
+    pub fn netns(&self) -> Option<&str> {
+        self.netns.as_deref()
+    }
+
+    /// Puts many keys at once (transactions of 100), from inside etcd's namespace.
+    pub fn put_many(&self, kvs: Vec<(String, String)>) -> anyhow::Result<()> {
+        let endpoint = self.endpoint();
+        let work = move || -> anyhow::Result<()> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let mut client = etcd_client::Client::connect([endpoint], None).await?;
+                for chunk in kvs.chunks(100) {
+                    let ops: Vec<etcd_client::TxnOp> = chunk
+                        .iter()
+                        .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.as_str(), None))
+                        .collect();
+                    client.txn(etcd_client::Txn::new().and_then(ops)).await?;
+                }
+                Ok(())
+            })
+        };
+        match &self.netns {
+            Some(ns) => crate::netns::in_named_netns(ns, work)
+                .join()
+                .map_err(|_| anyhow::anyhow!("the etcd writer panicked"))??,
+            None => work(),
+        }
+    }
+
     fn command_in_netns(&self, program: &str) -> Command {
         match &self.netns {
             Some(ns) => {

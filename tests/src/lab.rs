@@ -38,6 +38,8 @@ pub struct LabConfig {
     pub implementations: Vec<String>,
     /// Nodes (by index) on the second segment, 203.0.113.0/24, behind the router.
     pub routed: Vec<usize>,
+    /// etcd keys and values put before any agent starts (synthetic leases, say).
+    pub seed: Vec<(String, String)>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -61,6 +63,7 @@ impl LabConfig {
             extra_args: vec!["--ip-masq".into()],
             implementations,
             routed: Vec::new(),
+            seed: Vec::new(),
         }
     }
 
@@ -204,7 +207,7 @@ fn remove_ns(name: &str) {
 impl Lab {
     /// Builds the fabric, etcd and the nodes, starts every agent and wires the pods once
     /// each node has its subnet.
-    pub fn start(cfg: LabConfig) -> anyhow::Result<Lab> {
+    pub fn start(mut cfg: LabConfig) -> anyhow::Result<Lab> {
         clean_stale();
         if !cfg.weft.exists() {
             bail!(
@@ -249,6 +252,10 @@ impl Lab {
         let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
         etcd.launch()?;
         etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
+        if !cfg.seed.is_empty() {
+            etcd.put_many(std::mem::take(&mut cfg.seed))
+                .context("seeding etcd")?;
+        }
         let count = cfg.nodes;
         let mut lab = Lab {
             tag,
@@ -413,6 +420,11 @@ impl Lab {
             .context("starting an agent")?;
         self.nodes[i].agent = Some(child);
         Ok(())
+    }
+
+    /// The pid of node `i`'s agent, while it runs.
+    pub fn agent_pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].agent.as_ref().map(Child::id)
     }
 
     /// Stops node `i`'s agent with `signal` (`TERM`, `KILL`) and waits for it.

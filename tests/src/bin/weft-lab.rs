@@ -2,6 +2,8 @@
 //! - `weft-lab demo [wireguard|vxlan|host-gw] [--plan-only]`: the README's demo.
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
+//! - `weft-lab bench control-plane [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
+//!   and `weft-lab bench data-plane [--runs 3] [--bytes N]`: the benchmarks of BENCHMARKS.md.
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
 //!   WireGuard, this machine's root read-only); prints its output, exits with its status.
 
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|bytes| weft_lab::tcp::source(arg(1), bytes))
             .map(|out| println!("{out}")),
+        "bench" => bench(&args[1..]),
         "vm" => match vm(arg(1)) {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
@@ -62,4 +65,46 @@ fn vm(script: &str) -> anyhow::Result<u8> {
         vm.package, vm.accel, run.elapsed, run.status
     );
     Ok(run.status.and_then(|s| u8::try_from(s).ok()).unwrap_or(1))
+}
+
+/// The value after `--name` in `args`.
+fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+fn bench(args: &[String]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let weft = std::env::current_exe()?.with_file_name("weft");
+    match args.first().map(String::as_str) {
+        Some("control-plane") => {
+            let nodes: Vec<usize> = opt(args, "--nodes")
+                .unwrap_or("100,1000,5000")
+                .split(',')
+                .map(|n| n.trim().parse().context("--nodes: a list like 100,1000"))
+                .collect::<anyhow::Result<_>>()?;
+            let churn: f64 = opt(args, "--churn-secs").unwrap_or("10").parse()?;
+            let rate: f64 = opt(args, "--rate").unwrap_or("50").parse()?;
+            let mut results = Vec::new();
+            for n in nodes {
+                eprintln!("control plane: {n} nodes...");
+                results.push(weft_lab::bench::control_plane::run(
+                    &weft,
+                    n,
+                    std::time::Duration::from_secs_f64(churn),
+                    rate,
+                )?);
+            }
+            print!("{}", weft_lab::bench::control_plane::report(&results));
+            Ok(())
+        }
+        Some("data-plane") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            let bytes: u64 = opt(args, "--bytes").unwrap_or("268435456").parse()?;
+            let table = weft_lab::bench::data_plane::run(&weft, runs, bytes)?;
+            print!("{table}");
+            Ok(())
+        }
+        _ => anyhow::bail!("usage: weft-lab bench control-plane|data-plane [options]"),
+    }
 }

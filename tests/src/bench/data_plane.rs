@@ -1,0 +1,261 @@
+//! Data-plane benchmark: two nodes, one pod each, one TCP flow pod to pod (SHA-256 at both
+//! ends), and the RTT (median of 20 pings), for weft's three backends in the lab and for
+//! references configured by hand on namespaces of the same shape: a raw veth pair between
+//! the two pods, kernel vxlan, wireguard-go and boringtun-cli. Runs are interleaved (every
+//! setup once per round), each setup fresh; the table gives medians and ratios.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use super::median;
+use crate::lab::{in_ns, run as run_cmd, Lab, LabConfig};
+use crate::live_demo::transfer;
+
+const SETUPS: [&str; 7] = [
+    "raw veth (pod to pod, no hop)",
+    "kernel vxlan (by hand)",
+    "weft host-gw",
+    "weft vxlan",
+    "wireguard-go (by hand)",
+    "boringtun-cli (by hand)",
+    "weft wireguard (userspace)",
+];
+
+struct Sample {
+    mib_s: f64,
+    rtt_ms: f64,
+}
+
+fn rtt(from: &str, to: &str) -> anyhow::Result<f64> {
+    let out = in_ns(
+        from,
+        &format!("ping -c 20 -i 0.05 -W 1 -q {to} >/dev/null; ping -c 20 -i 0.05 -W 1 {to}"),
+    )?;
+    let times: Vec<f64> = out
+        .lines()
+        .filter_map(|l| {
+            l.split("time=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    median(&times).context("no ping replies")
+}
+
+fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyhow::Result<Sample> {
+    let rtt_ms = rtt(from, &to.to_string())?;
+    let (mib_s, intact) = transfer(from, to_ns, to, bytes)?;
+    if !intact {
+        bail!("the transfer arrived damaged");
+    }
+    Ok(Sample { mib_s, rtt_ms })
+}
+
+fn weft_setup(weft: &Path, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
+    let mut cfg = if backend == "wireguard" {
+        LabConfig::wireguard(2, weft)
+    } else {
+        LabConfig::backend(2, weft, backend, false)
+    };
+    cfg.pods_per_node = 1;
+    cfg.extra_args.clear();
+    let lab = Lab::start(cfg)?;
+    let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
+    if !lab.ping(&a.ns, b.ip, Duration::from_secs(10)) {
+        bail!("{backend}: pods cannot reach each other\n{}", lab.logs());
+    }
+    measure(&a.ns, &b.ns, b.ip, bytes)
+}
+
+/// Namespaces made by hand, removed on drop.
+struct Hand {
+    names: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl Hand {
+    fn new(tag: &str, names: &[&str]) -> anyhow::Result<Hand> {
+        let mut hand = Hand {
+            names: Vec::new(),
+            dir: tempfile::tempdir()?,
+        };
+        for n in names {
+            let name = format!("{tag}-{n}");
+            run_cmd(Command::new("ip").args(["netns", "add", &name]))?;
+            hand.names.push(name.clone());
+            in_ns(&name, "ip link set lo up")?;
+        }
+        Ok(hand)
+    }
+    fn ns(&self, i: usize) -> &str {
+        &self.names[i]
+    }
+}
+
+impl Drop for Hand {
+    fn drop(&mut self) {
+        for name in &self.names {
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+    }
+}
+
+fn tag() -> String {
+    format!("wb{}", std::process::id())
+}
+
+/// Two pods joined by one veth pair: the ceiling for everything else.
+fn raw_veth(bytes: u64) -> anyhow::Result<Sample> {
+    let h = Hand::new(&tag(), &["p1", "p2"])?;
+    in_ns(
+        h.ns(0),
+        &format!("ip link add eth0 type veth peer name eth0 netns {} && ip addr add 10.99.0.1/24 dev eth0 && ip link set eth0 up", h.ns(1)),
+    )?;
+    in_ns(
+        h.ns(1),
+        "ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up",
+    )?;
+    measure(h.ns(0), h.ns(1), "10.99.0.2".parse()?, bytes)
+}
+
+/// Underlay (fabric bridge, two nodes) and a pod behind each node; `tunnel` then joins the
+/// nodes (`node` index, own and peer underlay address) and returns each node's device.
+fn by_hand(
+    bytes: u64,
+    tunnel: &dyn Fn(&Hand, usize, &str, &str) -> anyhow::Result<String>,
+) -> anyhow::Result<Sample> {
+    let h = Hand::new(&tag(), &["fab", "n1", "n2", "p1", "p2"])?;
+    in_ns(h.ns(0), "ip link add br0 type bridge && ip link set br0 up")?;
+    for i in 0..2 {
+        let (node, pod) = (h.ns(1 + i), h.ns(3 + i));
+        let ip = format!("198.51.100.{}", i + 1);
+        in_ns(h.ns(0), &format!("ip link add n{i} type veth peer name eth0 netns {node} && ip link set n{i} master br0 up"))?;
+        in_ns(node, &format!("ip addr add {ip}/24 dev eth0 && ip link set eth0 up && sysctl -qw net.ipv4.ip_forward=1"))?;
+        in_ns(node, &format!("ip link add pod type veth peer name eth0 netns {pod} && ip addr add 10.244.{}.1/24 dev pod && ip link set pod up", i + 1))?;
+        in_ns(pod, &format!("ip addr add 10.244.{}.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.244.{}.1", i + 1, i + 1))?;
+    }
+    for i in 0..2 {
+        let (me, peer) = (
+            format!("198.51.100.{}", i + 1),
+            format!("198.51.100.{}", 2 - i),
+        );
+        let dev = tunnel(&h, i, &me, &peer)?;
+        in_ns(
+            h.ns(1 + i),
+            &format!("ip route add 10.244.{}.0/24 dev {dev}", 2 - i),
+        )?;
+    }
+    measure(h.ns(3), h.ns(4), "10.244.2.2".parse()?, bytes)
+}
+
+fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<String> {
+    in_ns(
+        h.ns(1 + i),
+        &format!("ip link add vx0 type vxlan id 42 local {me} remote {peer} dstport 4789 dev eth0 && ip link set vx0 mtu 1450 up"),
+    )?;
+    Ok("vx0".into())
+}
+
+/// A userspace WireGuard implementation run by hand: `daemon` starts a device named wg0
+/// in the node's namespace (and backgrounds itself), then `wg set` configures it.
+fn userspace_wg(
+    daemon: &'static str,
+) -> impl Fn(&Hand, usize, &str, &str) -> anyhow::Result<String> {
+    move |h: &Hand, i: usize, _me: &str, peer: &str| {
+        let node = h.ns(1 + i);
+        let dir = h.dir.path().join(format!("n{i}"));
+        std::fs::create_dir_all(dir.join("run"))?;
+        let key = |n: usize| h.dir.path().join(format!("key{n}"));
+        for n in 0..2 {
+            if !key(n).exists() {
+                let out = run_cmd(Command::new("wg").arg("genkey"))?;
+                std::fs::write(key(n), &out.stdout)?;
+            }
+        }
+        let public = run_cmd(
+            Command::new("sh").args(["-c", &format!("wg pubkey < {}", key(1 - i).display())]),
+        )?;
+        // Each node's UAPI socket directory is its own: a private mount per node.
+        let script = format!(
+            "mkdir -p /var/run/wireguard && mount --bind {run} /var/run/wireguard && {daemon} && \
+             wg set wg0 private-key {key} listen-port 51820 peer {peer_key} \
+             allowed-ips 10.244.{other}.0/24 endpoint {peer}:51820 && ip link set wg0 mtu 1420 up",
+            run = dir.join("run").display(),
+            key = key(i).display(),
+            peer_key = String::from_utf8_lossy(&public.stdout).trim(),
+            other = 2 - i,
+        );
+        run_cmd(Command::new("ip").args([
+            "netns",
+            "exec",
+            node,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ]))
+        .with_context(|| format!("starting {daemon}"))?;
+        Ok("wg0".to_string())
+    }
+}
+
+/// Runs every setup `runs` times, interleaved; returns the table.
+pub fn run(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
+    let mut samples: Vec<Vec<Sample>> = SETUPS.iter().map(|_| Vec::new()).collect();
+    for round in 0..runs {
+        for (i, name) in SETUPS.iter().enumerate() {
+            eprintln!("data plane: round {} of {runs}: {name}", round + 1);
+            let s = match i {
+                0 => raw_veth(bytes),
+                1 => by_hand(bytes, &kernel_vxlan),
+                2 => weft_setup(weft, "host-gw", bytes),
+                3 => weft_setup(weft, "vxlan", bytes),
+                4 => by_hand(bytes, &userspace_wg("wireguard-go wg0")),
+                5 => by_hand(
+                    bytes,
+                    &userspace_wg("boringtun-cli wg0 --disable-drop-privileges"),
+                ),
+                _ => weft_setup(weft, "wireguard", bytes),
+            }
+            .with_context(|| format!("{name}, round {}", round + 1))?;
+            samples[i].push(s);
+        }
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| {
+        median(&v.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+    };
+    let base = med(&samples[0], |s| s.mib_s);
+    let wg_go = med(&samples[4], |s| s.mib_s);
+    let mut out = format!(
+        "| setup | throughput, median of {runs} (MiB/s) | vs raw veth | vs wireguard-go | RTT, median (ms) | runs (MiB/s) |\n| --- | ---: | ---: | ---: | ---: | --- |\n"
+    );
+    for (i, name) in SETUPS.iter().enumerate() {
+        let t = med(&samples[i], |s| s.mib_s);
+        let r = med(&samples[i], |s| s.rtt_ms);
+        let all: Vec<String> = samples[i]
+            .iter()
+            .map(|s| format!("{:.0}", s.mib_s))
+            .collect();
+        out += &format!(
+            "| {name} | {t:.0} | {:.2} | {:.2} | {r:.3} | {} |\n",
+            t / base,
+            t / wg_go,
+            all.join(", ")
+        );
+    }
+    Ok(out)
+}
