@@ -319,20 +319,25 @@ fn report(before: Option<&DesiredState>, after: &DesiredState) {
     if before == Some(after) {
         return;
     }
-    let peers = |s: Option<&DesiredState>| -> Vec<String> {
+    let peers = |s: Option<&DesiredState>| -> std::collections::BTreeSet<String> {
         s.map(|s| {
-            s.tunnels
+            let tunnels = s
+                .tunnels
                 .iter()
-                .flat_map(|t| t.peers.iter().map(|p| format!("{} {}", t.device, p.node)))
-                .collect()
+                .flat_map(|t| t.peers.iter().map(|p| format!("{} {}", t.device, p.node)));
+            let vxlan = s
+                .vxlan
+                .iter()
+                .flat_map(|v| v.peers.iter().map(|p| format!("{} {}", v.device, p.node)));
+            tunnels.chain(vxlan).collect()
         })
         .unwrap_or_default()
     };
     let (old, new) = (peers(before), peers(Some(after)));
-    for p in new.iter().filter(|p| !old.contains(p)) {
+    for p in new.difference(&old) {
         info!(peer = %p, "peer planned");
     }
-    for p in old.iter().filter(|p| !new.contains(p)) {
+    for p in old.difference(&new) {
         info!(peer = %p, "peer removed from plan");
     }
     for l in &after.left_out {

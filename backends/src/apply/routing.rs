@@ -121,12 +121,12 @@ pub fn diff_routes(
         .map(|r| ((r.dst, r.blackhole), r))
         .collect();
     let mut out = Vec::new();
-    let mut wanted = Vec::new();
+    let mut wanted = std::collections::BTreeSet::new();
     for spec in desired {
         let Some(oif) = index_of(&spec.device) else {
             continue;
         };
-        wanted.push((spec.dst, false));
+        wanted.insert((spec.dst, false));
         let write = RouteWrite {
             dst: spec.dst,
             oif,
@@ -144,7 +144,7 @@ pub fn diff_routes(
         }
     }
     for dst in fail_closed {
-        wanted.push((*dst, true));
+        wanted.insert((*dst, true));
         if !ours.contains_key(&(*dst, true)) {
             out.push(RoutingChange::AddBlackhole(*dst));
         }

@@ -45,24 +45,43 @@ pub(crate) fn screen<'a>(
         }
     }
     // A subnet claimed by two nodes: routing to either is a guess, so neither gets it.
+    // Sorted by start address, each subnet is checked against the widest one seen so far:
+    // O(n log n), for clusters of thousands of nodes.
     let mut clash: BTreeMap<String, LeaveReason> = BTreeMap::new();
-    for (i, a) in candidates.iter().enumerate() {
-        for b in &candidates[i + 1..] {
-            for (sa, sb) in pairs(a, b) {
-                if sa.contains(&sb) || sb.contains(&sa) {
+    for v6 in [false, true] {
+        let mut subnets: Vec<(u128, u128, IpNet, usize)> = candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let net = if v6 { c.v6 } else { c.v4 }?;
+                let start = crate::model::net::to_u128(net.network());
+                let end = crate::model::net::to_u128(net.broadcast());
+                Some((start, end, net, i))
+            })
+            .collect();
+        subnets.sort_by_key(|(start, end, _, _)| (*start, std::cmp::Reverse(*end)));
+        let mut widest: Option<(u128, IpNet, usize)> = None;
+        for (start, end, net, i) in subnets {
+            match widest {
+                Some((w_end, w_net, w)) if start <= w_end => {
+                    let (a, b) = (&candidates[w], &candidates[i]);
                     clash
                         .entry(a.lease.node.clone())
                         .or_insert(LeaveReason::DuplicateSubnet {
-                            subnet: sa,
+                            subnet: w_net,
                             other: b.lease.node.clone(),
                         });
                     clash
                         .entry(b.lease.node.clone())
                         .or_insert(LeaveReason::DuplicateSubnet {
-                            subnet: sb,
+                            subnet: net,
                             other: a.lease.node.clone(),
                         });
+                    if end > w_end {
+                        widest = Some((end, net, i));
+                    }
                 }
+                _ => widest = Some((end, net, i)),
             }
         }
     }
@@ -77,17 +96,6 @@ pub(crate) fn screen<'a>(
         candidates,
         left_out,
     }
-}
-
-fn pairs(a: &Candidate<'_>, b: &Candidate<'_>) -> Vec<(IpNet, IpNet)> {
-    let mut out = Vec::new();
-    if let (Some(x), Some(y)) = (a.v4, b.v4) {
-        out.push((x, y));
-    }
-    if let (Some(x), Some(y)) = (a.v6, b.v6) {
-        out.push((x, y));
-    }
-    out
 }
 
 fn check<'a>(

@@ -26,6 +26,8 @@ pub struct ControlPlane {
     pub cold_ms: f64,
     pub first_pass_writes: u64,
     pub steady_writes: u64,
+    /// How long that steady-state pass took.
+    pub steady_pass_ms: f64,
     pub agent_rss_kib: u64,
     pub device_rss_kib: u64,
     pub idle_cpu_percent: f64,
@@ -157,6 +159,9 @@ pub fn run(weft: &Path, nodes: usize, churn: Duration, rate: f64) -> anyhow::Res
     let steady_writes = field(&steady, "writes")
         .and_then(|w| w.parse().ok())
         .unwrap_or(u64::MAX);
+    let steady_pass_ms: f64 = field(&steady, "took_ms")
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(f64::NAN);
 
     let pid = lab.agent_pid(0).context("the agent's pid")?;
     let before = cpu_ticks(pid);
@@ -175,6 +180,7 @@ pub fn run(weft: &Path, nodes: usize, churn: Duration, rate: f64) -> anyhow::Res
         cold_ms,
         first_pass_writes,
         steady_writes,
+        steady_pass_ms,
         agent_rss_kib,
         device_rss_kib,
         idle_cpu_percent,
@@ -209,9 +215,12 @@ fn churn_phase(
             .build()?;
         rt.block_on(async move {
             let mut client = etcd_client::Client::connect([endpoint], None).await?;
-            // (kind, node name or old key, write time)
+            // (kind, the key whose add or removal marks it programmed, write time)
             let mut writes: Vec<(&'static str, String, SystemTime)> = Vec::new();
-            let (mut next_new, mut victim) = (nodes, 0u32);
+            // Nodes that exist, with their key generation; changes cycle through them.
+            let mut pool: std::collections::VecDeque<(u32, u32)> =
+                (0..nodes).map(|i| (i, 0)).collect();
+            let mut next_new = nodes;
             let interval = Duration::from_secs_f64(1.0 / rate);
             let t0 = tokio::time::Instant::now();
             let mut op = 0u32;
@@ -220,22 +229,30 @@ fn churn_phase(
                 let at = SystemTime::now();
                 match op % 3 {
                     0 => {
-                        let (key, name) = lease_key(next_new);
+                        let (key, _) = lease_key(next_new);
                         client.put(key, lease_value(next_new, 0), None).await?;
-                        writes.push(("add", name, at));
+                        writes.push(("add", synthetic_key(next_new, 0), at));
+                        pool.push_back((next_new, 0));
                         next_new += 1;
                     }
                     1 => {
-                        let (key, name) = lease_key(victim);
-                        client.put(key, lease_value(victim, 1), None).await?;
-                        writes.push(("key change", name, at));
-                        victim += 1;
+                        let Some((id, generation)) = pool.pop_front() else {
+                            break;
+                        };
+                        let (key, _) = lease_key(id);
+                        client
+                            .put(key, lease_value(id, generation + 1), None)
+                            .await?;
+                        writes.push(("key change", synthetic_key(id, generation + 1), at));
+                        pool.push_back((id, generation + 1));
                     }
                     _ => {
-                        let (key, _) = lease_key(victim);
+                        let Some((id, generation)) = pool.pop_front() else {
+                            break;
+                        };
+                        let (key, _) = lease_key(id);
                         client.delete(key, None).await?;
-                        writes.push(("remove", synthetic_key(victim, 0), at));
-                        victim += 1;
+                        writes.push(("remove", synthetic_key(id, generation), at));
                     }
                 }
                 op += 1;
@@ -248,31 +265,52 @@ fn churn_phase(
         .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???;
     std::thread::sleep(Duration::from_secs(2));
     let text = read_log(&log);
-    let mut seen: HashMap<String, SystemTime> = HashMap::new();
+    // "…: add peer NODE (KEY) endpoint …" and "…: remove peer KEY", each by key: a key is
+    // added once and removed once, so adds and removals are kept apart.
+    let mut added: HashMap<String, SystemTime> = HashMap::new();
+    let mut removed: HashMap<String, SystemTime> = HashMap::new();
     for line in text.lines().skip(start_line) {
         let Some(at) = log_time(line) else { continue };
-        for marker in [": add peer ", ": remove peer "] {
-            if let Some(rest) = line.split(marker).nth(1) {
-                if let Some(id) = rest.split_whitespace().next() {
-                    seen.entry(id.to_string()).or_insert(at);
-                }
+        if let Some(rest) = line.split(": add peer ").nth(1) {
+            if let Some((key, _)) = rest.split_once(" (").and_then(|(_, r)| r.split_once(')')) {
+                added.entry(key.to_string()).or_insert(at);
             }
+        } else if let Some(key) = line
+            .split(": remove peer ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+        {
+            removed.entry(key.to_string()).or_insert(at);
         }
     }
+    let seen = |kind: &str, key: &str| {
+        if kind == "remove" {
+            removed.get(key).copied()
+        } else {
+            added.get(key).copied()
+        }
+    };
     let mut out: Vec<(&'static str, Vec<f64>)> =
         vec![("add", vec![]), ("remove", vec![]), ("key change", vec![])];
     for (kind, id, at) in &writes {
-        if let Some(done) = seen.get(id) {
+        if let Some(done) = seen(kind, id) {
             if let Some(slot) = out.iter_mut().find(|(k, _)| k == kind) {
-                slot.1.push(ms_between(*at, *done));
+                slot.1.push(ms_between(*at, done));
             }
         }
     }
     let programmed: usize = out.iter().map(|(_, v)| v.len()).sum();
     if programmed < writes.len() {
+        let missing: Vec<String> = writes
+            .iter()
+            .filter(|(kind, id, _)| seen(kind, id).is_none())
+            .take(3)
+            .map(|(k, id, _)| format!("{k} {id}"))
+            .collect();
         bail!(
-            "only {programmed} of {} churn operations were programmed within 2 s",
-            writes.len()
+            "only {programmed} of {} churn operations were programmed within 2 s; e.g. {missing:?}\n{}",
+            writes.len(),
+            tail(&text)
         );
     }
     Ok(out)
@@ -281,15 +319,16 @@ fn churn_phase(
 /// One table row per run, plus churn percentiles.
 pub fn report(results: &[ControlPlane]) -> String {
     let mut out = String::from(
-        "| nodes | cold convergence (ms) | first pass writes | steady-state writes | agent RSS (MiB) | device process RSS (MiB) | idle CPU (%) |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| nodes | cold convergence (ms) | first pass writes | steady-state writes | resync pass (ms) | agent RSS (MiB) | device process RSS (MiB) | idle CPU (%), resync every 3 s |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in results {
         out += &format!(
-            "| {} | {:.0} | {} | {} | {:.1} | {:.1} | {:.2} |\n",
+            "| {} | {:.0} | {} | {} | {:.0} | {:.1} | {:.1} | {:.2} |\n",
             r.nodes,
             r.cold_ms,
             r.first_pass_writes,
             r.steady_writes,
+            r.steady_pass_ms,
             r.agent_rss_kib as f64 / 1024.0,
             r.device_rss_kib as f64 / 1024.0,
             r.idle_cpu_percent
