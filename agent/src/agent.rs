@@ -241,6 +241,9 @@ async fn control_loop(
     let mut nft_check = tokio::time::interval(NFT_CHECK);
     let mut last: Option<DesiredState> = None;
     let mut pass: u64 = 0;
+    // A pass woken only by the registry trusts what the last passes read of the WireGuard
+    // devices; the first pass, the resync and every deletion read everything.
+    let mut full = true;
     // Nothing is planned before the registry's first full listing: a plan made from the
     // empty view would remove every peer that a previous run left in place, dropping
     // traffic that the restart should not touch.
@@ -257,6 +260,7 @@ async fn control_loop(
     loop {
         let me = inputs.local.borrow_and_update().clone();
         let view = inputs.views.borrow_and_update().clone();
+        let t_plan = std::time::Instant::now();
         match plan(&PlanInput {
             local: &me,
             view: &view,
@@ -265,6 +269,7 @@ async fn control_loop(
             now: SystemTime::now(),
         }) {
             Ok(state) => {
+                let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
                 report(last.as_ref(), &state);
                 match subnet_file::write(&args.subnet_file, &state.subnet_env) {
                     Ok(true) => info!(path = %args.subnet_file.display(), "wrote subnet file"),
@@ -274,15 +279,26 @@ async fn control_loop(
                 pass += 1;
                 let span = tracing::info_span!("reconcile", pass);
                 let (started, writes) = (std::time::Instant::now(), dataplane.writes());
-                match dataplane.reconcile(&state, key).instrument(span).await {
+                let result = if full {
+                    dataplane.reconcile(&state, key).instrument(span).await
+                } else {
+                    dataplane
+                        .reconcile_incremental(&state, key)
+                        .instrument(span)
+                        .await
+                };
+                match result {
                     Ok(r) => {
                         log_report(&r);
                         info!(
                             pass,
+                            full,
                             changes = r.changes.len(),
                             errors = r.errors.len(),
                             writes = dataplane.writes() - writes,
                             took_ms = started.elapsed().as_secs_f64() * 1e3,
+                            plan_ms,
+                            parts = ?r.timings,
                             "reconciled"
                         );
                     }
@@ -296,10 +312,22 @@ async fn control_loop(
         }
         loop {
             tokio::select! {
-                _ = inputs.views.changed() => break,
-                _ = inputs.local.changed() => break,
-                _ = resync.tick() => break,
-                Some(()) = inputs.deletions.recv() => break,
+                _ = inputs.views.changed() => {
+                    full = false;
+                    break;
+                }
+                _ = inputs.local.changed() => {
+                    full = false;
+                    break;
+                }
+                _ = resync.tick() => {
+                    full = true;
+                    break;
+                }
+                Some(()) = inputs.deletions.recv() => {
+                    full = true;
+                    break;
+                }
                 _ = nft_check.tick() => {
                     if let Some(state) = &last {
                         match dataplane.reconcile_nft(state).await {

@@ -6,7 +6,7 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::{WgDevices, WgImpl};
-use super::wireguard::diff::{diff_device, PeerChange};
+use super::wireguard::diff::{apply_to, diff_device, PeerChange};
 use super::wireguard::process::{stop_server, UserspaceProcess};
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
@@ -20,6 +20,15 @@ use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 pub struct DataplaneReport {
     pub changes: Vec<String>,
     pub errors: Vec<String>,
+    /// Milliseconds spent per part of the pass: routing, wireguard, vxlan, nftables.
+    pub timings: Vec<(&'static str, f64)>,
+}
+
+fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::Instant) {
+    report
+        .timings
+        .push((part, since.elapsed().as_secs_f64() * 1e3));
+    *since = std::time::Instant::now();
 }
 
 pub struct Dataplane {
@@ -27,6 +36,12 @@ pub struct Dataplane {
     nft: NftCli,
     /// `None` for the unencrypted backends: no WireGuard implementation is probed.
     wg: Option<WgImpl>,
+    /// Each device as last read, with this agent's changes since applied: an incremental
+    /// pass diffs against it instead of dumping thousands of peers again.
+    wg_seen: std::collections::HashMap<String, super::wireguard::WgDevice>,
+    /// The rule set last found in place; an incremental pass leaves nftables alone when
+    /// the plan's is the same (the 2 s check and every full pass still look).
+    nft_seen: Option<Vec<crate::model::MasqueradeTable>>,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -89,6 +104,8 @@ impl Dataplane {
             nl,
             nft: NftCli::default(),
             wg,
+            wg_seen: Default::default(),
+            nft_seen: None,
         };
         Ok((dataplane, why))
     }
@@ -133,18 +150,43 @@ impl Dataplane {
         Ok(DataplaneReport {
             changes: nft.applied,
             errors: nft.failed.iter().map(ToString::to_string).collect(),
+            timings: Vec::new(),
         })
     }
 
-    /// Brings the node's data plane in line with `state`. Reads that fail abort the pass
-    /// (the next one retries); a failed write is reported and the rest goes ahead.
+    /// Brings the node's data plane in line with `state`, reading everything from the
+    /// kernel and the devices. Reads that fail abort the pass (the next one retries); a
+    /// failed write is reported and the rest goes ahead.
     pub async fn reconcile(
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
+        self.pass(state, key, true).await
+    }
+
+    /// As `reconcile`, for a pass that follows registry events only: WireGuard devices are
+    /// diffed against their state as last read plus this agent's own changes since, and an
+    /// unchanged rule set is not re-read. Links and routes are read as always (their
+    /// deletion raises an event that triggers a full pass anyway).
+    pub async fn reconcile_incremental(
+        &mut self,
+        state: &DesiredState,
+        key: &PrivateKey,
+    ) -> Result<DataplaneReport, ApplyError> {
+        self.pass(state, key, false).await
+    }
+
+    async fn pass(
+        &mut self,
+        state: &DesiredState,
+        key: &PrivateKey,
+        full: bool,
+    ) -> Result<DataplaneReport, ApplyError> {
         let mut report = DataplaneReport::default();
+        let mut t = std::time::Instant::now();
         self.routing(state, &mut report).await?;
+        lap(&mut report, "routing", &mut t);
         let mut started = false;
         let mut added: Vec<PeerSpec> = Vec::new();
         for t in &state.tunnels {
@@ -155,7 +197,8 @@ impl Dataplane {
                 ));
                 continue;
             };
-            if wg.ensure(&mut self.nl, &t.device).await? {
+            let created = wg.ensure(&mut self.nl, &t.device).await?;
+            if created {
                 report.changes.push(format!(
                     "created {} WireGuard device {}",
                     wg.name(),
@@ -163,9 +206,13 @@ impl Dataplane {
                 ));
                 started = true;
             }
-            let observed = wg.get(&t.device).await?;
+            let observed = match self.wg_seen.get(&t.device) {
+                Some(seen) if !full && !created => seen.clone(),
+                _ => wg.get(&t.device).await?,
+            };
             let change = diff_device(t, &key.public_key(), &observed);
             if change.is_empty() {
+                self.wg_seen.insert(t.device.clone(), observed);
                 continue;
             }
             let lines: Vec<String> = change
@@ -180,6 +227,9 @@ impl Dataplane {
             let new_peers: Vec<PeerSpec> = new_peers.collect();
             match wg.apply(&t.device, &change, key).await {
                 Ok(()) => {
+                    let mut now = observed;
+                    apply_to(&mut now, &change, &key.public_key());
+                    self.wg_seen.insert(t.device.clone(), now);
                     if change.set_private_key {
                         report
                             .changes
@@ -193,13 +243,18 @@ impl Dataplane {
                     report.changes.extend(lines);
                     added.extend(new_peers);
                 }
-                Err(e) => report.errors.push(e.to_string()),
+                Err(e) => {
+                    // What the device holds now is unknown: the next pass reads it.
+                    self.wg_seen.remove(&t.device);
+                    report.errors.push(e.to_string());
+                }
             }
         }
         for name in [WG_DEVICE, WG_DEVICE_V6] {
             if state.tunnels.iter().any(|t| t.device == name) {
                 continue;
             }
+            self.wg_seen.remove(name);
             if let Some(link) = self.nl.link(name).await? {
                 stop_server(name);
                 match self.nl.del_link(&link).await {
@@ -210,6 +265,7 @@ impl Dataplane {
                 }
             }
         }
+        lap(&mut report, "wireguard", &mut t);
         match reconcile_vxlan(&mut self.nl, state.vxlan.as_ref(), &mut report.changes).await {
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
@@ -217,8 +273,14 @@ impl Dataplane {
         if started {
             self.routing(state, &mut report).await?;
         }
+        lap(&mut report, "vxlan", &mut t);
         prime_handshakes(&added, &mut report);
+        if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
+            return Ok(report);
+        }
         let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
+        lap(&mut report, "nftables", &mut t);
+        self.nft_seen = nft.failed.is_empty().then(|| state.masquerade.clone());
         report.changes.extend(nft.applied);
         report
             .errors

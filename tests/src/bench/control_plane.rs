@@ -265,6 +265,16 @@ fn churn_phase(
         .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???;
     std::thread::sleep(Duration::from_secs(2));
     let text = read_log(&log);
+    if std::env::var_os("WEFT_BENCH_DEBUG").is_some() {
+        for l in text
+            .lines()
+            .skip(start_line)
+            .filter(|l| l.contains("reconciled"))
+            .take(8)
+        {
+            eprintln!("{l}");
+        }
+    }
     // "…: add peer NODE (KEY) endpoint …" and "…: remove peer KEY", each by key: a key is
     // added once and removed once, so adds and removals are kept apart.
     let mut added: HashMap<String, SystemTime> = HashMap::new();

@@ -80,12 +80,40 @@ pub fn diff_device(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> D
             });
         }
     }
+    let wanted: std::collections::BTreeSet<&PublicKey> =
+        spec.peers.iter().map(|p| &p.public_key).collect();
     for key in observed.peers.keys() {
-        if !spec.peers.iter().any(|p| p.public_key == *key) {
+        if !wanted.contains(key) {
             change.peers.push(PeerChange::Remove { key: *key });
         }
     }
     change
+}
+
+/// `observed` as it is after `change` was applied: what a fresh read would return for the
+/// fields the diff compares. Lets a pass that only follows registry events skip re-reading
+/// a large device (a periodic full pass still reads it, catching outside changes).
+pub fn apply_to(observed: &mut WgDevice, change: &DeviceChange, own: &PublicKey) {
+    if change.set_private_key {
+        observed.public_key = Some(*own);
+    }
+    if let Some(port) = change.listen_port {
+        observed.listen_port = port;
+    }
+    for c in &change.peers {
+        match c {
+            PeerChange::Add(p) | PeerChange::Update { spec: p, .. } => {
+                let peer = observed.peers.entry(p.public_key).or_default();
+                peer.endpoint = Some(p.endpoint);
+                peer.allowed_ips = sorted(p.allowed_ips.clone());
+                peer.keepalive = p.keepalive;
+                peer.psk = p.psk.clone();
+            }
+            PeerChange::Remove { key } => {
+                observed.peers.remove(key);
+            }
+        }
+    }
 }
 
 impl fmt::Display for PeerChange {
@@ -260,5 +288,22 @@ mod tests {
             line.ends_with("psk (new)") && !line.contains(&psk.to_base64_secret()),
             "{line}"
         );
+    }
+
+    #[test]
+    fn a_change_applied_to_the_cached_device_leaves_nothing_to_do() {
+        let b = spec_peer("node-b", 2, "198.51.100.2:51820", "10.244.2.0/24");
+        let mut c = spec_peer("node-c", 3, "198.51.100.3:51820", "10.244.3.0/24");
+        let mut observed = WgDevice::default();
+        observed.peers.insert(c.public_key, seen(&c));
+        observed.peers.insert(key(9), WgPeer::default());
+        c.endpoint = "203.0.113.3:51820".parse().unwrap();
+        c.psk = Some(weft_crypto::PresharedKey::from_bytes([5; 32]));
+        let spec = tunnel(vec![b, c]);
+        let change = diff_device(&spec, &key(1), &observed);
+        assert!(!change.is_empty());
+        apply_to(&mut observed, &change, &key(1));
+        assert!(diff_device(&spec, &key(1), &observed).is_empty());
+        assert_eq!(observed.peers.len(), 2, "the stale peer is gone");
     }
 }
