@@ -130,7 +130,8 @@ fn raw_veth(bytes: u64) -> anyhow::Result<Sample> {
 }
 
 /// Underlay (fabric bridge, two nodes) and a pod behind each node; `tunnel` then joins the
-/// nodes (`node` index, own and peer underlay address) and returns each node's device.
+/// nodes (`node` index, own and peer underlay address) and returns each node's device
+/// (`dev` or `dev via GATEWAY`).
 fn by_hand(
     bytes: u64,
     tunnel: &dyn Fn(&Hand, usize, &str, &str) -> anyhow::Result<String>,
@@ -162,9 +163,14 @@ fn by_hand(
 fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<String> {
     in_ns(
         h.ns(1 + i),
-        &format!("ip link add vx0 type vxlan id 42 local {me} remote {peer} dstport 4789 dev eth0 && ip link set vx0 mtu 1450 up"),
+        &format!(
+            "ip link add vx0 type vxlan id 42 local {me} remote {peer} dstport 4789 dev eth0 && \
+                  ip addr add 10.99.9.{}/24 dev vx0 && ip link set vx0 mtu 1450 up",
+            i + 1
+        ),
     )?;
-    Ok("vx0".into())
+    // An L2 tunnel: the peer node is the next hop (it answers ARP on vx0).
+    Ok(format!("vx0 via 10.99.9.{}", 2 - i))
 }
 
 /// A userspace WireGuard implementation run by hand: `daemon` starts a device named wg0
