@@ -241,8 +241,9 @@ async fn control_loop(
     let mut nft_check = tokio::time::interval(NFT_CHECK);
     let mut last: Option<DesiredState> = None;
     let mut pass: u64 = 0;
-    // A pass woken only by the registry trusts what the last passes read of the WireGuard
-    // devices; the first pass, the resync and every deletion read everything.
+    // A pass woken by the registry or a deletion trusts what the last passes read of the
+    // WireGuard devices (no event reports their peers changing); the first pass and the
+    // periodic resync read everything.
     let mut full = true;
     // Nothing is planned before the registry's first full listing: a plan made from the
     // empty view would remove every peer that a previous run left in place, dropping
@@ -324,8 +325,11 @@ async fn control_loop(
                     full = true;
                     break;
                 }
+                // Links, addresses, routes and neighbours are read in every pass, and a
+                // deleted device is recreated and read afresh; so a deletion (often one of
+                // the agent's own) needs no full pass.
                 Some(()) = inputs.deletions.recv() => {
-                    full = true;
+                    full = false;
                     break;
                 }
                 _ = nft_check.tick() => {

@@ -263,8 +263,21 @@ fn churn_phase(
     let writes = writer
         .join()
         .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???;
-    std::thread::sleep(Duration::from_secs(2));
-    let text = read_log(&log);
+    // Wait until every written key shows up in the log (or give up after 10 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = read_log(&log);
+        let last = writes
+            .last()
+            .map(|(_, id, _)| id.as_str())
+            .unwrap_or_default();
+        if text.lines().skip(start_line).any(|l| l.contains(last)) || Instant::now() > deadline {
+            // The last write is in: give the pass that carried it time to log the rest.
+            std::thread::sleep(Duration::from_millis(500));
+            break read_log(&log);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     if std::env::var_os("WEFT_BENCH_DEBUG").is_some() {
         for l in text
             .lines()
@@ -318,7 +331,7 @@ fn churn_phase(
             .map(|(k, id, _)| format!("{k} {id}"))
             .collect();
         bail!(
-            "only {programmed} of {} churn operations were programmed within 2 s; e.g. {missing:?}\n{}",
+            "only {programmed} of {} churn operations were programmed within 10 s; e.g. {missing:?}\n{}",
             writes.len(),
             tail(&text)
         );
