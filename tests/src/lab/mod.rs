@@ -10,83 +10,25 @@
 //! first removes those of processes that no longer exist (a crashed earlier run). Test
 //! traffic never leaves the namespaces the lab made.
 
+mod config;
+mod fabric;
+
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
+pub use config::{LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, ROUTER_IP, ROUTER_IP2};
+pub use fabric::{clean_stale, devices_created, in_ns, run};
+
 use crate::Etcd;
-
-pub const ETCD_IP: &str = "198.51.100.250";
-pub const EXT_IP: &str = "198.51.100.200";
-const PREFIX: &str = "/coreos.com/network";
-
-pub struct LabConfig {
-    pub nodes: usize,
-    pub pods_per_node: usize,
-    /// net-conf.json put into etcd.
-    pub net_conf: String,
-    /// The `weft` binary the agents run.
-    pub weft: PathBuf,
-    pub extra_args: Vec<String>,
-    /// Per node (cycled), its `--wireguard-implementation`; empty: the config's.
-    pub implementations: Vec<String>,
-    /// Nodes (by index) on the second segment, 203.0.113.0/24, behind the router.
-    pub routed: Vec<usize>,
-    /// etcd keys and values put before any agent starts (synthetic leases, say).
-    pub seed: Vec<(String, String)>,
-}
-
-/// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
-/// `kernel`, `userspace`, or `mixed` (kernel on odd-numbered nodes, userspace on the
-/// others). The VM runner sets it to run the same scenarios on kernel WireGuard.
-pub const IMPLEMENTATION_ENV: &str = "WEFT_LAB_IMPLEMENTATION";
-
-impl LabConfig {
-    pub fn wireguard(nodes: usize, weft: impl Into<PathBuf>) -> Self {
-        let chosen = std::env::var(IMPLEMENTATION_ENV).unwrap_or_default();
-        let implementations = match chosen.as_str() {
-            "mixed" => vec!["kernel".into(), "userspace".into()],
-            "" | "auto" => vec![],
-            one => vec![one.to_string()],
-        };
-        LabConfig {
-            nodes,
-            pods_per_node: 2,
-            net_conf: r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#.into(),
-            weft: weft.into(),
-            extra_args: vec!["--ip-masq".into()],
-            implementations,
-            routed: Vec::new(),
-            seed: Vec::new(),
-        }
-    }
-
-    /// A lab on another backend: `vxlan` (with `DirectRouting` if `direct`) or `host-gw`.
-    pub fn backend(nodes: usize, weft: impl Into<PathBuf>, backend: &str, direct: bool) -> Self {
-        let extra = if direct {
-            r#", "DirectRouting": true"#
-        } else {
-            ""
-        };
-        LabConfig {
-            net_conf: format!(
-                r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"{extra}}}}}"#
-            ),
-            implementations: Vec::new(),
-            ..LabConfig::wireguard(nodes, weft)
-        }
-    }
-}
-
-/// The router between the two segments: its address on each.
-pub const ROUTER_IP: &str = "198.51.100.254";
-pub const ROUTER_IP2: &str = "203.0.113.254";
+use config::PREFIX;
+use fabric::{attach, attach_to, Namespaces};
 
 pub struct Pod {
     pub ns: String,
@@ -122,87 +64,7 @@ pub struct Lab {
     namespaces: Namespaces,
 }
 
-/// The namespaces a lab made; removed on drop, also when `Lab::start` fails half-way.
-#[derive(Default)]
-struct Namespaces(Vec<String>);
-
-impl Namespaces {
-    fn add(&mut self, name: &str) -> anyhow::Result<()> {
-        run(Command::new("ip").args(["netns", "add", name]))?;
-        self.0.push(name.to_string());
-        in_ns(name, "ip link set lo up")?;
-        Ok(())
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for ns in self.0.iter().rev() {
-            remove_ns(ns);
-        }
-    }
-}
-
 static LABS: AtomicUsize = AtomicUsize::new(0);
-
-/// How often an agent log says the agent created `flannel-wg` (kernel or userspace).
-pub fn devices_created(log: &str) -> usize {
-    ["kernel", "userspace"]
-        .iter()
-        .map(|i| {
-            log.matches(&format!("created {i} WireGuard device flannel-wg"))
-                .count()
-        })
-        .sum()
-}
-
-/// Runs a command, failing with its stderr.
-pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out)
-}
-
-/// `sh -c script` inside network namespace `ns`.
-pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
-    let out = run(Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Deletes lab namespaces whose process is gone (what a crashed run left behind).
-pub fn clean_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        let Some(pid) = name
-            .strip_prefix("wl")
-            .and_then(|r| r.split('x').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            remove_ns(name);
-        }
-    }
-}
-
-fn remove_ns(name: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
-    }
-    let _ = Command::new("ip").args(["netns", "del", name]).status();
-}
 
 impl Lab {
     /// Builds the fabric, etcd and the nodes, starts every agent and wires the pods once
@@ -558,29 +420,6 @@ impl Lab {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
-}
-
-/// Connects namespace `ns` to the fabric bridge: `eth0` there, `name` on the bridge.
-fn attach(fabric: &str, ns: &str, name: &str, ip: &str) -> anyhow::Result<()> {
-    attach_to(fabric, "br0", ns, name, "eth0", ip)
-}
-
-/// Connects namespace `ns` to bridge `bridge` of the fabric: `dev` there, `name` on the
-/// bridge, `ip`/24 on `dev`.
-fn attach_to(
-    fabric: &str,
-    bridge: &str,
-    ns: &str,
-    name: &str,
-    dev: &str,
-    ip: &str,
-) -> anyhow::Result<()> {
-    in_ns(fabric, &format!("ip link add {name} type veth peer name {dev} netns {ns} && ip link set {name} master {bridge} up"))?;
-    in_ns(
-        ns,
-        &format!("ip addr add {ip}/24 dev {dev} && ip link set {dev} up"),
-    )?;
-    Ok(())
 }
 
 impl Drop for Lab {

@@ -1,0 +1,70 @@
+//! What a lab is made of: node count, pods, the net-conf, the agents' flags, per-node
+//! WireGuard implementation, which nodes sit behind the router, and etcd seed data.
+
+use std::path::PathBuf;
+
+pub const ETCD_IP: &str = "198.51.100.250";
+pub const EXT_IP: &str = "198.51.100.200";
+pub(super) const PREFIX: &str = "/coreos.com/network";
+
+pub struct LabConfig {
+    pub nodes: usize,
+    pub pods_per_node: usize,
+    /// net-conf.json put into etcd.
+    pub net_conf: String,
+    /// The `weft` binary the agents run.
+    pub weft: PathBuf,
+    pub extra_args: Vec<String>,
+    /// Per node (cycled), its `--wireguard-implementation`; empty: the config's.
+    pub implementations: Vec<String>,
+    /// Nodes (by index) on the second segment, 203.0.113.0/24, behind the router.
+    pub routed: Vec<usize>,
+    /// etcd keys and values put before any agent starts (synthetic leases, say).
+    pub seed: Vec<(String, String)>,
+}
+
+/// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
+/// `kernel`, `userspace`, or `mixed` (kernel on odd-numbered nodes, userspace on the
+/// others). The VM runner sets it to run the same scenarios on kernel WireGuard.
+pub const IMPLEMENTATION_ENV: &str = "WEFT_LAB_IMPLEMENTATION";
+
+impl LabConfig {
+    pub fn wireguard(nodes: usize, weft: impl Into<PathBuf>) -> Self {
+        let chosen = std::env::var(IMPLEMENTATION_ENV).unwrap_or_default();
+        let implementations = match chosen.as_str() {
+            "mixed" => vec!["kernel".into(), "userspace".into()],
+            "" | "auto" => vec![],
+            one => vec![one.to_string()],
+        };
+        LabConfig {
+            nodes,
+            pods_per_node: 2,
+            net_conf: r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#.into(),
+            weft: weft.into(),
+            extra_args: vec!["--ip-masq".into()],
+            implementations,
+            routed: Vec::new(),
+            seed: Vec::new(),
+        }
+    }
+
+    /// A lab on another backend: `vxlan` (with `DirectRouting` if `direct`) or `host-gw`.
+    pub fn backend(nodes: usize, weft: impl Into<PathBuf>, backend: &str, direct: bool) -> Self {
+        let extra = if direct {
+            r#", "DirectRouting": true"#
+        } else {
+            ""
+        };
+        LabConfig {
+            net_conf: format!(
+                r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"{extra}}}}}"#
+            ),
+            implementations: Vec::new(),
+            ..LabConfig::wireguard(nodes, weft)
+        }
+    }
+}
+
+/// The router between the two segments: its address on each.
+pub const ROUTER_IP: &str = "198.51.100.254";
+pub const ROUTER_IP2: &str = "203.0.113.254";
