@@ -3,7 +3,7 @@
 //! state. This issue's agent plans and writes subnet.env; the reconcilers that program the
 //! kernel from the plan plug in at `apply` (the data-plane issue).
 
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -65,29 +65,6 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
-/// The address peers reach us on: `--public-ip`, else the source address the kernel picks
-/// for the default route (a UDP `connect` sends nothing; the target is a documentation
-/// address).
-fn public_ip(args: &AgentArgs) -> anyhow::Result<Ipv4Addr> {
-    if let Some(ip) = args.public_ip {
-        return Ok(ip);
-    }
-    if !args.iface.is_empty() || !args.iface_regex.is_empty() || args.iface_can_reach.is_some() {
-        bail!("--iface, --iface-regex and --iface-can-reach are not implemented yet; give the address with --public-ip");
-    }
-    let socket = UdpSocket::bind("0.0.0.0:0")
-        .context("opening a UDP socket to find the default route's address")?;
-    socket
-        .connect("203.0.113.1:9")
-        .context("finding the default route's address (no default route?); give the address with --public-ip")?;
-    match socket.local_addr()?.ip() {
-        IpAddr::V4(ip) if !ip.is_unspecified() => Ok(ip),
-        other => bail!(
-            "the default route's source address is {other}; give the address with --public-ip"
-        ),
-    }
-}
-
 fn shutdown_on_signals() -> anyhow::Result<watch::Receiver<bool>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
@@ -112,7 +89,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
     let public_key = key.public_key();
     info!(path = %key_path.display(), public_key = %public_key, origin = ?origin, "WireGuard key");
-    let public_ip = public_ip(&args)?;
+    let public_ip = crate::iface::public_ip(&args)?;
     let mut shutdown = shutdown_on_signals()?;
 
     let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());

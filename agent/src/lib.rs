@@ -6,5 +6,6 @@ pub mod backend_setup;
 pub mod backoff;
 pub mod cli;
 pub mod commands;
+pub mod iface;
 pub mod registry;
 pub mod subnet_file;

@@ -178,8 +178,13 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
             dir.path().join("run/subnet.env"),
             dir.path().join("agent.log"),
         );
+        // The address to advertise comes from --iface, as with flanneld.
+        weft_lab::netns::sh(
+            "ip link add uplink type veth peer name uplink-peer && \
+             ip addr add 198.51.100.9/24 dev uplink && ip link set uplink up",
+        );
         let mut agent = Command::new(WEFT)
-            .args(["agent", "--public-ip=198.51.100.9", "--ip-masq"])
+            .args(["agent", "--iface=uplink", "--ip-masq"])
             .env("FLANNELD_ETCD_ENDPOINTS", etcd.endpoint())
             .env("WEFT_SUBNET_FILE", &subnet_file)
             .env("WIREGUARD_KEY_FILE", &key_file)
