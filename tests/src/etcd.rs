@@ -38,11 +38,20 @@ pub fn etcd_binary() -> anyhow::Result<PathBuf> {
 }
 
 impl Etcd {
-    /// A running etcd.
+    /// A running etcd. The free ports are picked before etcd binds them, so another test
+    /// may take one in between; then it starts again on fresh ports.
     pub fn start() -> anyhow::Result<Self> {
-        let mut etcd = Etcd::reserve()?;
-        etcd.launch()?;
-        Ok(etcd)
+        let mut attempt = 0;
+        loop {
+            let mut etcd = Etcd::reserve()?;
+            match etcd.launch() {
+                Ok(()) => return Ok(etcd),
+                Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Ports and a data directory, with etcd not yet running (for "etcd is down at start").
