@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use weft_backends::apply::wireguard::devices::WgImpl;
+use weft_backends::apply::wireguard::devices::{WgDevices, WgImpl};
 use weft_backends::apply::wireguard::diff::diff_device;
 use weft_backends::apply::wireguard::kernel::Kernel;
 use weft_backends::apply::wireguard::process::UserspaceProcess;
@@ -39,6 +39,20 @@ fn kernel_has_wireguard() -> bool {
         sh("ip link del wgt-ask");
     }
     ok
+}
+
+/// Whether the kernel tests can run here. Without kernel WireGuard they are skipped, with
+/// a line saying so, unless `WEFT_REQUIRE_KERNEL_WG` is set (the VM runner): then it fails.
+fn kernel_wireguard_or_skip() -> bool {
+    if kernel_has_wireguard() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("WEFT_REQUIRE_KERNEL_WG").is_none(),
+        "WEFT_REQUIRE_KERNEL_WG is set but this kernel refuses wireguard links"
+    );
+    eprintln!("skipped here: this kernel has no WireGuard (the VM runner runs it)");
+    false
 }
 
 fn spec(device: &str, peers: usize) -> TunnelSpec {
@@ -206,12 +220,7 @@ fn the_userspace_device_process_is_taken_over_and_replaced_when_broken() {
 #[test]
 fn kernel_device_takes_1000_peers_in_split_messages_and_then_writes_nothing() {
     in_new_netns(|| async {
-        if !kernel_has_wireguard() {
-            assert!(
-                std::env::var_os("WEFT_REQUIRE_KERNEL_WG").is_none(),
-                "WEFT_REQUIRE_KERNEL_WG is set but this kernel refuses wireguard links"
-            );
-            eprintln!("skipped here: this kernel has no WireGuard (the VM runner runs it)");
+        if !kernel_wireguard_or_skip() {
             return;
         }
         let dev = "wgt-kernel";
@@ -228,12 +237,12 @@ fn kernel_device_takes_1000_peers_in_split_messages_and_then_writes_nothing() {
         assert_eq!(link.kind.as_deref(), Some("wireguard"));
         assert!(!k.ensure(&mut nl, dev).await.unwrap(), "already there");
 
-        let change = diff_device(&spec, &key.public_key(), &k.get(dev).unwrap());
+        let change = diff_device(&spec, &key.public_key(), &k.get(dev).await.unwrap());
         assert_eq!(change.peers.len(), 1000);
-        k.apply(dev, &change, &key).unwrap();
+        k.apply(dev, &change, &key).await.unwrap();
         let messages = k.writes();
         assert!(messages > 1, "1000 peers went out in {messages} message(s)");
-        let seen = k.get(dev).unwrap();
+        let seen = k.get(dev).await.unwrap();
         assert_eq!(seen.peers.len(), 1000);
         assert_eq!(seen.public_key, Some(key.public_key()));
         assert!(diff_device(&spec, &key.public_key(), &seen).is_empty());
@@ -268,12 +277,7 @@ fn synthetic_lease(i: u32) -> Lease {
 #[test]
 fn one_reconcile_programs_1000_kernel_peers_in_split_messages_and_the_next_writes_nothing() {
     in_new_netns(|| async {
-        if !kernel_has_wireguard() {
-            assert!(
-                std::env::var_os("WEFT_REQUIRE_KERNEL_WG").is_none(),
-                "WEFT_REQUIRE_KERNEL_WG is set but this kernel refuses wireguard links"
-            );
-            eprintln!("skipped here: this kernel has no WireGuard (the VM runner runs it)");
+        if !kernel_wireguard_or_skip() {
             return;
         }
         let me = synthetic_lease(0);

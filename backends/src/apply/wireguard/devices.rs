@@ -33,46 +33,6 @@ pub trait WgDevices {
     fn writes(&self) -> u64;
 }
 
-impl WgDevices for Kernel {
-    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
-        Kernel::ensure(self, nl, device).await
-    }
-    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
-        Kernel::get(self, device)
-    }
-    async fn apply(
-        &mut self,
-        device: &str,
-        change: &DeviceChange,
-        key: &PrivateKey,
-    ) -> Result<(), ApplyError> {
-        Kernel::apply(self, device, change, key)
-    }
-    fn writes(&self) -> u64 {
-        Kernel::writes(self)
-    }
-}
-
-impl WgDevices for UserspaceProcess {
-    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
-        UserspaceProcess::ensure(self, nl, device).await
-    }
-    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
-        UserspaceProcess::get(self, device).await
-    }
-    async fn apply(
-        &mut self,
-        device: &str,
-        change: &DeviceChange,
-        key: &PrivateKey,
-    ) -> Result<(), ApplyError> {
-        UserspaceProcess::apply(self, device, change, key).await
-    }
-    fn writes(&self) -> u64 {
-        UserspaceProcess::writes(self)
-    }
-}
-
 /// The implementation a node runs, chosen once at start.
 pub enum WgImpl {
     Kernel(Kernel),
@@ -139,7 +99,7 @@ impl WgDevices for WgImpl {
     }
     async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
         match self {
-            WgImpl::Kernel(k) => k.get(device),
+            WgImpl::Kernel(k) => k.get(device).await,
             WgImpl::Userspace(u) => u.get(device).await,
         }
     }
@@ -150,7 +110,7 @@ impl WgDevices for WgImpl {
         key: &PrivateKey,
     ) -> Result<(), ApplyError> {
         match self {
-            WgImpl::Kernel(k) => k.apply(device, change, key),
+            WgImpl::Kernel(k) => k.apply(device, change, key).await,
             WgImpl::Userspace(u) => u.apply(device, change, key).await,
         }
     }

@@ -4,6 +4,7 @@
 
 use weft_crypto::PrivateKey;
 
+use super::devices::WgDevices;
 use super::diff::DeviceChange;
 use super::genl::Genl;
 use super::kernel_msg::{set_device_messages, MESSAGE_BUDGET};
@@ -27,11 +28,13 @@ impl Kernel {
         let genl = Genl::open().map_err(err("opening a generic netlink socket".into()))?;
         Ok(Kernel { genl, writes: 0 })
     }
+}
 
+impl WgDevices for Kernel {
     /// Creates `device` unless a kernel WireGuard link of that name exists; a link of
     /// another type under the name (a userspace device left by an earlier run) is replaced.
     /// Returns whether the device was created.
-    pub async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
         if let Some(link) = nl.link(device).await? {
             if link.kind.as_deref() == Some(KIND) {
                 return Ok(false);
@@ -43,14 +46,14 @@ impl Kernel {
         Ok(true)
     }
 
-    pub fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
         self.genl
             .get_device(device)
             .map_err(err(format!("reading WireGuard device {device}")))
     }
 
     /// Applies `change` in as many messages as it needs; stops at the first refused.
-    pub fn apply(
+    async fn apply(
         &mut self,
         device: &str,
         change: &DeviceChange,
@@ -65,7 +68,7 @@ impl Kernel {
         Ok(())
     }
 
-    pub fn writes(&self) -> u64 {
+    fn writes(&self) -> u64 {
         self.writes
     }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use weft_crypto::PrivateKey;
 
+use super::devices::WgDevices;
 use super::diff::DeviceChange;
 use super::uapi::{self, encode_set};
 use super::uapi_socket::{socket_path, UapiClient};
@@ -98,11 +99,13 @@ impl UserspaceProcess {
         // pass reads the device right after anyway).
         Ok(UapiClient::connect(device).await.is_ok())
     }
+}
 
+impl WgDevices for UserspaceProcess {
     /// Starts a device process for `device` unless one runs; whatever else holds the name
     /// (a kernel device, a TUN without its process, a process whose link was deleted) is
     /// removed first. Returns whether a process was started.
-    pub async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
+    async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
         self.children
             .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
         if self.alive(nl, device).await? {
@@ -153,7 +156,7 @@ impl UserspaceProcess {
         Ok(true)
     }
 
-    pub async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
+    async fn get(&mut self, device: &str) -> Result<WgDevice, ApplyError> {
         let mut client = self.client(device).await?;
         let answer = client
             .exchange("get=1\n")
@@ -168,7 +171,7 @@ impl UserspaceProcess {
 
     /// Sends the `set=1` requests of `change`, one peer per request, updates as remove +
     /// add (boringtun cannot modify a peer); stops at the first refused.
-    pub async fn apply(
+    async fn apply(
         &mut self,
         device: &str,
         change: &DeviceChange,
@@ -185,7 +188,7 @@ impl UserspaceProcess {
         Ok(())
     }
 
-    pub fn writes(&self) -> u64 {
+    fn writes(&self) -> u64 {
         self.writes
     }
 }
