@@ -37,14 +37,7 @@ fn three_nodes_every_pod_reaches_every_pod_and_nothing_leaks() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
 
-    let (pairs, failures) = lab.all_pairs(Duration::from_secs(10));
-    assert!(
-        failures.is_empty(),
-        "{} of {pairs} pod pairs unreachable: {failures:?}\n{}",
-        failures.len(),
-        lab.logs()
-    );
-    assert_eq!(pairs, 24);
+    assert_eq!(lab.assert_all_pairs(), 24);
 
     Command::new("kill")
         .args(["-INT", &capture.id().to_string()])

@@ -20,16 +20,6 @@ fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Dura
     start.elapsed()
 }
 
-fn assert_all_pairs(lab: &Lab) {
-    let (pairs, failures) = lab.all_pairs(Duration::from_secs(10));
-    assert!(
-        failures.is_empty(),
-        "{} of {pairs} pod pairs unreachable: {failures:?}\n{}",
-        failures.len(),
-        lab.logs()
-    );
-}
-
 /// What node `i` published: (subnet network address, VTEP MAC, public IP).
 fn published(lab: &Lab, i: usize) -> (String, String, String) {
     let key = lab.lease_key(i).unwrap();
@@ -95,7 +85,7 @@ fn expected(lab: &Lab, i: usize) -> (Vec<String>, Vec<String>) {
 #[test]
 fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
     let mut lab = Lab::start(LabConfig::backend(3, WEFT, "vxlan", false)).unwrap();
-    assert_all_pairs(&lab);
+    lab.assert_all_pairs();
     for i in 0..3 {
         assert_eq!(entries(&lab, i), expected(&lab, i), "node {}", i + 1);
         let link = in_ns(&lab.nodes[i].ns, "ip -d -o link show flannel.1").unwrap();
@@ -193,7 +183,7 @@ fn vxlan_direct_routing_goes_direct_on_link_and_over_vxlan_across_the_router() {
     let mut cfg = LabConfig::backend(3, WEFT, "vxlan", true);
     cfg.routed = vec![2];
     let lab = Lab::start(cfg).unwrap();
-    assert_all_pairs(&lab);
+    lab.assert_all_pairs();
     let routes = in_ns(&lab.nodes[0].ns, "ip -4 route show proto 87").unwrap();
     let s2 = lab.nodes[1].subnet.unwrap();
     let s3 = lab.nodes[2].subnet.unwrap();
@@ -215,7 +205,7 @@ fn vxlan_direct_routing_goes_direct_on_link_and_over_vxlan_across_the_router() {
 #[test]
 fn host_gw_on_one_segment_reaches_all_and_names_the_routed_node() {
     let lab = Lab::start(LabConfig::backend(3, WEFT, "host-gw", false)).unwrap();
-    assert_all_pairs(&lab);
+    lab.assert_all_pairs();
     let routes = in_ns(&lab.nodes[0].ns, "ip -4 route show proto 87").unwrap();
     assert!(
         routes.contains(&format!(
@@ -255,7 +245,7 @@ fn host_gw_on_one_segment_reaches_all_and_names_the_routed_node() {
 #[test]
 fn switching_backends_leaves_nothing_of_the_previous_one() {
     let mut lab = Lab::start(LabConfig::backend(2, WEFT, "vxlan", false)).unwrap();
-    assert_all_pairs(&lab);
+    lab.assert_all_pairs();
     for (backend, gone) in [
         ("host-gw", vec!["flannel.1"]),
         ("wireguard", vec!["flannel.1"]),
@@ -271,7 +261,7 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         for i in 0..2 {
             lab.start_agent(i).unwrap();
         }
-        assert_all_pairs(&lab);
+        lab.assert_all_pairs();
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
             for dev in &gone {

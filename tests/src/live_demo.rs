@@ -22,10 +22,10 @@ fn weft_binary() -> anyhow::Result<PathBuf> {
     Ok(weft)
 }
 
-/// Median RTT in ms of five pings from pod namespace `from` to `to`.
-fn rtt_ms(from: &str, to: Ipv4Addr) -> Option<f64> {
-    let out = in_ns(from, &format!("ping -c 5 -i 0.2 -W 1 {to}")).ok()?;
-    let mut times: Vec<f64> = out
+/// Median RTT in ms of `count` pings `interval` seconds apart from namespace `from` to `to`.
+pub fn median_rtt_ms(from: &str, to: Ipv4Addr, count: u32, interval: &str) -> Option<f64> {
+    let out = in_ns(from, &format!("ping -c {count} -i {interval} -W 1 {to}")).ok()?;
+    let times: Vec<f64> = out
         .lines()
         .filter_map(|l| {
             l.split("time=")
@@ -36,8 +36,7 @@ fn rtt_ms(from: &str, to: Ipv4Addr) -> Option<f64> {
                 .ok()
         })
         .collect();
-    times.sort_by(f64::total_cmp);
-    times.get(times.len() / 2).copied()
+    crate::bench::median(&times)
 }
 
 /// Streams `bytes` from pod `from` to pod `to`; returns (MiB/s, digests match).
@@ -121,7 +120,8 @@ pub fn run(backend: &str) -> anyhow::Result<()> {
             let cell = if a.index == b.index {
                 "-".to_string()
             } else {
-                rtt_ms(&a.pods[0].ns, b.pods[0].ip).map_or("lost".into(), |r| format!("{r:.3}"))
+                median_rtt_ms(&a.pods[0].ns, b.pods[0].ip, 5, "0.2")
+                    .map_or("lost".into(), |r| format!("{r:.3}"))
             };
             print!("{cell:>14}");
         }

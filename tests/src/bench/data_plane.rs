@@ -11,8 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use super::median;
-use crate::lab::{in_ns, run as run_cmd, Lab, LabConfig};
-use crate::live_demo::transfer;
+use crate::lab::{in_ns, in_ns_private_mounts, run as run_cmd, Lab, LabConfig};
+use crate::live_demo::{median_rtt_ms, transfer};
 
 const SETUPS: [&str; 7] = [
     "raw veth (pod to pod, no hop)",
@@ -29,27 +29,13 @@ struct Sample {
     rtt_ms: f64,
 }
 
-fn rtt(from: &str, to: &str) -> anyhow::Result<f64> {
-    let out = in_ns(
-        from,
-        &format!("ping -c 20 -i 0.05 -W 1 -q {to} >/dev/null; ping -c 20 -i 0.05 -W 1 {to}"),
-    )?;
-    let times: Vec<f64> = out
-        .lines()
-        .filter_map(|l| {
-            l.split("time=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
-    median(&times).context("no ping replies")
-}
-
 fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyhow::Result<Sample> {
-    let rtt_ms = rtt(from, &to.to_string())?;
+    // 20 pings to warm up (ARP, handshakes), then the 20 that count.
+    in_ns(
+        from,
+        &format!("ping -c 20 -i 0.05 -W 1 -q {to} >/dev/null; true"),
+    )?;
+    let rtt_ms = median_rtt_ms(from, to, 20, "0.05").context("no ping replies")?;
     let (mib_s, intact) = transfer(from, to_ns, to, bytes)?;
     if !intact {
         bail!("the transfer arrived damaged");
@@ -202,19 +188,8 @@ fn userspace_wg(
             peer_key = String::from_utf8_lossy(&public.stdout).trim(),
             other = 2 - i,
         );
-        run_cmd(Command::new("ip").args([
-            "netns",
-            "exec",
-            node,
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &script,
-        ]))
-        .with_context(|| format!("starting {daemon}"))?;
+        run_cmd(&mut in_ns_private_mounts(node, &script))
+            .with_context(|| format!("starting {daemon}"))?;
         Ok("wg0".to_string())
     }
 }

@@ -57,6 +57,26 @@ pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `sh -c script` inside network namespace `ns` and a private mount namespace of its own,
+/// so the script's bind mounts (a node's own `/run`, say) are seen by it and its children
+/// only.
+pub fn in_ns_private_mounts(ns: &str, script: &str) -> Command {
+    let mut command = Command::new("ip");
+    command.args([
+        "netns",
+        "exec",
+        ns,
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+    ]);
+    command
+}
+
 /// Deletes lab namespaces whose process is gone (what a crashed run left behind).
 pub fn clean_stale() {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {

@@ -24,7 +24,7 @@ use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
 pub use config::{LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, ROUTER_IP, ROUTER_IP2};
-pub use fabric::{clean_stale, devices_created, in_ns, run};
+pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
 use crate::Etcd;
 use config::PREFIX;
@@ -340,20 +340,7 @@ impl Lab {
             node.dir.join("run").display(),
             node.dir.join("lib").display()
         );
-        let mut command = Command::new("ip");
-        command.args([
-            "netns",
-            "exec",
-            &node.ns,
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &wrapped,
-        ]);
-        command
+        in_ns_private_mounts(&node.ns, &wrapped)
     }
 
     /// Runs `script` as node `i` sees the world: its network namespace and its private
@@ -383,6 +370,19 @@ impl Lab {
             }
         }
         (pairs, failures)
+    }
+
+    /// `all_pairs` for tests: panics naming the unreachable pairs, with every agent's log.
+    /// Returns how many pairs were tried.
+    pub fn assert_all_pairs(&self) -> usize {
+        let (pairs, failures) = self.all_pairs(Duration::from_secs(10));
+        assert!(
+            failures.is_empty(),
+            "{} of {pairs} pod pairs unreachable: {failures:?}\n{}",
+            failures.len(),
+            self.logs()
+        );
+        pairs
     }
 
     pub fn ping(&self, from: &str, to: Ipv4Addr, within: Duration) -> bool {
