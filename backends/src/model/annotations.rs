@@ -52,24 +52,8 @@ pub fn read(
                 .map_err(|e| format!("node {node}: annotation {prefix}/{name} is not JSON: {e}")),
         }
     };
-    let ip4 = |name: &str| -> Result<Option<Ipv4Addr>, String> {
-        get(name)
-            .map(|t| {
-                t.parse().map_err(|_| {
-                    format!("node {node}: annotation {prefix}/{name} {t:?} is not an IPv4 address")
-                })
-            })
-            .transpose()
-    };
-    let ip6 = |name: &str| -> Result<Option<Ipv6Addr>, String> {
-        get(name)
-            .map(|t| {
-                t.parse().map_err(|_| {
-                    format!("node {node}: annotation {prefix}/{name} {t:?} is not an IPv6 address")
-                })
-            })
-            .transpose()
-    };
+    let ip4 = |name: &str| address::<Ipv4Addr>(prefix, node, name, get(name), "IPv4");
+    let ip6 = |name: &str| address::<Ipv6Addr>(prefix, node, name, get(name), "IPv6");
     let public_ip = match ip4("public-ip-overwrite")? {
         Some(ip) => Some(ip),
         None => ip4("public-ip")?,
@@ -94,4 +78,21 @@ pub fn read(
         .find(|n| matches!(n, IpNet::V6(_)))
         .copied();
     Ok(Some(attrs.into_lease(node.to_string(), v4, v6)))
+}
+
+/// An address annotation's value, or an error naming the node and the annotation.
+fn address<T: std::str::FromStr>(
+    prefix: &str,
+    node: &str,
+    name: &str,
+    value: Option<&String>,
+    family: &str,
+) -> Result<Option<T>, String> {
+    value
+        .map(|t| {
+            t.parse().map_err(|_| {
+                format!("node {node}: annotation {prefix}/{name} {t:?} is not an {family} address")
+            })
+        })
+        .transpose()
 }
