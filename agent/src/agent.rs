@@ -153,7 +153,8 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let handle = registry::spawn(registry, lease);
-    let underlay = backend_setup::underlay(IpAddr::V4(public_ip))
+    let underlay = dataplane
+        .underlay_of(IpAddr::V4(public_ip))
         .await
         .context("finding the external interface")?;
     match &underlay {

@@ -1,14 +1,13 @@
 //! What the agent needs per backend before it can publish and plan: the `backend-data` to
-//! publish (the WireGuard key, the vxlan VTEP MAC, nothing for host-gw), whether a
-//! WireGuard implementation must be chosen, and the external interface's facts.
+//! publish (the WireGuard key, the vxlan VTEP MAC, nothing for host-gw) and whether a
+//! WireGuard implementation must be chosen.
 
-use std::net::IpAddr;
 use std::path::Path;
 
 use anyhow::Context;
 use serde_json::Value;
 use tracing::{info, warn};
-use weft_backends::apply::{Netlink, RtNetlink, Underlay};
+use weft_backends::apply::{Netlink, RtNetlink};
 use weft_backends::model::{format_mac, parse_mac};
 use weft_backends::netconf::{Backend, Implementation, NetConf};
 use weft_backends::plan::{vxlan_backend_data, vxlan_device, wireguard_backend_data};
@@ -97,10 +96,4 @@ async fn vtep_mac(device: &str, state_dir: &Path) -> anyhow::Result<[u8; 6]> {
             .with_context(|| format!("recording the VTEP MAC in {}", path.display()))?;
     }
     Ok(mac)
-}
-
-/// The external interface: the link holding `public_ip`.
-pub async fn underlay(public_ip: IpAddr) -> anyhow::Result<Option<Underlay>> {
-    let mut nl = RtNetlink::connect().context("opening rtnetlink")?;
-    Ok(nl.underlay_of(public_ip).await?)
 }

@@ -7,7 +7,7 @@ use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::{WgDevices, WgImpl};
 use super::wireguard::diff::{apply_to, diff_device, PeerChange};
-use super::wireguard::process::{stop_server, UserspaceProcess};
+use super::wireguard::process::{remove_device, UserspaceProcess};
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
 };
@@ -110,6 +110,14 @@ impl Dataplane {
         Ok((dataplane, why))
     }
 
+    /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
+    pub async fn underlay_of(
+        &mut self,
+        ip: std::net::IpAddr,
+    ) -> Result<Option<super::Underlay>, ApplyError> {
+        self.nl.underlay_of(ip).await
+    }
+
     /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
         self.wg.as_ref().map_or("none", WgImpl::name)
@@ -165,10 +173,11 @@ impl Dataplane {
         self.pass(state, key, true).await
     }
 
-    /// As `reconcile`, for a pass that follows registry events only: WireGuard devices are
-    /// diffed against their state as last read plus this agent's own changes since, and an
-    /// unchanged rule set is not re-read. Links and routes are read as always (their
-    /// deletion raises an event that triggers a full pass anyway).
+    /// As `reconcile`, for a pass woken by a registry change or a deletion: WireGuard
+    /// devices are diffed against their state as last read plus this agent's own changes
+    /// since (a deleted device is recreated and read afresh), an unchanged rule set is not
+    /// re-read, and stale vxlan devices are not looked for. Links, addresses, routes and
+    /// the vxlan entries are read as always.
     pub async fn reconcile_incremental(
         &mut self,
         state: &DesiredState,
@@ -256,8 +265,7 @@ impl Dataplane {
             }
             self.wg_seen.remove(name);
             if let Some(link) = self.nl.link(name).await? {
-                stop_server(name);
-                match self.nl.del_link(&link).await {
+                match remove_device(&mut self.nl, &link).await {
                     Ok(()) => report
                         .changes
                         .push(format!("removed WireGuard device {name}: not in the plan")),
@@ -266,7 +274,14 @@ impl Dataplane {
             }
         }
         lap(&mut report, "wireguard", &mut t);
-        match reconcile_vxlan(&mut self.nl, state.vxlan.as_ref(), &mut report.changes).await {
+        match reconcile_vxlan(
+            &mut self.nl,
+            state.vxlan.as_ref(),
+            full,
+            &mut report.changes,
+        )
+        .await
+        {
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
         }

@@ -197,20 +197,25 @@ async fn vxlan_links(nl: &mut RtNetlink) -> Result<Vec<ObservedLink>, ApplyError
         .collect())
 }
 
-/// Brings the vxlan device in line with `spec` (or removes weft's vxlan devices when there
-/// is none). Returns one line per change, and whether the device was (re)created.
+/// Brings the vxlan device in line with `spec`. With `sweep`, also removes weft's other
+/// vxlan devices (another VNI, or a previous backend's): that needs every link listed, so
+/// it is done in full passes only (a backend or VNI changes only across a restart, whose
+/// first pass is full). Returns one line per change, and whether the device was created.
 pub async fn reconcile_vxlan(
     nl: &mut RtNetlink,
     spec: Option<&VxlanSpec>,
+    sweep: bool,
     changes: &mut Vec<String>,
 ) -> Result<bool, ApplyError> {
-    for stale in vxlan_links(nl).await? {
-        if spec.is_none_or(|s| s.device != stale.name) {
-            nl.del_link(&stale).await?;
-            changes.push(format!(
-                "removed vxlan device {}: not in the plan",
-                stale.name
-            ));
+    if sweep {
+        for stale in vxlan_links(nl).await? {
+            if spec.is_none_or(|s| s.device != stale.name) {
+                nl.del_link(&stale).await?;
+                changes.push(format!(
+                    "removed vxlan device {}: not in the plan",
+                    stale.name
+                ));
+            }
         }
     }
     let Some(spec) = spec else {

@@ -39,8 +39,7 @@ impl WgDevices for Kernel {
             if link.kind.as_deref() == Some(KIND) {
                 return Ok(false);
             }
-            super::process::stop_server(device);
-            nl.del_link(&link).await?;
+            super::process::remove_device(nl, &link).await?;
         }
         nl.add_wireguard_link(device).await?;
         Ok(true)

@@ -15,7 +15,7 @@ use super::diff::DeviceChange;
 use super::uapi::{self, encode_set};
 use super::uapi_socket::{socket_path, UapiClient};
 use super::WgDevice;
-use crate::apply::{ApplyError, Netlink, RtNetlink};
+use crate::apply::{ApplyError, Netlink, ObservedLink, RtNetlink};
 
 /// The link type of a TUN device, which a userspace device is.
 pub const KIND: &str = "tun";
@@ -48,6 +48,13 @@ pub fn stop_server(device: &str) {
         }
     }
     let _ = std::fs::remove_file(path);
+}
+
+/// Removes a WireGuard device of either kind: the userspace process serving its socket, if
+/// one does, and the link.
+pub async fn remove_device(nl: &mut RtNetlink, link: &ObservedLink) -> Result<(), ApplyError> {
+    stop_server(&link.name);
+    nl.del_link(link).await
 }
 
 fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
