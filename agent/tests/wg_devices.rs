@@ -96,6 +96,16 @@ fn exited(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
+/// Deletes `device`'s link and waits (at most 2 s) for its device process `pid` to exit.
+async fn delete_and_wait_for_exit(device: &str, pid: i32) {
+    sh(&format!("ip link del {device}"));
+    let t = Instant::now();
+    while !exited(pid) {
+        assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn server_pid(device: &str) -> i32 {
     UapiClient::connect(device)
         .await
@@ -178,12 +188,7 @@ fn the_userspace_device_process_is_taken_over_and_replaced_when_broken() {
 
         // Its link deleted, the device process exits; ensure starts a new one.
         let pid = server_pid(dev).await;
-        sh(&format!("ip link del {dev}"));
-        let t = Instant::now();
-        while !exited(pid) {
-            assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        delete_and_wait_for_exit(dev, pid).await;
         assert!(second.ensure(&mut nl, dev).await.unwrap(), "started again");
         assert_ne!(server_pid(dev).await, pid);
         assert!(
@@ -208,12 +213,7 @@ fn the_userspace_device_process_is_taken_over_and_replaced_when_broken() {
 
         // Clean up: deleting the link ends the process.
         let pid = server_pid(dev).await;
-        sh(&format!("ip link del {dev}"));
-        let t = Instant::now();
-        while !exited(pid) {
-            assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        delete_and_wait_for_exit(dev, pid).await;
     });
 }
 
