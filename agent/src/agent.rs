@@ -21,15 +21,18 @@ use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 use crate::backend_setup;
 use crate::backoff::{sleep_or_shutdown, Backoff};
 use crate::cli::AgentArgs;
+use crate::health::{Health, Readiness};
+use crate::registry::kube::{self, KubeConfig, KubeRegistry};
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
 use crate::subnet_file;
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
-/// succeeds; logs each failure. Evaluates to `None` if shutdown came first.
+/// succeeds; logs each failure. Each attempt counts as a heartbeat: retrying is alive. Evaluates to `None` if shutdown came first.
 macro_rules! retry {
-    ($what:literal, $shutdown:expr, $op:expr) => {{
+    ($what:literal, $shutdown:expr, $health:expr, $op:expr) => {{
         let mut backoff = Backoff::default();
         loop {
+            $health.beat();
             match $op.await {
                 Ok(v) => break Some(v),
                 Err(e) => {
@@ -81,33 +84,106 @@ fn shutdown_on_signals() -> anyhow::Result<watch::Receiver<bool>> {
 }
 
 async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
-    if args.kube_subnet_mgr {
-        bail!("--kube-subnet-mgr: the Kubernetes registry is not implemented yet; use etcd (--etcd-endpoints)");
-    }
     let key_path = std::env::var_os(KEY_FILE_ENV)
         .map_or_else(|| PathBuf::from(DEFAULT_KEY_FILE), PathBuf::from);
     let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
-    let public_key = key.public_key();
-    info!(path = %key_path.display(), public_key = %public_key, origin = ?origin, "WireGuard key");
+    info!(path = %key_path.display(), public_key = %key.public_key(), origin = ?origin, "WireGuard key");
     let public_ip = crate::iface::public_ip(&args)?;
     let mut shutdown = shutdown_on_signals()?;
-
-    let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
-    cfg.renew_margin = args.subnet_lease_renew_margin;
-    if !args.etcd_username.is_empty() {
-        cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
+    let health = Health::new(args.resync_period);
+    if args.healthz_port != 0 {
+        crate::health::serve(
+            std::net::SocketAddr::new(args.healthz_ip, args.healthz_port),
+            health.clone(),
+        )
+        .await?;
     }
-    info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");
-    let Some(mut registry) = retry!(
-        "connecting to etcd",
-        &mut shutdown,
-        EtcdRegistry::connect(cfg.clone())
-    ) else {
-        return Ok(0);
+    let start = Start {
+        key,
+        key_path,
+        public_ip,
+        health,
     };
+    if args.kube_subnet_mgr {
+        let client = kube::client(&args.kubeconfig_file, &args.kube_api_url)
+            .await
+            .context("--kube-subnet-mgr")?;
+        let explicit = match args.node_name.as_str() {
+            "" => std::env::var("NODE_NAME").unwrap_or_default(),
+            name => name.to_string(),
+        };
+        let pod = std::env::var("POD_NAME")
+            .ok()
+            .zip(std::env::var("POD_NAMESPACE").ok())
+            .map(|(name, ns)| (ns, name));
+        if explicit.is_empty() && pod.is_none() {
+            bail!(kube::KubeError::NoNodeName);
+        }
+        let Some(node_name) = retry!(
+            "finding this node's name",
+            &mut shutdown,
+            start.health,
+            kube::node_name(&client, &explicit, pod.clone())
+        ) else {
+            return Ok(0);
+        };
+        info!(node = %node_name, prefix = %args.kube_annotation_prefix, %public_ip, "starting with the Kubernetes registry");
+        let cfg = KubeConfig {
+            node_name,
+            prefix: args
+                .kube_annotation_prefix
+                .trim_end_matches('/')
+                .to_string(),
+            net_config_path: args.net_config_path.clone(),
+            set_network_unavailable: args.set_node_network_unavailable,
+            backoff: Backoff::default(),
+        };
+        serve(&args, KubeRegistry::new(client, cfg), start, shutdown).await
+    } else {
+        let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
+        cfg.renew_margin = args.subnet_lease_renew_margin;
+        if !args.etcd_username.is_empty() {
+            cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
+        }
+        info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");
+        let Some(registry) = retry!(
+            "connecting to etcd",
+            &mut shutdown,
+            start.health,
+            EtcdRegistry::connect(cfg.clone())
+        ) else {
+            return Ok(0);
+        };
+        serve(&args, registry, start, shutdown).await
+    }
+}
+
+/// What the agent has before it knows its registry.
+struct Start {
+    key: PrivateKey,
+    key_path: PathBuf,
+    public_ip: std::net::Ipv4Addr,
+    health: Health,
+}
+
+/// Config, lease, data plane, then the control loop until shutdown; the same for every
+/// registry.
+async fn serve<R: Registry>(
+    args: &AgentArgs,
+    mut registry: R,
+    start: Start,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<i32> {
+    let Start {
+        key,
+        key_path,
+        public_ip,
+        health,
+    } = start;
     let Some(net) = retry!(
         "reading the network config",
         &mut shutdown,
+        health,
         registry.net_conf()
     ) else {
         return Ok(0);
@@ -117,7 +193,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
     let setup = backend_setup::prepare(
         &net,
-        &public_key,
+        &key.public_key(),
         args.wireguard_implementation.as_deref(),
         &state_dir,
     )
@@ -138,10 +214,14 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let Some(lease) = retry!(
         "acquiring a lease",
         &mut shutdown,
+        health,
         registry.acquire(&net, &request)
     ) else {
         return Ok(0);
     };
+    health.set(Readiness::LeaseAcquired);
+    // The registry may publish another local address (an operator's node-public-ip).
+    let public_ip = lease.public_ip.unwrap_or(public_ip);
     let (mut dataplane, why) =
         Dataplane::connect(setup.implementation, UserspaceProcess::default())
             .await
@@ -180,8 +260,10 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         local: handle.local.clone(),
         deletions,
         shutdown,
+        ready: handle.ready.clone(),
+        health,
     };
-    control_loop(&args, &net, &options, &key, &mut dataplane, inputs).await;
+    control_loop(args, &net, &options, &key, &mut dataplane, inputs).await;
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)
@@ -193,6 +275,9 @@ struct LoopInputs {
     local: watch::Receiver<Lease>,
     deletions: tokio::sync::mpsc::Receiver<()>,
     shutdown: watch::Receiver<bool>,
+    /// Told once the data plane is first programmed (the registry may announce it).
+    ready: watch::Sender<bool>,
+    health: Health,
 }
 
 /// How often the nftables tables are checked: deleting one raises no netlink event.
@@ -226,17 +311,23 @@ async fn control_loop(
     // Nothing is planned before the registry's first full listing: a plan made from the
     // empty view would remove every peer that a previous run left in place, dropping
     // traffic that the restart should not touch.
-    tokio::select! {
-        listed = inputs.views.changed() => if listed.is_err() {
-            return;
-        },
-        _ = inputs.shutdown.changed() => return,
+    loop {
+        tokio::select! {
+            listed = inputs.views.changed() => match listed {
+                Ok(()) => break,
+                Err(_) => return,
+            },
+            // Waiting for the registry (which retries on its own) is not being wedged.
+            _ = nft_check.tick() => inputs.health.beat(),
+            _ = inputs.shutdown.changed() => return,
+        }
     }
     info!(
         nodes = inputs.views.borrow().leases.len(),
         "first full listing"
     );
     loop {
+        inputs.health.beat();
         let me = inputs.local.borrow_and_update().clone();
         let view = inputs.views.borrow_and_update().clone();
         let t_plan = std::time::Instant::now();
@@ -251,9 +342,16 @@ async fn control_loop(
                 let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
                 report(last.as_ref(), &state);
                 match subnet_file::write(&args.subnet_file, &state.subnet_env) {
-                    Ok(true) => info!(path = %args.subnet_file.display(), "wrote subnet file"),
-                    Ok(false) => {}
-                    Err(e) => error!(error = %e, "writing the subnet file"),
+                    Ok(written) => {
+                        if written {
+                            info!(path = %args.subnet_file.display(), "wrote subnet file");
+                        }
+                        inputs.health.set(Readiness::SubnetFileWritten);
+                    }
+                    Err(e) => {
+                        inputs.health.unset(Readiness::SubnetFileWritten);
+                        error!(error = %e, "writing the subnet file");
+                    }
                 }
                 pass += 1;
                 let span = tracing::info_span!("reconcile", pass);
@@ -269,6 +367,10 @@ async fn control_loop(
                 match result {
                     Ok(r) => {
                         log_report(&r);
+                        inputs.health.set(Readiness::DataplaneProgrammed);
+                        inputs
+                            .ready
+                            .send_if_modified(|ready| !std::mem::replace(ready, true));
                         info!(
                             pass,
                             full,
@@ -282,6 +384,7 @@ async fn control_loop(
                         );
                     }
                     Err(e) => {
+                        inputs.health.unset(Readiness::DataplaneProgrammed);
                         warn!(error = %e, "reconcile failed; retrying on the next event or resync")
                     }
                 }
@@ -311,6 +414,7 @@ async fn control_loop(
                     break;
                 }
                 _ = nft_check.tick() => {
+                    inputs.health.beat();
                     if let Some(state) = &last {
                         match dataplane.reconcile_nft(state).await {
                             Ok(r) => log_report(&r),

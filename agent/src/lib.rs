@@ -1,11 +1,12 @@
-//! The weft node agent: CLI, registries (etcd; Kubernetes later), the control loop, and
-//! the files it writes (`subnet.env`).
+//! The weft node agent: CLI, registries (etcd, Kubernetes), the control loop, the
+//! health endpoints, the files it writes (`subnet.env`), and the CNI plugin.
 
 pub mod agent;
 pub mod backend_setup;
 pub mod backoff;
 pub mod cli;
 pub mod commands;
+pub mod health;
 pub mod iface;
 pub mod registry;
 pub mod subnet_file;

@@ -1,5 +1,5 @@
-//! Registries: where leases live. One trait, two implementations (etcd now, Kubernetes
-//! next); nothing outside this module knows which one runs.
+//! Registries: where leases live. One trait, two implementations (etcd, and Kubernetes
+//! Node objects); nothing outside this module knows which one runs.
 //!
 //! A registry serves the network config, acquires this node's lease, and then, in
 //! `follow`, keeps the lease alive and turns every change to any node's lease into a new
@@ -7,6 +7,7 @@
 //! every step).
 
 pub mod etcd;
+pub mod kube;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -15,10 +16,12 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
+use tracing::info;
 use weft_backends::model::{ClusterView, Lease, LeaseAttrs};
 use weft_backends::netconf::{BackendKind, NetConf};
 
 pub use etcd::{EtcdConfig, EtcdRegistry, RegistryError};
+pub use kube::{KubeConfig, KubeError, KubeRegistry};
 
 /// What this node publishes about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +54,16 @@ pub struct AcquireRequest {
     pub previous_v6: Option<IpNet>,
 }
 
+impl AcquireRequest {
+    /// The same request publishing new attributes (used by `follow`).
+    pub fn with_attrs(&self, attrs: LocalAttrs) -> AcquireRequest {
+        AcquireRequest {
+            attrs,
+            ..self.clone()
+        }
+    }
+}
+
 /// The channels `follow` works with.
 pub struct FollowLinks {
     /// Every new view of all nodes (ours included).
@@ -59,19 +72,43 @@ pub struct FollowLinks {
     pub local: watch::Sender<Lease>,
     /// New attributes to publish (key rotation, address change).
     pub updates: mpsc::Receiver<LocalAttrs>,
+    /// True once this node's data plane is programmed (the kube registry then clears the
+    /// node's `NetworkUnavailable` condition, if asked to).
+    pub ready: watch::Receiver<bool>,
     pub shutdown: watch::Receiver<bool>,
 }
 
+/// Makes `fresh` the current view: logs each node that joined, changed or left, and sends
+/// the view if anything changed, or if `first` (the agent waits for a first listing, even
+/// an empty one).
+pub(crate) fn publish_view(
+    view: &mut ClusterView,
+    fresh: ClusterView,
+    links: &FollowLinks,
+    first: bool,
+) {
+    let changes = view.diff(&fresh);
+    for change in &changes {
+        info!(change = %change, "cluster view");
+    }
+    *view = fresh;
+    if first || !changes.is_empty() {
+        links.views.send_replace(Arc::new(view.clone()));
+    }
+}
+
 pub trait Registry: Send + 'static {
+    type Error: std::error::Error + Send + Sync + 'static;
+
     /// The network configuration this registry serves.
-    fn net_conf(&mut self) -> impl Future<Output = Result<NetConf, RegistryError>> + Send;
+    fn net_conf(&mut self) -> impl Future<Output = Result<NetConf, Self::Error>> + Send;
 
     /// Acquires (or takes back) this node's lease and publishes its attributes.
     fn acquire(
         &mut self,
         net: &NetConf,
         request: &AcquireRequest,
-    ) -> impl Future<Output = Result<Lease, RegistryError>> + Send;
+    ) -> impl Future<Output = Result<Lease, Self::Error>> + Send;
 
     /// Keeps the lease and follows every node until shutdown. Errors inside are retried
     /// with backoff and logged; it returns only on shutdown.
@@ -84,6 +121,7 @@ pub struct RegistryHandle {
     pub views: watch::Receiver<Arc<ClusterView>>,
     pub local: watch::Receiver<Lease>,
     pub updates: mpsc::Sender<LocalAttrs>,
+    pub ready: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -103,10 +141,12 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
     let (local_tx, local) = watch::channel(lease);
     let (updates, updates_rx) = mpsc::channel(4);
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let (ready, ready_rx) = watch::channel(false);
     let links = FollowLinks {
         views: views_tx,
         local: local_tx,
         updates: updates_rx,
+        ready: ready_rx,
         shutdown: shutdown_rx,
     };
     let task = tokio::spawn(registry.follow(links));
@@ -114,6 +154,7 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
         views,
         local,
         updates,
+        ready,
         shutdown,
         task,
     }

@@ -196,7 +196,7 @@ impl EtcdRegistry {
         let (Some((lease, request)), Some(id)) = (self.held.clone(), self.lease_id) else {
             return Err(RegistryError::NotAcquired);
         };
-        let request = super::with_attrs(&request, attrs);
+        let request = request.with_attrs(attrs);
         let Some(subnet) = lease.subnet else {
             return self.reacquire().await;
         };

@@ -3,8 +3,6 @@
 //! if it disappears, and publishes attribute updates. Every failure is logged and retried
 //! with backoff; this returns only on shutdown.
 
-use std::sync::Arc;
-
 use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -13,7 +11,7 @@ use weft_backends::model::ClusterView;
 use super::kv::parse_lease;
 use super::{EtcdRegistry, RegistryError};
 use crate::backoff::sleep_or_shutdown;
-use crate::registry::FollowLinks;
+use crate::registry::{publish_view, FollowLinks};
 
 enum Ended {
     Shutdown,
@@ -48,17 +46,6 @@ pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
     }
 }
 
-fn publish(view: &mut ClusterView, fresh: ClusterView, links: &FollowLinks) {
-    let changes = view.diff(&fresh);
-    for change in &changes {
-        info!(change = %change, "cluster view");
-    }
-    *view = fresh;
-    if !changes.is_empty() {
-        links.views.send_replace(Arc::new(view.clone()));
-    }
-}
-
 async fn session(
     reg: &mut EtcdRegistry,
     links: &mut FollowLinks,
@@ -86,7 +73,7 @@ async fn session(
     for stored in listed.leases {
         fresh.insert(stored.lease);
     }
-    publish(view, fresh, links);
+    publish_view(view, fresh, links, false);
 
     let dir = reg.cfg.subnets_dir();
     let options = WatchOptions::new()
@@ -143,7 +130,7 @@ async fn session(
                         }
                     }
                 }
-                publish(view, next, links);
+                publish_view(view, next, links, false);
                 if lost_ours {
                     return Ok(Ended::Relist("this node's lease was deleted"));
                 }

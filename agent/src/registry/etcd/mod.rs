@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use weft_backends::model::{Exhausted, Lease};
 use weft_backends::netconf::{self, ConfigErrors, NetConf};
 
-use super::{AcquireRequest, FollowLinks, LocalAttrs, Registry};
+use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
 
 /// How to reach etcd and how to hold the lease.
@@ -177,6 +177,8 @@ impl EtcdRegistry {
 }
 
 impl Registry for EtcdRegistry {
+    type Error = RegistryError;
+
     async fn net_conf(&mut self) -> Result<NetConf, RegistryError> {
         let key = self.cfg.config_key();
         let mut client = self.client.clone();
@@ -204,13 +206,5 @@ impl Registry for EtcdRegistry {
 
     async fn follow(self, links: FollowLinks) {
         follow::run(self, links).await
-    }
-}
-
-/// Publishes new attributes on the lease we hold (used by `follow`).
-pub(crate) fn with_attrs(request: &AcquireRequest, attrs: LocalAttrs) -> AcquireRequest {
-    AcquireRequest {
-        attrs,
-        ..request.clone()
     }
 }

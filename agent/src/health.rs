@@ -1,0 +1,180 @@
+//! `/healthz` and `/readyz` on `--healthz-ip`:`--healthz-port`.
+//!
+//! - `/healthz` (liveness): the agent's main task is making progress. Every control-loop
+//!   pass and every idle tick (at least every 2 s) beats, and so does every start-up
+//!   retry; no beat for `max(2 × resync period, 60 s)` means the loop is wedged (a hung
+//!   netlink call, a deadlock) and the kubelet should restart the container.
+//! - `/readyz` (readiness): the lease is acquired, the data plane has been programmed,
+//!   and subnet.env is written. The body names what is still missing.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use tracing::{info, warn};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    LeaseAcquired,
+    DataplaneProgrammed,
+    SubnetFileWritten,
+}
+
+#[derive(Clone)]
+pub struct Health(Arc<Inner>);
+
+struct Inner {
+    started: Instant,
+    /// Milliseconds after `started` of the last beat.
+    last_beat: AtomicU64,
+    wedged_after: Duration,
+    lease: AtomicBool,
+    dataplane: AtomicBool,
+    subnet_file: AtomicBool,
+}
+
+impl Health {
+    pub fn new(resync_period: Duration) -> Self {
+        Health(Arc::new(Inner {
+            started: Instant::now(),
+            last_beat: AtomicU64::new(0),
+            wedged_after: (resync_period * 2).max(Duration::from_secs(60)),
+            lease: AtomicBool::new(false),
+            dataplane: AtomicBool::new(false),
+            subnet_file: AtomicBool::new(false),
+        }))
+    }
+
+    pub fn beat(&self) {
+        let ms = self.0.started.elapsed().as_millis() as u64;
+        self.0.last_beat.store(ms, Ordering::Relaxed);
+    }
+
+    fn flag(&self, what: Readiness) -> &AtomicBool {
+        match what {
+            Readiness::LeaseAcquired => &self.0.lease,
+            Readiness::DataplaneProgrammed => &self.0.dataplane,
+            Readiness::SubnetFileWritten => &self.0.subnet_file,
+        }
+    }
+
+    pub fn set(&self, what: Readiness) {
+        self.flag(what).store(true, Ordering::Relaxed);
+    }
+
+    pub fn unset(&self, what: Readiness) {
+        self.flag(what).store(false, Ordering::Relaxed);
+    }
+
+    /// `Ok` while the loop beats; `Err` says for how long it has not.
+    pub fn liveness_at(&self, now: Instant) -> Result<String, String> {
+        let last = self.0.started + Duration::from_millis(self.0.last_beat.load(Ordering::Relaxed));
+        let silent = now.saturating_duration_since(last);
+        if silent > self.0.wedged_after {
+            Err(format!(
+                "wedged: the control loop has made no progress for {} s (limit {} s)",
+                silent.as_secs(),
+                self.0.wedged_after.as_secs()
+            ))
+        } else {
+            Ok(format!("ok: last progress {} ms ago", silent.as_millis()))
+        }
+    }
+
+    /// `Ok` once everything is in place; `Err` names what is missing.
+    pub fn readiness(&self) -> Result<String, String> {
+        let missing: Vec<&str> = [
+            (Readiness::LeaseAcquired, "lease"),
+            (Readiness::DataplaneProgrammed, "data plane"),
+            (Readiness::SubnetFileWritten, "subnet file"),
+        ]
+        .into_iter()
+        .filter(|(what, _)| !self.flag(*what).load(Ordering::Relaxed))
+        .map(|(_, name)| name)
+        .collect();
+        if missing.is_empty() {
+            Ok("ready".into())
+        } else {
+            Err(format!("not ready; waiting for: {}", missing.join(", ")))
+        }
+    }
+}
+
+fn answer(result: Result<String, String>) -> (StatusCode, String) {
+    match result {
+        Ok(text) => (StatusCode::OK, text + "\n"),
+        Err(text) => (StatusCode::SERVICE_UNAVAILABLE, text + "\n"),
+    }
+}
+
+/// Binds `addr` (failing start-up with a clear error if it cannot) and serves the
+/// endpoints on a task of their own.
+pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("listening for health checks on {addr} (--healthz-ip, --healthz-port)")
+    })?;
+    let app = Router::new()
+        .route(
+            "/healthz",
+            get(|State(h): State<Health>| async move { answer(h.liveness_at(Instant::now())) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(h): State<Health>| async move { answer(h.readiness()) }),
+        )
+        .with_state(health);
+    info!(%addr, "serving /healthz and /readyz");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "the health endpoint stopped");
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_fails_once_the_loop_stops_beating() {
+        let h = Health::new(Duration::from_secs(30));
+        h.beat();
+        let now = Instant::now();
+        assert!(h.liveness_at(now).is_ok());
+        assert!(h.liveness_at(now + Duration::from_secs(59)).is_ok());
+        let e = h.liveness_at(now + Duration::from_secs(61)).unwrap_err();
+        assert!(e.contains("no progress for 6"), "{e}");
+        // A longer resync period allows longer gaps.
+        let slow = Health::new(Duration::from_secs(300));
+        slow.beat();
+        assert!(slow
+            .liveness_at(Instant::now() + Duration::from_secs(500))
+            .is_ok());
+    }
+
+    #[test]
+    fn readiness_names_what_is_missing() {
+        let h = Health::new(Duration::from_secs(30));
+        assert_eq!(
+            h.readiness().unwrap_err(),
+            "not ready; waiting for: lease, data plane, subnet file"
+        );
+        h.set(Readiness::LeaseAcquired);
+        h.set(Readiness::SubnetFileWritten);
+        assert_eq!(
+            h.readiness().unwrap_err(),
+            "not ready; waiting for: data plane"
+        );
+        h.set(Readiness::DataplaneProgrammed);
+        assert_eq!(h.readiness().unwrap(), "ready");
+        h.unset(Readiness::DataplaneProgrammed);
+        assert!(h.readiness().is_err());
+    }
+}

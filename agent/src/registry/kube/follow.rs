@@ -1,0 +1,175 @@
+//! Following every Node with kube's watcher: a LIST, then a WATCH from its
+//! resourceVersion; on `410 Gone` (the API server no longer has that history) it lists
+//! again, and the listing replaces the view, so a node deleted while the watch was down
+//! leaves it too. Connection errors are retried with the watcher's backoff.
+//!
+//! Also: publishing new attributes (and re-publishing when someone removes or changes this
+//! node's annotations), and clearing `NetworkUnavailable` once the data plane is up.
+
+use std::pin::pin;
+
+use futures::StreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::time::Instant;
+use tracing::{info, warn};
+use weft_backends::model::ClusterView;
+
+use super::{KubeRegistry, SlimNode};
+use crate::registry::{publish_view, FollowLinks, LocalAttrs};
+
+/// Work that failed and is retried on a timer.
+#[derive(Default)]
+struct Pending {
+    attrs: Option<LocalAttrs>,
+    network_available: bool,
+    retry_at: Option<Instant>,
+}
+
+pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
+    let stream = watcher::watcher(reg.nodes.clone(), watcher::Config::default()).default_backoff();
+    let mut stream = pin!(stream);
+    let mut view = ClusterView::default();
+    let mut listing: Option<ClusterView> = None;
+    let mut listed_once = false;
+    let mut pending = Pending::default();
+    let mut backoff = reg.cfg.backoff;
+    let mut updates_open = true;
+    let mut ready_open = true;
+    loop {
+        let retry_at = pending.retry_at;
+        tokio::select! {
+            _ = links.shutdown.changed() => return,
+            update = links.updates.recv(), if updates_open => match update {
+                Some(attrs) => {
+                    pending.attrs = Some(attrs);
+                    pending.retry_at = Some(Instant::now());
+                }
+                None => updates_open = false,
+            },
+            changed = links.ready.changed(), if ready_open => match changed {
+                Ok(()) if *links.ready.borrow_and_update() && reg.cfg.set_network_unavailable => {
+                    pending.network_available = true;
+                    pending.retry_at = Some(Instant::now());
+                }
+                Ok(()) => {}
+                Err(_) => ready_open = false,
+            },
+            () = sleep_until(retry_at), if retry_at.is_some() => {
+                pending.retry_at = None;
+                if let Err(e) = work(&mut reg, &mut pending, &links).await {
+                    let delay = backoff.next_delay();
+                    warn!(error = %e, retry_in = ?delay, "Kubernetes registry");
+                    pending.retry_at = Some(Instant::now() + delay);
+                } else {
+                    backoff.reset();
+                }
+            },
+            event = stream.next() => match event {
+                Some(Ok(Event::Init)) => listing = Some(ClusterView::default()),
+                Some(Ok(Event::InitApply(node))) => {
+                    if let Some(l) = listing.as_mut() {
+                        apply(&reg, l, &node);
+                    }
+                    own_node(&reg, &node, &mut pending);
+                }
+                Some(Ok(Event::InitDone)) => {
+                    if let Some(fresh) = listing.take() {
+                        info!(nodes = fresh.len(), "listed nodes");
+                        publish_view(&mut view, fresh, &links, !listed_once);
+                        listed_once = true;
+                    }
+                }
+                Some(Ok(Event::Apply(node))) => {
+                    let mut next = view.clone();
+                    apply(&reg, &mut next, &node);
+                    publish_view(&mut view, next, &links, false);
+                    own_node(&reg, &node, &mut pending);
+                }
+                Some(Ok(Event::Delete(node))) => {
+                    let mut next = view.clone();
+                    next.remove(node.name());
+                    publish_view(&mut view, next, &links, false);
+                }
+                Some(Err(e)) => warn!(error = %e, "watching nodes (retried with backoff; a 410 Gone lists again)"),
+                None => {
+                    warn!("the node watch ended");
+                    return;
+                }
+            },
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Puts `node`'s lease into `view`, or takes the node out if it is not managed or its
+/// data is unreadable (which is logged, naming the node and the field).
+fn apply(reg: &KubeRegistry, view: &mut ClusterView, node: &SlimNode) {
+    match node.lease(&reg.cfg.prefix) {
+        Ok(Some(lease)) => {
+            view.insert(lease);
+        }
+        Ok(None) => {
+            view.remove(node.name());
+        }
+        Err(e) => {
+            warn!(error = %e, "skipping node");
+            view.remove(node.name());
+        }
+    }
+}
+
+/// Our own Node changed: if its annotations no longer say what we published (removed by
+/// hand, the Node re-created), publish them again.
+fn own_node(reg: &KubeRegistry, node: &SlimNode, pending: &mut Pending) {
+    if node.name() != reg.cfg.node_name || pending.attrs.is_some() {
+        return;
+    }
+    let Some((_, request)) = &reg.held else {
+        return;
+    };
+    let attrs = reg.effective_attrs(node, &request.attrs);
+    if !super::publish::up_to_date(node, &reg.wanted(&attrs)) {
+        warn!(node = %node.name(), "this node's annotations differ from what it publishes; publishing again");
+        pending.attrs = Some(request.attrs.clone());
+        pending.retry_at = Some(Instant::now());
+    }
+}
+
+async fn work(
+    reg: &mut KubeRegistry,
+    pending: &mut Pending,
+    links: &FollowLinks,
+) -> Result<(), super::KubeError> {
+    if let Some(attrs) = pending.attrs.clone() {
+        let Some((lease, request)) = reg.held.clone() else {
+            return Err(super::KubeError::NotAcquired);
+        };
+        let node = reg.get_node().await?;
+        let effective = reg.effective_attrs(&node, &attrs);
+        reg.publish(&effective).await?;
+        let lease = effective.to_lease_attrs().into_lease(
+            lease.node.clone(),
+            lease.subnet,
+            lease.subnet_v6,
+        );
+        reg.held = Some((lease.clone(), request.with_attrs(attrs)));
+        links.local.send_if_modified(|l| {
+            let changed = *l != lease;
+            *l = lease;
+            changed
+        });
+        pending.attrs = None;
+    }
+    if pending.network_available {
+        reg.set_network_available().await?;
+        pending.network_available = false;
+    }
+    Ok(())
+}

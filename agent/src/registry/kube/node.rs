@@ -1,0 +1,99 @@
+//! The part of a Node weft reads: its metadata (name, labels, annotations) and pod CIDRs.
+//! Nodes are decoded into this type directly, so a Node's status (conditions, addresses,
+//! the image list that grows to hundreds of entries) is never held in memory; and each
+//! event is turned into a `Lease` at once.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::ClusterResourceScope;
+use serde::Deserialize;
+use weft_backends::model::{annotations, Lease};
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct SlimNode {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: SlimSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SlimSpec {
+    #[serde(default, rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    #[serde(default, rename = "podCIDRs")]
+    pub pod_cidrs: Option<Vec<String>>,
+}
+
+impl kube::Resource for SlimNode {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Node".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "nodes".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl SlimNode {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    pub fn annotations(&self) -> Cow<'_, BTreeMap<String, String>> {
+        match &self.metadata.annotations {
+            Some(a) => Cow::Borrowed(a),
+            None => Cow::Owned(BTreeMap::new()),
+        }
+    }
+
+    /// `spec.podCIDRs`, falling back to `spec.podCIDR`; an error names the node and the
+    /// value that is not a CIDR.
+    pub fn pod_cidrs(&self) -> Result<Vec<IpNet>, String> {
+        let (field, values): (&str, Vec<&String>) = match &self.spec.pod_cidrs {
+            Some(list) if !list.is_empty() => ("spec.podCIDRs", list.iter().collect()),
+            _ => ("spec.podCIDR", self.spec.pod_cidr.iter().collect()),
+        };
+        values
+            .into_iter()
+            .map(|v| {
+                v.parse::<IpNet>()
+                    .map(|n| n.trunc())
+                    .map_err(|_| format!("node {}: {field} {v:?} is not a CIDR", self.name()))
+            })
+            .collect()
+    }
+
+    /// The node's lease as a peer sees it: `Ok(None)` for a node weft/flannel does not
+    /// manage (no `kube-subnet-manager: "true"`), an error naming the node and the field
+    /// that is bad.
+    pub fn lease(&self, prefix: &str) -> Result<Option<Lease>, String> {
+        let annotations = self.annotations();
+        if annotations
+            .get(&format!("{prefix}/kube-subnet-manager"))
+            .map(String::as_str)
+            != Some("true")
+        {
+            return Ok(None);
+        }
+        let cidrs = self.pod_cidrs()?;
+        annotations::read(prefix, self.name(), &cidrs, &annotations)
+    }
+}
