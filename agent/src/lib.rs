@@ -5,6 +5,7 @@ pub mod agent;
 pub mod backend_setup;
 pub mod backoff;
 pub mod cli;
+pub mod cni;
 pub mod commands;
 pub mod health;
 pub mod iface;

@@ -32,7 +32,7 @@ fn a_node_that_leaves_is_removed_and_a_node_that_joins_is_reached() {
     );
     let gone = lab.nodes[2].subnet.unwrap();
     lab.stop_agent(2, "TERM").unwrap();
-    lab.etcd
+    lab.etcd()
         .etcdctl(&["del", &lab.lease_key(2).unwrap()])
         .unwrap();
     let started = Instant::now();

@@ -24,7 +24,7 @@ fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Dura
 fn published(lab: &Lab, i: usize) -> (String, String, String) {
     let key = lab.lease_key(i).unwrap();
     let value = lab
-        .etcd
+        .etcd()
         .etcdctl(&["get", "--print-value-only", &key])
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(value.trim()).unwrap();
@@ -255,7 +255,7 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
             lab.stop_agent(i, "TERM").unwrap();
         }
         let conf = format!(r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"}}}}"#);
-        lab.etcd
+        lab.etcd()
             .etcdctl(&["put", "/coreos.com/network/config", &conf])
             .unwrap();
         for i in 0..2 {

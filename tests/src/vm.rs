@@ -7,8 +7,8 @@
 //! once: it is cached under `/var/cache/weft-vm` (`WEFT_VM_CACHE`). `Vm::run` builds a
 //! small initramfs around a static busybox (the 9p and virtio modules, an `/init`, the
 //! scenario), boots it, and returns what the scenario printed and its exit status. Inside,
-//! the host root is `/`, with fresh tmpfs on `/tmp`, `/run`, `/var/tmp`, `/var/lib/weft`
-//! and `/root`, and the kernel's modules on `/lib/modules`, so modules load on demand.
+//! the host root is `/`, with fresh tmpfs on `/tmp`, `/run`, `/var/tmp`, `/var/lib/weft`,
+//! `/var/lib/cni` and `/root`, and the kernel's modules on `/lib/modules`, so modules load on demand.
 //!
 //! qemu runs in software emulation (TCG): KVM on this kind of host faults on Debian's
 //! kernels. The VM has no network card; everything happens in its own namespaces.
@@ -153,6 +153,10 @@ impl Vm {
             if which(tool).is_none() {
                 bail!("{tool} is missing: apt-get install {package} (scripts/install-deps does)");
             }
+        }
+        // The mount points of the VM's fresh tmpfs must exist in the (read-only) host root.
+        for dir in ["/var/lib/weft", "/var/lib/cni"] {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {dir}"))?;
         }
         let package = kernel_package()?;
         let cache = cache_dir();
@@ -411,7 +415,7 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 ho
   echo "{EXIT_MARK}125"
   poweroff -f
 fi
-for d in tmp run var/tmp var/lib/weft root; do mount -t tmpfs -o mode=0755 tmpfs /root/$d; done
+for d in tmp run var/tmp var/lib/weft var/lib/cni root; do mount -t tmpfs -o mode=0755 tmpfs /root/$d; done
 chmod 1777 /root/tmp
 mount -t proc proc /root/proc
 mount -t sysfs sys /root/sys

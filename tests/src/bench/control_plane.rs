@@ -202,9 +202,9 @@ fn churn_phase(
     }
     let log = lab.nodes[0].agent_log();
     let start_line = read_log(&log).lines().count();
-    let endpoint = lab.etcd.endpoint();
+    let endpoint = lab.etcd().endpoint();
     let ns = lab
-        .etcd
+        .etcd()
         .netns()
         .context("the lab's etcd runs in a namespace")?
         .to_string();

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
+/// etcd's address, or the Kubernetes API server's (port 6443) in a kube lab.
 pub const ETCD_IP: &str = "198.51.100.250";
+pub const KUBE_API_PORT: u16 = 6443;
 pub const EXT_IP: &str = "198.51.100.200";
 pub(super) const PREFIX: &str = "/coreos.com/network";
 
@@ -21,6 +23,10 @@ pub struct LabConfig {
     pub routed: Vec<usize>,
     /// etcd keys and values put before any agent starts (synthetic leases, say).
     pub seed: Vec<(String, String)>,
+    /// Run the agents with the Kubernetes registry against the lab's API server instead
+    /// of etcd; the lab registers each node with pod CIDR `10.244.<n>.0/24`, as the
+    /// controller manager would.
+    pub kube: bool,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -45,6 +51,15 @@ impl LabConfig {
             implementations,
             routed: Vec::new(),
             seed: Vec::new(),
+            kube: false,
+        }
+    }
+
+    /// A WireGuard lab on the Kubernetes registry.
+    pub fn kube(nodes: usize, weft: impl Into<PathBuf>) -> Self {
+        LabConfig {
+            kube: true,
+            ..LabConfig::wireguard(nodes, weft)
         }
     }
 

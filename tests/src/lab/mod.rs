@@ -3,13 +3,18 @@
 //! agent runs with its default paths. The underlay is a bridge in a fabric namespace
 //! (198.51.100.0/24); etcd runs in its own namespace on it; an "ext" namespace stands for
 //! the world outside the pod network and is every node's default route, so a packet that
-//! escaped the tunnel would have somewhere to go, and be seen. Each node gets a `cni0`
-//! bridge with its subnet's gateway and pod namespaces attached by veth.
+//! escaped the tunnel would have somewhere to go, and be seen. Pods are attached as a
+//! container runtime would: through the CNI conflist weft ships (`weft-cni` delegating to
+//! the real bridge and host-local plugins), which creates each node's `cni0`.
+//!
+//! The registry is etcd, or with `LabConfig::kube` the lab's Kubernetes API server
+//! (`crate::kube_api`) in the same namespace.
 //!
 //! Every namespace is named `wl<pid>x<n>-…`; dropping the lab removes them, and a new lab
 //! first removes those of processes that no longer exist (a crashed earlier run). Test
 //! traffic never leaves the namespaces the lab made.
 
+pub mod cni;
 mod config;
 mod fabric;
 
@@ -23,9 +28,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
-pub use config::{LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, ROUTER_IP, ROUTER_IP2};
+pub use config::{
+    LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, ROUTER_IP, ROUTER_IP2,
+};
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
+use crate::kube_api::KubeApi;
 use crate::Etcd;
 use config::PREFIX;
 use fabric::{attach, attach_to, Namespaces};
@@ -33,6 +41,9 @@ use fabric::{attach, attach_to, Namespaces};
 pub struct Pod {
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// The CNI attachment and its ADD result (for CHECK and DEL).
+    pub attachment: cni::Attachment,
+    pub result: serde_json::Value,
 }
 
 pub struct Node {
@@ -57,8 +68,11 @@ impl Node {
 pub struct Lab {
     pub tag: String,
     dir: tempfile::TempDir,
-    pub etcd: Etcd,
+    etcd: Option<Etcd>,
+    /// The API server of a kube lab.
+    pub kube: Option<KubeApi>,
     pub nodes: Vec<Node>,
+    cni_bin: PathBuf,
     cfg: LabConfig,
     /// Dropped last (after `Lab::drop` stops the processes): removes every namespace.
     namespaces: Namespaces,
@@ -111,19 +125,34 @@ impl Lab {
             }
         }
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
-        let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
-        etcd.launch()?;
-        etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
-        if !cfg.seed.is_empty() {
-            etcd.put_many(std::mem::take(&mut cfg.seed))
-                .context("seeding etcd")?;
-        }
+        let cni_bin = cni::plugin_dir(dir.path(), &cfg.weft)?;
+        let (etcd, kube) = if cfg.kube {
+            let api = KubeApi::start(
+                Some(&format!("{tag}-etcd")),
+                ETCD_IP.parse()?,
+                KUBE_API_PORT,
+            )?;
+            api.write_kubeconfig(&dir.path().join("kubeconfig"))?;
+            fs::write(dir.path().join("net-conf.json"), &cfg.net_conf)?;
+            (None, Some(api))
+        } else {
+            let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
+            etcd.launch()?;
+            etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
+            if !cfg.seed.is_empty() {
+                etcd.put_many(std::mem::take(&mut cfg.seed))
+                    .context("seeding etcd")?;
+            }
+            (Some(etcd), None)
+        };
         let count = cfg.nodes;
         let mut lab = Lab {
             tag,
             dir,
             etcd,
+            kube,
             nodes: Vec::new(),
+            cni_bin,
             cfg,
             namespaces,
         };
@@ -215,8 +244,11 @@ impl Lab {
             &ns,
             &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
+        if let Some(api) = &self.kube {
+            api.add_node(&format!("n{i}"), &[&format!("10.244.{i}.0/24")]);
+        }
         let dir = self.dir.path().join(format!("n{i}"));
-        for sub in ["run", "lib"] {
+        for sub in ["run", "lib", "cni"] {
             fs::create_dir_all(dir.join(sub))?;
         }
         self.nodes.push(Node {
@@ -254,8 +286,18 @@ impl Lab {
     pub fn start_agent(&mut self, i: usize) -> anyhow::Result<()> {
         let node = &self.nodes[i];
         fs::create_dir_all("/var/lib/weft").context("creating the /var/lib/weft mount point")?;
+        let registry = if self.kube.is_some() {
+            let dir = self.dir.path();
+            format!(
+                "--kube-subnet-mgr --kubeconfig-file={} --net-config-path={}",
+                dir.join("kubeconfig").display(),
+                dir.join("net-conf.json").display()
+            )
+        } else {
+            format!("--etcd-endpoints=http://{ETCD_IP}:2379")
+        };
         let script = format!(
-            "exec {weft} agent --etcd-endpoints=http://{ETCD_IP}:2379 --public-ip={ip} {extra}",
+            "exec {weft} agent {registry} --public-ip={ip} {extra}",
             weft = self.cfg.weft.display(),
             ip = node.ip,
             extra = self.cfg.extra_args.join(" "),
@@ -275,6 +317,7 @@ impl Lab {
         let child = self
             .node_shell(i, &script)
             .env("RUST_LOG", "info")
+            .env("NODE_NAME", format!("n{}", node.index))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -298,7 +341,7 @@ impl Lab {
         Ok(())
     }
 
-    /// Waits for node `i`'s subnet.env, then creates `cni0` and its pods.
+    /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
     fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
         let env_path = self.nodes[i].subnet_env();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -316,19 +359,61 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        let node_ns = self.nodes[i].ns.clone();
-        in_ns(&node_ns, &format!("ip link add cni0 type bridge && ip addr add {gateway} dev cni0 && ip link set cni0 up"))?;
-        let subnet = gateway.trunc();
-        self.nodes[i].subnet = Some(subnet);
-        for p in 1..=self.cfg.pods_per_node {
-            let pod_ns = format!("{}-n{}p{p}", self.tag, i + 1);
-            self.namespaces.add(&pod_ns)?;
-            let ip = Ipv4Addr::from(u32::from(subnet.network()) + 1 + p as u32);
-            in_ns(&node_ns, &format!("ip link add vp{p} type veth peer name eth0 netns {pod_ns} && ip link set vp{p} master cni0 up"))?;
-            in_ns(&pod_ns, &format!("ip link set lo up && ip addr add {ip}/{} dev eth0 && ip link set eth0 up && ip route add default via {}", subnet.prefix_len(), gateway.addr()))?;
-            self.nodes[i].pods.push(Pod { ns: pod_ns, ip });
+        self.nodes[i].subnet = Some(gateway.trunc());
+        for _ in 0..self.cfg.pods_per_node {
+            self.add_pod(i, cni::conflist())?;
         }
         Ok(())
+    }
+
+    /// A new pod on node `i`, attached through CNI with `conflist`; returns its index in
+    /// the node's pods.
+    pub fn add_pod(&mut self, i: usize, conflist: serde_json::Value) -> anyhow::Result<usize> {
+        let p = self.nodes[i].pods.len() + 1;
+        let pod_ns = format!("{}-n{}p{p}", self.tag, i + 1);
+        self.namespaces.add(&pod_ns)?;
+        let attachment = cni::Attachment {
+            container_id: format!("{pod_ns}-c"),
+            netns: format!("/var/run/netns/{pod_ns}"),
+            ifname: "eth0".into(),
+        };
+        let result = cni::Runtime {
+            conflist,
+            ..self.cni_runtime(i)
+        }
+        .add(&attachment)
+        .with_context(|| format!("adding pod {pod_ns} on node {}", i + 1))?;
+        let ip = cni::result_ipv4(&result)?.addr();
+        self.nodes[i].pods.push(Pod {
+            ns: pod_ns,
+            ip,
+            attachment,
+            result,
+        });
+        Ok(p - 1)
+    }
+
+    /// The CNI runtime of node `i`, running the conflist weft ships.
+    pub fn cni_runtime(&self, i: usize) -> cni::Runtime<'_> {
+        cni::Runtime {
+            conflist: cni::conflist(),
+            cni_path: format!("{}:{}", self.cni_bin.display(), cni::DEBIAN_PLUGINS),
+            wrap: Box::new(move |script: &str| self.cni_shell(i, script)),
+        }
+    }
+
+    /// As `node_shell`, with the node's `/var/lib/cni` too and the host's `/run/netns`
+    /// (where the pods' namespaces are) kept visible under the node's `/run`.
+    fn cni_shell(&self, i: usize, script: &str) -> Command {
+        let node = &self.nodes[i];
+        let run = node.dir.join("run");
+        let wrapped = format!(
+            "mkdir -p {run}/netns /var/lib/cni && mount --rbind /run/netns {run}/netns && mount --rbind {run} /run && mount --bind {lib} /var/lib/weft && mount --bind {cni} /var/lib/cni && {script}",
+            run = run.display(),
+            lib = node.dir.join("lib").display(),
+            cni = node.dir.join("cni").display(),
+        );
+        in_ns_private_mounts(&node.ns, &wrapped)
     }
 
     /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
@@ -420,6 +505,14 @@ impl Lab {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// The lab's etcd; panics in a kube lab, which has none.
+    pub fn etcd(&self) -> &Etcd {
+        match &self.etcd {
+            Some(etcd) => etcd,
+            None => panic!("this lab runs the Kubernetes registry; it has no etcd"),
+        }
+    }
 }
 
 impl Drop for Lab {
@@ -427,6 +520,8 @@ impl Drop for Lab {
         for i in 0..self.nodes.len() {
             let _ = self.stop_agent(i, "KILL");
         }
-        self.etcd.stop();
+        if let Some(etcd) = self.etcd.as_mut() {
+            etcd.stop();
+        }
     }
 }
