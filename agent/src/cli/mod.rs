@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use agent_args::{AgentArgs, DEFAULT_NET_CONFIG_PATH};
-pub use env::with_env_fallbacks;
+pub use env::{env_suffix, with_env_fallbacks};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,6 +40,8 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Install the CNI plugin and conflist (the DaemonSet's init container).
+    InstallCni(crate::commands::install_cni::InstallCniArgs),
     /// Run one userspace WireGuard device (boringtun) until its interface is deleted or
     /// SIGTERM arrives. The agent starts it where the kernel has no WireGuard; it is a
     /// process of its own so the device outlives agent restarts, as a kernel device does.
