@@ -1,5 +1,6 @@
-//! Control-plane benchmark: N synthetic nodes in a real etcd feed one real `weft agent` in
-//! a lab node (userspace WireGuard here). Measured from the agent's own log timestamps and
+//! Control-plane benchmark: N synthetic nodes in a real etcd (or as Node objects, with a
+//! kubelet's full status, in the lab's Kubernetes API server) feed one real `weft agent`
+//! in a lab node (userspace WireGuard here). Measured from the agent's own log timestamps and
 //! checked against the kernel:
 //! - cold convergence: from the agent's first full listing to the end of the reconcile
 //!   that programmed every peer and route (then verified: N peers on the device, N+1
@@ -7,21 +8,40 @@
 //! - steady state: the writes of the next resync pass (must be 0);
 //! - the agent's RSS (and the userspace device process's), and its CPU while idle;
 //! - incremental latency under churn: nodes added, removed and re-keyed at a steady rate;
-//!   latency from the etcd write to the agent's log line saying the peer was programmed.
+//!   latency from the registry write to the agent's log line saying the peer was
+//!   programmed (`churn`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use weft_crypto::PrivateKey;
 
+use super::churn::{self, Op};
 use super::{field, log_time, median, quantile};
 use crate::lab::{Lab, LabConfig};
 
 const PREFIX: &str = "/coreos.com/network";
 
+/// Which registry feeds the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registry {
+    Etcd,
+    Kube,
+}
+
+impl Registry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Registry::Etcd => "etcd",
+            Registry::Kube => "kube",
+        }
+    }
+}
+
 pub struct ControlPlane {
+    pub registry: Registry,
     pub nodes: usize,
     pub cold_ms: f64,
     pub first_pass_writes: u64,
@@ -36,7 +56,7 @@ pub struct ControlPlane {
     pub churn_rate: f64,
 }
 
-fn synthetic_key(i: u32, generation: u32) -> String {
+pub(super) fn synthetic_key(i: u32, generation: u32) -> String {
     let mut seed = [7u8; 32];
     seed[..4].copy_from_slice(&i.to_be_bytes());
     seed[4..8].copy_from_slice(&generation.to_be_bytes());
@@ -59,7 +79,32 @@ fn lease_value(i: u32, generation: u32) -> String {
     )
 }
 
-fn read_log(path: &Path) -> String {
+const ANNOTATION: &str = "flannel.alpha.coreos.com";
+
+fn backend_data(i: u32, generation: u32) -> String {
+    format!(
+        r#"{{"PublicKey":"{}","Port":51820}}"#,
+        synthetic_key(i, generation)
+    )
+}
+
+/// Synthetic node `i` as a Node: its name, pod CIDR and flannel's annotations.
+fn kube_node(i: u32) -> (String, String, BTreeMap<String, String>) {
+    let (_, subnet) = lease_key(i);
+    let cidr = subnet.replace('-', "/");
+    let annotations = [
+        ("kube-subnet-manager", "true".to_string()),
+        ("backend-type", "wireguard".into()),
+        ("public-ip", format!("203.0.113.{}", 1 + i % 250)),
+        ("backend-data", backend_data(i, 0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{ANNOTATION}/{k}"), v))
+    .collect();
+    (format!("syn-{i}"), cidr, annotations)
+}
+
+pub(super) fn read_log(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
@@ -81,12 +126,12 @@ fn wait_line(path: &Path, needle: &str, after: usize, limit: Duration) -> anyhow
     }
 }
 
-fn tail(log: &str) -> String {
+pub(super) fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
+pub(super) fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
     b.duration_since(a).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
@@ -120,14 +165,28 @@ fn device_pid(pid: u32) -> Option<u32> {
     })
 }
 
-pub fn run(weft: &Path, nodes: usize, churn: Duration, rate: f64) -> anyhow::Result<ControlPlane> {
-    let mut cfg = LabConfig::wireguard(1, weft);
+pub fn run(
+    weft: &Path,
+    registry: Registry,
+    nodes: usize,
+    churn: Duration,
+    rate: f64,
+) -> anyhow::Result<ControlPlane> {
+    let mut cfg = match registry {
+        Registry::Etcd => LabConfig::wireguard(1, weft),
+        Registry::Kube => LabConfig::kube(1, weft),
+    };
     cfg.pods_per_node = 0;
     cfg.net_conf = r#"{"Network": "10.0.0.0/8", "Backend": {"Type": "wireguard"}}"#.into();
     cfg.extra_args.push("--resync-period=3".into());
-    cfg.seed = (0..nodes as u32)
-        .map(|i| (lease_key(i).0, lease_value(i, 0)))
-        .collect();
+    match registry {
+        Registry::Etcd => {
+            cfg.seed = (0..nodes as u32)
+                .map(|i| (lease_key(i).0, lease_value(i, 0)))
+                .collect()
+        }
+        Registry::Kube => cfg.kube_seed = (0..nodes as u32).map(kube_node).collect(),
+    }
     let lab = Lab::start(cfg).context("starting the lab")?;
     let log = lab.nodes[0].agent_log();
     let listed = wait_line(&log, "first full listing", 0, Duration::from_secs(60))?;
@@ -176,6 +235,7 @@ pub fn run(weft: &Path, nodes: usize, churn: Duration, rate: f64) -> anyhow::Res
 
     let churned = churn_phase(&lab, nodes as u32, churn, rate)?;
     Ok(ControlPlane {
+        registry,
         nodes,
         cold_ms,
         first_pass_writes,
@@ -189,8 +249,8 @@ pub fn run(weft: &Path, nodes: usize, churn: Duration, rate: f64) -> anyhow::Res
     })
 }
 
-/// Adds, removes and re-keys nodes at `rate` per second for `span`; returns the latencies
-/// in ms per kind, from each etcd write to the agent's line saying it was programmed.
+/// Adds, removes and re-keys nodes at `rate` per second for `span` through the lab's
+/// registry; returns the latencies in ms per kind.
 fn churn_phase(
     lab: &Lab,
     nodes: u32,
@@ -202,151 +262,73 @@ fn churn_phase(
     }
     let log = lab.nodes[0].agent_log();
     let start_line = read_log(&log).lines().count();
-    let endpoint = lab.etcd().endpoint();
-    let ns = lab
-        .etcd()
-        .netns()
-        .context("the lab's etcd runs in a namespace")?
-        .to_string();
-    // One client, in etcd's namespace, writing on a fixed schedule.
-    let writer = crate::netns::in_named_netns(&ns, move || -> anyhow::Result<_> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let mut client = etcd_client::Client::connect([endpoint], None).await?;
-            // (kind, the key whose add or removal marks it programmed, write time)
-            let mut writes: Vec<(&'static str, String, SystemTime)> = Vec::new();
-            // Nodes that exist, with their key generation; changes cycle through them.
-            let mut pool: std::collections::VecDeque<(u32, u32)> =
-                (0..nodes).map(|i| (i, 0)).collect();
-            let mut next_new = nodes;
-            let interval = Duration::from_secs_f64(1.0 / rate);
-            let t0 = tokio::time::Instant::now();
-            let mut op = 0u32;
-            while t0.elapsed() < span {
-                tokio::time::sleep_until(t0 + interval * op).await;
-                let at = SystemTime::now();
-                match op % 3 {
-                    0 => {
-                        let (key, _) = lease_key(next_new);
-                        client.put(key, lease_value(next_new, 0), None).await?;
-                        writes.push(("add", synthetic_key(next_new, 0), at));
-                        pool.push_back((next_new, 0));
-                        next_new += 1;
-                    }
-                    1 => {
-                        let Some((id, generation)) = pool.pop_front() else {
-                            break;
-                        };
-                        let (key, _) = lease_key(id);
-                        client
-                            .put(key, lease_value(id, generation + 1), None)
-                            .await?;
-                        writes.push(("key change", synthetic_key(id, generation + 1), at));
-                        pool.push_back((id, generation + 1));
-                    }
-                    _ => {
-                        let Some((id, generation)) = pool.pop_front() else {
-                            break;
-                        };
-                        let (key, _) = lease_key(id);
-                        client.delete(key, None).await?;
-                        writes.push(("remove", synthetic_key(id, generation), at));
-                    }
+    let writes = if let Some(api) = &lab.kube {
+        churn::schedule(nodes, span, rate, |op| {
+            match op {
+                Op::Add(i) => {
+                    let (name, cidr, annotations) = kube_node(i);
+                    api.add_node_with(&name, &[&cidr], &BTreeMap::new(), &annotations);
                 }
-                op += 1;
+                Op::Rekey(i, generation) => {
+                    let key = format!("{ANNOTATION}/backend-data");
+                    api.annotate(
+                        &format!("syn-{i}"),
+                        &key,
+                        Some(&backend_data(i, generation)),
+                    );
+                }
+                Op::Remove(i) => {
+                    api.delete_node(&format!("syn-{i}"));
+                }
             }
-            Ok(writes)
-        })
-    });
-    let writes = writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???;
-    // Wait until every written key shows up in the log (or give up after 10 s).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let text = loop {
-        let text = read_log(&log);
-        let last = writes
-            .last()
-            .map(|(_, id, _)| id.as_str())
-            .unwrap_or_default();
-        if text.lines().skip(start_line).any(|l| l.contains(last)) || Instant::now() > deadline {
-            // The last write is in: give the pass that carried it time to log the rest.
-            std::thread::sleep(Duration::from_millis(500));
-            break read_log(&log);
-        }
-        std::thread::sleep(Duration::from_millis(50));
+            Ok(())
+        })?
+    } else {
+        let endpoint = lab.etcd().endpoint();
+        let ns = lab
+            .etcd()
+            .netns()
+            .context("the lab's etcd runs in a namespace")?
+            .to_string();
+        // One client, in etcd's namespace, writing on a fixed schedule.
+        let writer = crate::netns::in_named_netns(&ns, move || -> anyhow::Result<_> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let mut client = rt.block_on(etcd_client::Client::connect([endpoint], None))?;
+            churn::schedule(nodes, span, rate, |op| {
+                rt.block_on(async {
+                    match op {
+                        Op::Add(i) => client
+                            .put(lease_key(i).0, lease_value(i, 0), None)
+                            .await
+                            .map(drop),
+                        Op::Rekey(i, g) => client
+                            .put(lease_key(i).0, lease_value(i, g), None)
+                            .await
+                            .map(drop),
+                        Op::Remove(i) => client.delete(lease_key(i).0, None).await.map(drop),
+                    }
+                })
+                .map_err(Into::into)
+            })
+        });
+        writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???
     };
-    if std::env::var_os("WEFT_BENCH_DEBUG").is_some() {
-        for l in text
-            .lines()
-            .skip(start_line)
-            .filter(|l| l.contains("reconciled"))
-            .take(8)
-        {
-            eprintln!("{l}");
-        }
-    }
-    // "…: add peer NODE (KEY) endpoint …" and "…: remove peer KEY", each by key: a key is
-    // added once and removed once, so adds and removals are kept apart.
-    let mut added: HashMap<String, SystemTime> = HashMap::new();
-    let mut removed: HashMap<String, SystemTime> = HashMap::new();
-    for line in text.lines().skip(start_line) {
-        let Some(at) = log_time(line) else { continue };
-        if let Some(rest) = line.split(": add peer ").nth(1) {
-            if let Some((key, _)) = rest.split_once(" (").and_then(|(_, r)| r.split_once(')')) {
-                added.entry(key.to_string()).or_insert(at);
-            }
-        } else if let Some(key) = line
-            .split(": remove peer ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-        {
-            removed.entry(key.to_string()).or_insert(at);
-        }
-    }
-    let seen = |kind: &str, key: &str| {
-        if kind == "remove" {
-            removed.get(key).copied()
-        } else {
-            added.get(key).copied()
-        }
-    };
-    let mut out: Vec<(&'static str, Vec<f64>)> =
-        vec![("add", vec![]), ("remove", vec![]), ("key change", vec![])];
-    for (kind, id, at) in &writes {
-        if let Some(done) = seen(kind, id) {
-            if let Some(slot) = out.iter_mut().find(|(k, _)| k == kind) {
-                slot.1.push(ms_between(*at, done));
-            }
-        }
-    }
-    let programmed: usize = out.iter().map(|(_, v)| v.len()).sum();
-    if programmed < writes.len() {
-        let missing: Vec<String> = writes
-            .iter()
-            .filter(|(kind, id, _)| seen(kind, id).is_none())
-            .take(3)
-            .map(|(k, id, _)| format!("{k} {id}"))
-            .collect();
-        bail!(
-            "only {programmed} of {} churn operations were programmed within 10 s; e.g. {missing:?}\n{}",
-            writes.len(),
-            tail(&text)
-        );
-    }
-    Ok(out)
+    churn::analyse(&log, start_line, &writes)
 }
 
 /// One table row per run, plus churn percentiles.
 pub fn report(results: &[ControlPlane]) -> String {
     let mut out = String::from(
-        "| nodes | cold convergence (ms) | first pass writes | steady-state writes | resync pass (ms) | agent RSS (MiB) | device process RSS (MiB) | idle CPU (%), resync every 3 s |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "| registry | nodes | cold convergence (ms) | first pass writes | steady-state writes | resync pass (ms) | agent RSS (MiB) | device process RSS (MiB) | idle CPU (%), resync every 3 s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for r in results {
         out += &format!(
-            "| {} | {:.0} | {} | {} | {:.0} | {:.1} | {:.1} | {:.2} |\n",
+            "| {} | {} | {:.0} | {} | {} | {:.0} | {:.1} | {:.1} | {:.2} |\n",
+            r.registry.name(),
             r.nodes,
             r.cold_ms,
             r.first_pass_writes,
@@ -357,11 +339,12 @@ pub fn report(results: &[ControlPlane]) -> String {
             r.idle_cpu_percent
         );
     }
-    out += "\n| nodes | churn (ops/s) | operation | count | p50 (ms) | p99 (ms) |\n| ---: | ---: | --- | ---: | ---: | ---: |\n";
+    out += "\n| registry | nodes | churn (ops/s) | operation | count | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
     for r in results {
         for (kind, v) in &r.churn {
             out += &format!(
-                "| {} | {:.0} | {kind} | {} | {:.1} | {:.1} |\n",
+                "| {} | {} | {:.0} | {kind} | {} | {:.1} | {:.1} |\n",
+                r.registry.name(),
                 r.nodes,
                 r.churn_rate,
                 v.len(),

@@ -1,6 +1,7 @@
 //! The benchmarks (`weft-lab bench control-plane|data-plane`): figures as medians and
 //! percentiles, from runs on this machine; the method and the tables are in BENCHMARKS.md.
 
+pub mod churn;
 pub mod control_plane;
 pub mod data_plane;
 

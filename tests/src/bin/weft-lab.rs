@@ -2,7 +2,7 @@
 //! - `weft-lab demo [wireguard|vxlan|host-gw] [--plan-only]`: the README's demo.
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
-//! - `weft-lab bench control-plane [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
+//! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
 //!   and `weft-lab bench data-plane [--runs 3] [--bytes N]`: the benchmarks of BENCHMARKS.md.
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
 //!   WireGuard, this machine's root read-only); prints its output, exits with its status.
@@ -75,6 +75,7 @@ fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 
 fn bench(args: &[String]) -> anyhow::Result<()> {
     use anyhow::Context;
+    use weft_lab::bench::control_plane::Registry;
     let weft = std::env::current_exe()?.with_file_name("weft");
     match args.first().map(String::as_str) {
         Some("control-plane") => {
@@ -85,11 +86,17 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<_>>()?;
             let churn: f64 = opt(args, "--churn-secs").unwrap_or("10").parse()?;
             let rate: f64 = opt(args, "--rate").unwrap_or("50").parse()?;
+            let registry = match opt(args, "--registry").unwrap_or("etcd") {
+                "etcd" => Registry::Etcd,
+                "kube" => Registry::Kube,
+                other => anyhow::bail!("--registry: etcd or kube, not {other:?}"),
+            };
             let mut results = Vec::new();
             for n in nodes {
-                eprintln!("control plane: {n} nodes...");
+                eprintln!("control plane ({}): {n} nodes...", registry.name());
                 results.push(weft_lab::bench::control_plane::run(
                     &weft,
+                    registry,
                     n,
                     std::time::Duration::from_secs_f64(churn),
                     rate,

@@ -1,6 +1,7 @@
 //! What a lab is made of: node count, pods, the net-conf, the agents' flags, per-node
 //! WireGuard implementation, which nodes sit behind the router, and etcd seed data.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// etcd's address, or the Kubernetes API server's (port 6443) in a kube lab.
@@ -27,6 +28,9 @@ pub struct LabConfig {
     /// of etcd; the lab registers each node with pod CIDR `10.244.<n>.0/24`, as the
     /// controller manager would.
     pub kube: bool,
+    /// Nodes registered in a kube lab's API server before any agent starts: (name, pod
+    /// CIDR, annotations), each with a kubelet's full status.
+    pub kube_seed: Vec<(String, String, BTreeMap<String, String>)>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -52,6 +56,7 @@ impl LabConfig {
             routed: Vec::new(),
             seed: Vec::new(),
             kube: false,
+            kube_seed: Vec::new(),
         }
     }
 

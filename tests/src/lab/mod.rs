@@ -18,6 +18,7 @@ pub mod cni;
 mod config;
 mod fabric;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -133,6 +134,9 @@ impl Lab {
                 KUBE_API_PORT,
             )?;
             api.write_kubeconfig(&dir.path().join("kubeconfig"))?;
+            for (name, cidr, annotations) in std::mem::take(&mut cfg.kube_seed) {
+                api.add_node_with(&name, &[&cidr], &BTreeMap::new(), &annotations);
+            }
             fs::write(dir.path().join("net-conf.json"), &cfg.net_conf)?;
             (None, Some(api))
         } else {
