@@ -40,6 +40,9 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Remove every device, route, nftables table, subnet file and socket weft created on
+    /// this node (after an uninstall or `kubeadm reset`); prints what it removed.
+    Cleanup(crate::commands::cleanup::CleanupArgs),
     /// Install the CNI plugin and conflist (the DaemonSet's init container).
     InstallCni(crate::commands::install_cni::InstallCniArgs),
     /// Run one userspace WireGuard device (boringtun) until its interface is deleted or
