@@ -1,30 +1,26 @@
-//! `weft agent`: registry → plan, level-triggered. Whatever wakes the loop (a new view, a
-//! change to our own lease, the resync timer) re-plans the whole node from the latest
-//! state. This issue's agent plans and writes subnet.env; the reconcilers that program the
-//! kernel from the plan plug in at `apply` (the data-plane issue).
+//! `weft agent`: start-up (key, health and control endpoints, registry, config, lease,
+//! data plane), then the control loop (`control_loop`) until shutdown.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::SystemTime;
 
 use anyhow::{bail, Context};
 use tokio::sync::watch;
-use tracing::{error, info, warn, Instrument};
+use tracing::{info, warn};
 use weft_backends::apply::wireguard::process::UserspaceProcess;
-use weft_backends::apply::{monitor, Dataplane, DataplaneReport};
-use weft_backends::model::{ClusterView, DesiredState, Lease};
-use weft_backends::netconf::NetConf;
-use weft_backends::plan::{plan, PlanInput, PlanOptions};
+use weft_backends::apply::{monitor, Dataplane};
+use weft_backends::plan::PlanOptions;
 use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
 use crate::backend_setup;
 use crate::backoff::{sleep_or_shutdown, Backoff};
 use crate::cli::AgentArgs;
+use crate::control_loop::{control_loop, LoopInputs};
 use crate::health::{Health, Readiness};
+use crate::metrics::Metrics;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
-use crate::subnet_file;
+use crate::{status, subnet_file};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
 /// succeeds; logs each failure. Each attempt counts as a heartbeat: retrying is alive. Evaluates to `None` if shutdown came first.
@@ -91,18 +87,25 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let public_ip = crate::iface::public_ip(&args)?;
     let mut shutdown = shutdown_on_signals()?;
     let health = Health::new(args.resync_period);
+    let snapshot = status::Shared::default();
+    let metrics = Metrics::default();
     if args.healthz_port != 0 {
-        crate::health::serve(
-            std::net::SocketAddr::new(args.healthz_ip, args.healthz_port),
-            health.clone(),
-        )
-        .await?;
+        let endpoints = crate::health::Endpoints {
+            health: health.clone(),
+            metrics: metrics.clone(),
+            snapshot: snapshot.clone(),
+        };
+        let addr = std::net::SocketAddr::new(args.healthz_ip, args.healthz_port);
+        crate::health::serve(addr, endpoints).await?;
     }
+    crate::control::serve(&crate::control::socket_path(), snapshot.clone()).await?;
     let start = Start {
         key,
         key_path,
         public_ip,
         health,
+        snapshot,
+        metrics,
     };
     if args.kube_subnet_mgr {
         let client = kube::client(&args.kubeconfig_file, &args.kube_api_url)
@@ -164,6 +167,8 @@ struct Start {
     key_path: PathBuf,
     public_ip: std::net::Ipv4Addr,
     health: Health,
+    snapshot: status::Shared,
+    metrics: Metrics,
 }
 
 /// Config, lease, data plane, then the control loop until shutdown; the same for every
@@ -179,6 +184,8 @@ async fn serve<R: Registry>(
         key_path,
         public_ip,
         health,
+        snapshot,
+        metrics,
     } = start;
     let Some(net) = retry!(
         "reading the network config",
@@ -249,6 +256,10 @@ async fn serve<R: Registry>(
         .config_mtu
         .or(underlay.as_ref().map(|u| u.mtu))
         .unwrap_or(1500);
+    snapshot.update(|s| {
+        s.implementation = dataplane.implementation().to_string();
+        s.underlay_mtu = underlay_mtu;
+    });
     let options = PlanOptions {
         ip_masq: args.ip_masq,
         underlay_mtu,
@@ -262,208 +273,11 @@ async fn serve<R: Registry>(
         shutdown,
         ready: handle.ready.clone(),
         health,
+        snapshot,
+        metrics,
     };
     control_loop(args, &net, &options, &key, &mut dataplane, inputs).await;
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)
-}
-
-/// Everything that can wake the control loop.
-struct LoopInputs {
-    views: watch::Receiver<Arc<ClusterView>>,
-    local: watch::Receiver<Lease>,
-    deletions: tokio::sync::mpsc::Receiver<()>,
-    shutdown: watch::Receiver<bool>,
-    /// Told once the data plane is first programmed (the registry may announce it).
-    ready: watch::Sender<bool>,
-    health: Health,
-}
-
-/// How often the nftables tables are checked: deleting one raises no netlink event.
-const NFT_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn log_report(report: &DataplaneReport) {
-    for change in &report.changes {
-        info!(change = %change, "data plane");
-    }
-    for error in &report.errors {
-        warn!(error = %error, "data plane");
-    }
-}
-
-async fn control_loop(
-    args: &AgentArgs,
-    net: &NetConf,
-    options: &PlanOptions,
-    key: &PrivateKey,
-    dataplane: &mut Dataplane,
-    mut inputs: LoopInputs,
-) {
-    let mut resync = tokio::time::interval(args.resync_period);
-    let mut nft_check = tokio::time::interval(NFT_CHECK);
-    let mut last: Option<DesiredState> = None;
-    let mut pass: u64 = 0;
-    // A pass woken by the registry or a deletion trusts what the last passes read of the
-    // WireGuard devices (no event reports their peers changing); the first pass and the
-    // periodic resync read everything.
-    let mut full = true;
-    // Nothing is planned before the registry's first full listing: a plan made from the
-    // empty view would remove every peer that a previous run left in place, dropping
-    // traffic that the restart should not touch.
-    loop {
-        tokio::select! {
-            listed = inputs.views.changed() => match listed {
-                Ok(()) => break,
-                Err(_) => return,
-            },
-            // Waiting for the registry (which retries on its own) is not being wedged.
-            _ = nft_check.tick() => inputs.health.beat(),
-            _ = inputs.shutdown.changed() => return,
-        }
-    }
-    info!(
-        nodes = inputs.views.borrow().leases.len(),
-        "first full listing"
-    );
-    loop {
-        inputs.health.beat();
-        let me = inputs.local.borrow_and_update().clone();
-        let view = inputs.views.borrow_and_update().clone();
-        let t_plan = std::time::Instant::now();
-        match plan(&PlanInput {
-            local: &me,
-            view: &view,
-            config: net,
-            options,
-            now: SystemTime::now(),
-        }) {
-            Ok(state) => {
-                let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
-                report(last.as_ref(), &state);
-                match subnet_file::write(&args.subnet_file, &state.subnet_env) {
-                    Ok(written) => {
-                        if written {
-                            info!(path = %args.subnet_file.display(), "wrote subnet file");
-                        }
-                        inputs.health.set(Readiness::SubnetFileWritten);
-                    }
-                    Err(e) => {
-                        inputs.health.unset(Readiness::SubnetFileWritten);
-                        error!(error = %e, "writing the subnet file");
-                    }
-                }
-                pass += 1;
-                let span = tracing::info_span!("reconcile", pass);
-                let (started, writes) = (std::time::Instant::now(), dataplane.writes());
-                let result = if full {
-                    dataplane.reconcile(&state, key).instrument(span).await
-                } else {
-                    dataplane
-                        .reconcile_incremental(&state, key)
-                        .instrument(span)
-                        .await
-                };
-                match result {
-                    Ok(r) => {
-                        log_report(&r);
-                        inputs.health.set(Readiness::DataplaneProgrammed);
-                        inputs
-                            .ready
-                            .send_if_modified(|ready| !std::mem::replace(ready, true));
-                        info!(
-                            pass,
-                            full,
-                            changes = r.changes.len(),
-                            errors = r.errors.len(),
-                            writes = dataplane.writes() - writes,
-                            took_ms = started.elapsed().as_secs_f64() * 1e3,
-                            plan_ms,
-                            parts = ?r.timings,
-                            "reconciled"
-                        );
-                    }
-                    Err(e) => {
-                        inputs.health.unset(Readiness::DataplaneProgrammed);
-                        warn!(error = %e, "reconcile failed; retrying on the next event or resync")
-                    }
-                }
-                last = Some(state);
-            }
-            Err(e) => error!(error = %e, "cannot plan this node"),
-        }
-        loop {
-            tokio::select! {
-                _ = inputs.views.changed() => {
-                    full = false;
-                    break;
-                }
-                _ = inputs.local.changed() => {
-                    full = false;
-                    break;
-                }
-                _ = resync.tick() => {
-                    full = true;
-                    break;
-                }
-                // Links, addresses, routes and neighbours are read in every pass, and a
-                // deleted device is recreated and read afresh; so a deletion (often one of
-                // the agent's own) needs no full pass.
-                Some(()) = inputs.deletions.recv() => {
-                    full = false;
-                    break;
-                }
-                _ = nft_check.tick() => {
-                    inputs.health.beat();
-                    if let Some(state) = &last {
-                        match dataplane.reconcile_nft(state).await {
-                            Ok(r) => log_report(&r),
-                            Err(e) => warn!(error = %e, "nftables check failed"),
-                        }
-                    }
-                }
-                _ = inputs.shutdown.changed() => return,
-            }
-        }
-    }
-}
-
-/// Logs what changed in the plan: peers in and out, and each newly left-out peer's reason.
-fn report(before: Option<&DesiredState>, after: &DesiredState) {
-    if before == Some(after) {
-        return;
-    }
-    let peers = |s: Option<&DesiredState>| -> std::collections::BTreeSet<String> {
-        s.map(|s| {
-            let tunnels = s
-                .tunnels
-                .iter()
-                .flat_map(|t| t.peers.iter().map(|p| format!("{} {}", t.device, p.node)));
-            let vxlan = s
-                .vxlan
-                .iter()
-                .flat_map(|v| v.peers.iter().map(|p| format!("{} {}", v.device, p.node)));
-            tunnels.chain(vxlan).collect()
-        })
-        .unwrap_or_default()
-    };
-    let (old, new) = (peers(before), peers(Some(after)));
-    for p in new.difference(&old) {
-        info!(peer = %p, "peer planned");
-    }
-    for p in old.difference(&new) {
-        info!(peer = %p, "peer removed from plan");
-    }
-    for l in &after.left_out {
-        if !before.is_some_and(|b| b.left_out.contains(l)) {
-            warn!(node = %l.node, reason = %l.reason, "peer left out");
-        }
-    }
-    info!(
-        tunnels = after.tunnels.len(),
-        peers = new.len(),
-        routes = after.routes.len(),
-        left_out = after.left_out.len(),
-        "plan updated"
-    );
 }

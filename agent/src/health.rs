@@ -1,4 +1,4 @@
-//! `/healthz` and `/readyz` on `--healthz-ip`:`--healthz-port`.
+//! `/healthz`, `/readyz` and `/metrics` (see `metrics`) on `--healthz-ip`:`--healthz-port`.
 //!
 //! - `/healthz` (liveness): the agent's main task is making progress. Every control-loop
 //!   pass and every idle tick (at least every 2 s) beats, and so does every start-up
@@ -113,23 +113,46 @@ fn answer(result: Result<String, String>) -> (StatusCode, String) {
     }
 }
 
+/// What the endpoints answer from.
+#[derive(Clone)]
+pub struct Endpoints {
+    pub health: Health,
+    pub metrics: crate::metrics::Metrics,
+    pub snapshot: crate::status::Shared,
+}
+
 /// Binds `addr` (failing start-up with a clear error if it cannot) and serves the
 /// endpoints on a task of their own.
-pub async fn serve(addr: SocketAddr, health: Health) -> anyhow::Result<()> {
+pub async fn serve(addr: SocketAddr, endpoints: Endpoints) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("listening for health checks on {addr} (--healthz-ip, --healthz-port)")
     })?;
     let app = Router::new()
         .route(
             "/healthz",
-            get(|State(h): State<Health>| async move { answer(h.liveness_at(Instant::now())) }),
+            get(|State(e): State<Endpoints>| async move {
+                answer(e.health.liveness_at(Instant::now()))
+            }),
         )
         .route(
             "/readyz",
-            get(|State(h): State<Health>| async move { answer(h.readiness()) }),
+            get(|State(e): State<Endpoints>| async move { answer(e.health.readiness()) }),
         )
-        .with_state(health);
-    info!(%addr, "serving /healthz and /readyz");
+        .route(
+            "/metrics",
+            get(|State(e): State<Endpoints>| async move {
+                let body = e.metrics.render(&e.snapshot.get()).await;
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
+            }),
+        )
+        .with_state(endpoints);
+    info!(%addr, "serving /healthz, /readyz and /metrics");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "the health endpoint stopped");

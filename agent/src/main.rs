@@ -20,6 +20,7 @@ fn main() -> ExitCode {
             commands::keys::run(&command, &mut io::stdin(), &mut io::stdout()).map(|()| 0)
         }
         Command::Agent(args) => weft::agent::run(*args),
+        Command::Status(args) => commands::status::run(&args, &mut io::stdout()),
         Command::Cleanup(args) => commands::cleanup::run(&args, &mut io::stdout()),
         Command::InstallCni(args) => commands::install_cni::run(&args, &mut io::stdout()),
         Command::UserspaceDevice { device } => commands::userspace_device::run(&device),

@@ -5,51 +5,16 @@
 //! cleared, `/healthz` and `/readyz`, CNI CHECK and DEL, a deleted Node leaving every
 //! device, and only API calls the ClusterRole allows.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weft::registry::kube::API_CALLS;
 use weft_lab::lab::{Lab, LabConfig};
-use weft_lab::netns::in_named_netns;
+use weft_lab::netns::http_get;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PREFIX: &str = "flannel.alpha.coreos.com";
 const HEALTHZ_PORT: u16 = 10267;
-
-/// `GET path` on `addr` from inside namespace `ns`: (status code, body).
-fn http_get(ns: &str, addr: &str, path: &str) -> (u16, String) {
-    let (addr, path) = (addr.to_string(), path.to_string());
-    let result = in_named_netns(ns, move || -> std::io::Result<String> {
-        let mut s = TcpStream::connect(&addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        Ok(out)
-    })
-    .join()
-    .expect("the HTTP thread panicked");
-    let text = match result {
-        Ok(Ok(text)) => text,
-        other => return (0, format!("{other:?}")),
-    };
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (code, body)
-}
 
 fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;

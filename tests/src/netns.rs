@@ -4,7 +4,7 @@
 //! disappears with the thread. The host namespace is never touched.
 
 use std::future::Future;
-use std::io;
+use std::io::{self, Read, Write};
 use std::process::Command;
 
 /// Runs `f` in a new network namespace and returns its output; a panic inside is re-raised.
@@ -80,4 +80,37 @@ pub fn in_named_netns<T: Send + 'static>(
         }
         Ok(f())
     })
+}
+
+/// `GET path` on `addr` from inside namespace `ns`: (status code, body).
+pub fn http_get(ns: &str, addr: &str, path: &str) -> (u16, String) {
+    let (addr, path) = (addr.to_string(), path.to_string());
+    let result = in_named_netns(ns, move || -> io::Result<String> {
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .join();
+    let text = match result {
+        Ok(Ok(Ok(text))) => text,
+        Ok(other) => return (0, format!("{other:?}")),
+        Err(_) => return (0, "the HTTP thread panicked".into()),
+    };
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (code, body)
 }

@@ -40,6 +40,9 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// This node and its peers: endpoints, handshakes, transfer, state (from the local
+    /// agent's control socket and the device).
+    Status(crate::commands::status::StatusArgs),
     /// Remove every device, route, nftables table, subnet file and socket weft created on
     /// this node (after an uninstall or `kubeadm reset`); prints what it removed.
     Cleanup(crate::commands::cleanup::CleanupArgs),

@@ -9,6 +9,7 @@ pub mod genl;
 pub mod kernel;
 pub mod kernel_msg;
 pub mod process;
+pub mod read;
 pub mod uapi;
 pub mod uapi_socket;
 pub mod userspace;

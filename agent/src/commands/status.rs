@@ -1,0 +1,297 @@
+//! `weft status`: this node and every peer, from the local agent's snapshot (its control
+//! socket) and the device itself (handshakes, transfer): one table, or `--json`.
+
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use weft_backends::apply::wireguard::read::read_device;
+use weft_backends::apply::wireguard::WgDevice;
+use weft_crypto::PublicKey;
+
+use crate::status::Snapshot;
+
+/// WireGuard drops a session this long after its handshake (REJECT_AFTER_TIME).
+pub const HANDSHAKE_FRESH: Duration = Duration::from_secs(180);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub node: String,
+    pub subnet: String,
+    pub endpoint: String,
+    pub public_key: Option<String>,
+    /// Seconds since the last handshake; `None` if never (or not WireGuard).
+    pub handshake_secs: Option<u64>,
+    pub rx_bytes: Option<u64>,
+    pub tx_bytes: Option<u64>,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub node: String,
+    pub subnet: String,
+    pub backend: String,
+    pub implementation: String,
+    pub device: Option<String>,
+    pub public_ip: Option<String>,
+    pub peers: Vec<Row>,
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+/// The rows for `snapshot`, with `device` as read now (WireGuard backends).
+pub fn rows(snapshot: &Snapshot, device: Option<&WgDevice>, now: SystemTime) -> Vec<Row> {
+    let since_epoch = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut rows: Vec<Row> = snapshot
+        .peers
+        .iter()
+        .map(|p| {
+            let key: Option<PublicKey> = p.public_key.as_deref().and_then(|k| k.parse().ok());
+            let on_device = match (key, device) {
+                (Some(k), Some(d)) => d.peers.get(&k),
+                _ => None,
+            };
+            let age = on_device
+                .and_then(|w| w.last_handshake)
+                .filter(|t| !t.is_zero())
+                .map(|t| since_epoch.saturating_sub(t));
+            let state = match (key.is_some(), device, on_device, age) {
+                (false, ..) => "programmed".to_string(),
+                (true, None, ..) => "no device".to_string(),
+                (true, Some(_), None, _) => "not on device".to_string(),
+                (true, Some(_), Some(_), Some(a)) if a <= HANDSHAKE_FRESH => "up".to_string(),
+                (true, Some(_), Some(_), _) => "no handshake".to_string(),
+            };
+            Row {
+                node: p.node.clone(),
+                subnet: or_dash(p.subnet),
+                endpoint: on_device
+                    .and_then(|w| w.endpoint)
+                    .map(|e| e.to_string())
+                    .or_else(|| p.endpoint.clone())
+                    .unwrap_or_else(|| "-".into()),
+                public_key: p.public_key.clone(),
+                handshake_secs: age.map(|a| a.as_secs()),
+                rx_bytes: on_device.map(|w| w.rx_bytes),
+                tx_bytes: on_device.map(|w| w.tx_bytes),
+                state,
+            }
+        })
+        .collect();
+    for l in &snapshot.left_out {
+        let entry = snapshot.registry.get(&l.node);
+        rows.push(Row {
+            node: l.node.clone(),
+            subnet: or_dash(entry.and_then(|e| e.subnet)),
+            endpoint: or_dash(entry.and_then(|e| e.public_ip)),
+            public_key: None,
+            handshake_secs: None,
+            rx_bytes: None,
+            tx_bytes: None,
+            state: format!("left out: {}", l.reason),
+        });
+    }
+    rows
+}
+
+fn bytes(n: Option<u64>) -> String {
+    match n {
+        None => "-".into(),
+        Some(n) if n < 1024 => format!("{n} B"),
+        Some(n) if n < 1024 * 1024 => format!("{:.1} KiB", n as f64 / 1024.0),
+        Some(n) if n < 1024 * 1024 * 1024 => format!("{:.1} MiB", n as f64 / 1048576.0),
+        Some(n) => format!("{:.2} GiB", n as f64 / 1073741824.0),
+    }
+}
+
+/// The table, columns padded to their widest cell.
+pub fn table(report: &Report) -> String {
+    let device = report.device.as_deref().unwrap_or("no device");
+    let runs = match report.implementation.as_str() {
+        "kernel" | "userspace" => format!("{} WireGuard on {device}", report.implementation),
+        _ => device.to_string(),
+    };
+    let mut out = format!(
+        "node {} ({}), backend {}, {runs}, endpoint {}\n\n",
+        report.node,
+        report.subnet,
+        report.backend,
+        report.public_ip.as_deref().unwrap_or("-"),
+    );
+    let header = [
+        "NODE",
+        "SUBNET",
+        "ENDPOINT",
+        "HANDSHAKE",
+        "TRANSFER (rx / tx)",
+        "STATE",
+    ];
+    let cells: Vec<[String; 6]> = report
+        .peers
+        .iter()
+        .map(|r| {
+            [
+                r.node.clone(),
+                r.subnet.clone(),
+                r.endpoint.clone(),
+                r.handshake_secs
+                    .map_or_else(|| "-".into(), |s| format!("{s} s ago")),
+                if r.rx_bytes.is_some() {
+                    format!("{} / {}", bytes(r.rx_bytes), bytes(r.tx_bytes))
+                } else {
+                    "-".into()
+                },
+                r.state.clone(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cols: Vec<&str>| {
+        let mut l: String = cols
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}  "))
+            .collect();
+        l.truncate(l.trim_end().len());
+        l + "\n"
+    };
+    out += &line(header.to_vec());
+    for row in &cells {
+        out += &line(row.iter().map(String::as_str).collect());
+    }
+    if cells.is_empty() {
+        out += "(no peers)\n";
+    }
+    out
+}
+
+/// The report for the agent answering on the control socket.
+pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
+    let device = match (&snapshot.device, snapshot.implementation.as_str()) {
+        (Some(d), "kernel" | "userspace") => read_device(d).await?,
+        _ => None,
+    };
+    Ok(Report {
+        peers: rows(&snapshot, device.as_ref(), SystemTime::now()),
+        node: snapshot.node.clone(),
+        subnet: or_dash(snapshot.subnet),
+        backend: snapshot.backend.clone(),
+        implementation: snapshot.implementation.clone(),
+        device: snapshot.device.clone(),
+        public_ip: snapshot.public_ip.map(|i| i.to_string()),
+    })
+}
+
+pub fn run(args: &StatusArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let snapshot = crate::control::fetch(&crate::control::socket_path())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(report(snapshot))?;
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        write!(out, "{}", table(&report))?;
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{LeftOutInfo, PeerInfo, RegistryEntry};
+    use weft_backends::apply::wireguard::WgPeer;
+    use weft_crypto::PrivateKey;
+
+    #[test]
+    fn states_from_the_device_and_the_plan() {
+        let key = |n: u8| PrivateKey::from_bytes([n; 32]).public_key();
+        let peer = |n: u8| PeerInfo {
+            node: format!("n{n}"),
+            subnet: format!("10.244.{n}.0/24").parse().ok(),
+            endpoint: Some(format!("198.51.100.{n}:51820")),
+            public_key: Some(key(n).to_string()),
+            vtep_mac: None,
+        };
+        let mut snapshot = Snapshot {
+            peers: vec![peer(2), peer(3), peer(4)],
+            left_out: vec![LeftOutInfo {
+                node: "n5".into(),
+                reason: "its backend data is bad".into(),
+            }],
+            ..Snapshot::default()
+        };
+        snapshot.registry.insert(
+            "n5".into(),
+            RegistryEntry {
+                subnet: "10.244.5.0/24".parse().ok(),
+                ..RegistryEntry::default()
+            },
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let mut device = WgDevice::default();
+        device.peers.insert(
+            key(2),
+            WgPeer {
+                endpoint: "198.51.100.2:40000".parse().ok(),
+                last_handshake: Some(Duration::from_secs(9_990)),
+                rx_bytes: 2048,
+                tx_bytes: 10,
+                ..WgPeer::default()
+            },
+        );
+        device.peers.insert(
+            key(3),
+            WgPeer {
+                last_handshake: Some(Duration::from_secs(9_000)),
+                ..WgPeer::default()
+            },
+        );
+        let r = rows(&snapshot, Some(&device), now);
+        let states: Vec<&str> = r.iter().map(|r| r.state.as_str()).collect();
+        assert_eq!(
+            states,
+            [
+                "up",
+                "no handshake",
+                "not on device",
+                "left out: its backend data is bad"
+            ]
+        );
+        // The endpoint the device uses (a roamed one) is shown.
+        assert_eq!(r[0].endpoint, "198.51.100.2:40000");
+        assert_eq!(r[0].handshake_secs, Some(10));
+        let text = table(&Report {
+            node: "n1".into(),
+            subnet: "10.244.1.0/24".into(),
+            backend: "wireguard".into(),
+            implementation: "userspace".into(),
+            device: Some("flannel-wg".into()),
+            public_ip: Some("198.51.100.1".into()),
+            peers: r,
+        });
+        assert!(
+            text.contains("n2    10.244.2.0/24  198.51.100.2:40000  10 s ago"),
+            "{text}"
+        );
+        assert!(text.contains("2.0 KiB / 10 B"), "{text}");
+        assert!(text.contains("n5    10.244.5.0/24  -"), "{text}");
+    }
+}

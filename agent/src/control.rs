@@ -1,0 +1,84 @@
+//! The agent's control socket: a Unix socket owned by root, mode 0600, in a 0700
+//! directory, serving the agent's snapshot as JSON (`GET /status`) to `weft status` and
+//! `weft doctor` on the same node. HTTP/1 over the socket, so `curl --unix-socket` works
+//! too.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use tracing::{info, warn};
+
+use crate::status::{Shared, Snapshot};
+
+pub const DEFAULT_SOCKET: &str = "/run/weft/weft.sock";
+/// Overrides the socket path (tests, or a second agent on one host).
+pub const SOCKET_ENV: &str = "WEFT_CONTROL_SOCKET";
+
+pub fn socket_path() -> PathBuf {
+    std::env::var_os(SOCKET_ENV).map_or_else(|| PathBuf::from(DEFAULT_SOCKET), PathBuf::from)
+}
+
+/// Binds the socket (replacing a stale one) and serves it on a task of its own.
+pub async fn serve(path: &Path, shared: Shared) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing the stale {}", path.display())),
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to root", path.display()))?;
+    let app = Router::new()
+        .route(
+            "/status",
+            get(|State(s): State<Shared>| async move { Json(s.get()) }),
+        )
+        .with_state(shared);
+    info!(socket = %path.display(), "serving the control socket");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "the control socket stopped");
+        }
+    });
+    Ok(())
+}
+
+/// The snapshot of the agent answering on `path`.
+pub fn fetch(path: &Path) -> anyhow::Result<Snapshot> {
+    let mut stream = std::os::unix::net::UnixStream::connect(path).with_context(|| {
+        format!(
+            "no agent answers on {}: is `weft agent` running on this node (and are you root)?",
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    stream.write_all(b"GET /status HTTP/1.0\r\nHost: weft\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .with_context(|| format!("reading from {}", path.display()))?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("the agent's answer is not HTTP")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!(
+            "the agent answered {}",
+            head.lines().next().unwrap_or_default()
+        );
+    }
+    serde_json::from_str(body).context("the agent's status is not the JSON this weft reads")
+}

@@ -1,0 +1,192 @@
+//! `/metrics` (Prometheus / OpenMetrics text, prometheus-client), on the health port.
+//!
+//! Kept by the control loop: reconcile passes, their errors and a duration histogram;
+//! registry events (nodes joined, changed, left); each peer's key generation (1 for the
+//! first key seen, +1 at every change). Built at each scrape from the agent's snapshot and
+//! the device as read then: per peer the last handshake's age, received and sent bytes and
+//! an info series with its endpoint and key, and the peers left out of the plan with their
+//! reason.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use weft_backends::apply::wireguard::read::read_device;
+use weft_backends::model::ViewChange;
+use weft_crypto::PublicKey;
+
+use crate::status::Snapshot;
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Clone)]
+pub struct Metrics {
+    passes: Counter,
+    pass_errors: Counter,
+    pass_seconds: Histogram,
+    registry_events: Family<Labels, Counter>,
+    /// Node → (its current key, generation).
+    keys: Arc<Mutex<HashMap<String, (String, u64)>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            passes: Counter::default(),
+            pass_errors: Counter::default(),
+            // 1 ms … ~16 s.
+            pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            registry_events: Family::default(),
+            keys: Arc::default(),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn pass(&self, seconds: f64, failed: bool) {
+        self.passes.inc();
+        self.pass_seconds.observe(seconds);
+        if failed {
+            self.pass_errors.inc();
+        }
+    }
+
+    pub fn registry_changes(&self, changes: &[ViewChange]) {
+        for c in changes {
+            let kind = match c {
+                ViewChange::Added(_) => "joined",
+                ViewChange::Changed(_) => "changed",
+                ViewChange::Removed(_) => "left",
+            };
+            self.registry_events
+                .get_or_create(&vec![("event", kind.to_string())])
+                .inc();
+        }
+    }
+
+    /// Notes each planned peer's key; a new key for a known node is a new generation.
+    pub fn peer_keys<'a>(&self, peers: impl Iterator<Item = (&'a str, &'a str)>) {
+        let Ok(mut keys) = self.keys.lock() else {
+            return;
+        };
+        for (node, key) in peers {
+            let entry = keys
+                .entry(node.to_string())
+                .or_insert_with(|| (key.to_string(), 1));
+            if entry.0 != key {
+                *entry = (key.to_string(), entry.1 + 1);
+            }
+        }
+    }
+
+    fn generation(&self, node: &str) -> Option<u64> {
+        self.keys.lock().ok()?.get(node).map(|(_, g)| *g)
+    }
+
+    /// The exposition for `snapshot`, with the device read now.
+    pub async fn render(&self, snapshot: &Snapshot) -> String {
+        let mut registry = Registry::with_prefix("weft");
+        registry.register(
+            "reconcile_passes",
+            "Reconcile passes run",
+            self.passes.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconcile passes with at least one error",
+            self.pass_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of reconcile passes",
+            self.pass_seconds.clone(),
+        );
+        registry.register(
+            "registry_events",
+            "Nodes that joined, changed or left, as the registry reported them",
+            self.registry_events.clone(),
+        );
+        let left_out: Family<Labels, Gauge> = Family::default();
+        for l in &snapshot.left_out {
+            left_out
+                .get_or_create(&vec![
+                    ("node", l.node.clone()),
+                    ("reason", l.reason.clone()),
+                ])
+                .set(1);
+        }
+        registry.register(
+            "peers_left_out",
+            "Peers left out of the plan, by reason",
+            left_out,
+        );
+        let planned: Gauge = Gauge::default();
+        planned.set(snapshot.peers.len() as i64);
+        registry.register("peers", "Peers in the plan", planned);
+
+        let info: Family<Labels, Gauge> = Family::default();
+        let age: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+        let rx: Family<Labels, Counter> = Family::default();
+        let tx: Family<Labels, Counter> = Family::default();
+        let generation: Family<Labels, Gauge> = Family::default();
+        let device = match (&snapshot.device, snapshot.implementation.as_str()) {
+            (Some(d), "kernel" | "userspace") => read_device(d).await.ok().flatten(),
+            _ => None,
+        };
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        for p in &snapshot.peers {
+            let node = vec![("node", p.node.clone())];
+            let key = p.public_key.clone().unwrap_or_default();
+            info.get_or_create(&vec![
+                ("node", p.node.clone()),
+                ("endpoint", p.endpoint.clone().unwrap_or_default()),
+                ("public_key", key.clone()),
+            ])
+            .set(1);
+            if let Some(g) = self.generation(&p.node) {
+                generation.get_or_create(&node).set(g as i64);
+            }
+            let on_device = key
+                .parse::<PublicKey>()
+                .ok()
+                .and_then(|k| device.as_ref()?.peers.get(&k).cloned());
+            if let Some(w) = on_device {
+                if let Some(t) = w.last_handshake.filter(|t| !t.is_zero()) {
+                    age.get_or_create(&node)
+                        .set(now.saturating_sub(t).as_secs_f64());
+                }
+                rx.get_or_create(&node).inc_by(w.rx_bytes);
+                tx.get_or_create(&node).inc_by(w.tx_bytes);
+            }
+        }
+        registry.register(
+            "peer_info",
+            "One series per peer: its endpoint and public key",
+            info,
+        );
+        registry.register(
+            "peer_last_handshake_age_seconds",
+            "Seconds since the peer's last WireGuard handshake",
+            age,
+        );
+        registry.register("peer_receive_bytes", "Bytes received from the peer", rx);
+        registry.register("peer_transmit_bytes", "Bytes sent to the peer", tx);
+        registry.register(
+            "peer_key_generation",
+            "How many keys the peer has had since this agent started (1 = its first)",
+            generation,
+        );
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}

@@ -1,0 +1,157 @@
+//! What the agent knows about this node and its peers, as the operator's tools see it:
+//! the agent keeps a `Snapshot` (updated after every pass) and serves it on its control
+//! socket; `weft status` and `weft doctor` read it and add what the devices say
+//! (handshakes, transfer), which they read themselves.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use weft_backends::model::{format_mac, ClusterView, DesiredState, Lease, RouteRole};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub node: String,
+    pub subnet: Option<IpNet>,
+    pub backend: String,
+    /// `kernel`, `userspace`, or `none` for the unencrypted backends.
+    pub implementation: String,
+    pub public_ip: Option<IpAddr>,
+    /// This node's backend data as published (WireGuard key and port, or VTEP MAC).
+    pub published: Option<Value>,
+    /// The device the backend uses (`flannel-wg`, `flannel.1`; none for host-gw).
+    pub device: Option<String>,
+    /// The underlay MTU the plan assumed.
+    pub underlay_mtu: u32,
+    pub ip_masq: bool,
+    pub peers: Vec<PeerInfo>,
+    pub left_out: Vec<LeftOutInfo>,
+    /// Every node in the registry with its published backend data (ours included), for
+    /// `weft doctor`'s registry-versus-device checks.
+    pub registry: BTreeMap<String, RegistryEntry>,
+    pub passes: u64,
+    pub pass_errors: u64,
+    /// The errors of the last pass, if it had any.
+    pub last_errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub node: String,
+    pub subnet: Option<IpNet>,
+    /// Where this node sends the peer's traffic: the WireGuard endpoint, the vxlan VTEP
+    /// address, or the host-gw next hop.
+    pub endpoint: Option<String>,
+    pub public_key: Option<String>,
+    pub vtep_mac: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeftOutInfo {
+    pub node: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegistryEntry {
+    pub subnet: Option<IpNet>,
+    pub public_ip: Option<IpAddr>,
+    pub backend_type: String,
+    pub backend_data: Option<Value>,
+}
+
+/// The agent's current snapshot, shared between the control loop and the servers.
+#[derive(Clone, Default)]
+pub struct Shared(Arc<RwLock<Snapshot>>);
+
+impl Shared {
+    pub fn get(&self) -> Snapshot {
+        self.0.read().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        if let Ok(mut s) = self.0.write() {
+            f(&mut s);
+        }
+    }
+}
+
+/// The parts of a snapshot a plan determines.
+pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot: &mut Snapshot) {
+    snapshot.node = me.node.clone();
+    snapshot.subnet = me.subnet;
+    snapshot.backend = me.backend_type.clone();
+    snapshot.public_ip = me.public_ip.map(IpAddr::V4);
+    snapshot.published = me.backend_data.clone();
+    let subnet_of = |node: &str| view.get(node).and_then(|l| l.subnet);
+    let mut peers = Vec::new();
+    for t in &state.tunnels {
+        for p in &t.peers {
+            peers.push(PeerInfo {
+                node: p.node.clone(),
+                subnet: subnet_of(&p.node),
+                endpoint: Some(p.endpoint.to_string()),
+                public_key: Some(p.public_key.to_string()),
+                vtep_mac: None,
+            });
+        }
+    }
+    if let Some(v) = &state.vxlan {
+        for p in &v.peers {
+            peers.push(PeerInfo {
+                node: p.node.clone(),
+                subnet: subnet_of(&p.node),
+                endpoint: Some(p.public_ip.to_string()),
+                public_key: None,
+                vtep_mac: Some(format_mac(&p.mac)),
+            });
+        }
+    }
+    for r in &state.routes {
+        if let RouteRole::Direct(node) = &r.role {
+            if !peers.iter().any(|p| &p.node == node) {
+                peers.push(PeerInfo {
+                    node: node.clone(),
+                    subnet: Some(r.dst),
+                    endpoint: r.via.map(|v| v.to_string()),
+                    public_key: None,
+                    vtep_mac: None,
+                });
+            }
+        }
+    }
+    peers.sort_by(|a, b| a.node.cmp(&b.node));
+    snapshot.peers = peers;
+    snapshot.device = state
+        .tunnels
+        .first()
+        .map(|t| t.device.clone())
+        .or_else(|| state.vxlan.as_ref().map(|v| v.device.clone()));
+    snapshot.ip_masq = !state.masquerade.is_empty();
+    snapshot.left_out = state
+        .left_out
+        .iter()
+        .map(|l| LeftOutInfo {
+            node: l.node.clone(),
+            reason: l.reason.to_string(),
+        })
+        .collect();
+    snapshot.registry = view
+        .leases
+        .iter()
+        .map(|(name, l)| {
+            (
+                name.clone(),
+                RegistryEntry {
+                    subnet: l.subnet,
+                    public_ip: l.public_ip.map(IpAddr::V4),
+                    backend_type: l.backend_type.clone(),
+                    backend_data: l.backend_data.clone(),
+                },
+            )
+        })
+        .collect();
+}

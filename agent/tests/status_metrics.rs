@@ -1,0 +1,115 @@
+//! `weft status` and `/metrics` on a live lab mesh: every peer up with a fresh handshake
+//! and bytes both ways, a peer with a bad key shown as left out with its reason, a peer's
+//! new key counted as a new generation; and a clear error when no agent runs.
+
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::netns::http_get;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+const PORT: u16 = 10267;
+
+fn metrics(lab: &Lab, i: usize) -> String {
+    let node = &lab.nodes[i];
+    let (code, body) = http_get(&node.ns, &format!("{}:{PORT}", node.ip), "/metrics");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+/// The value of the first series starting with `prefix`.
+fn value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn status_and_metrics_describe_the_mesh() {
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.extra_args.push(format!("--healthz-port={PORT}"));
+    cfg.seed = vec![(
+        "/coreos.com/network/subnets/10.244.250.0-24".into(),
+        r#"{"PublicIP":"198.51.100.99","BackendType":"wireguard","BackendData":{"PublicKey":"bm90LWEta2V5","Port":51820}}"#.into(),
+    )];
+    let mut lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    let name = |i: usize| {
+        let s = lab.nodes[i].subnet.unwrap();
+        format!("{}-{}", s.network(), s.prefix_len())
+    };
+
+    let table = lab.on_node(0, &format!("{WEFT} status")).unwrap();
+    println!("{table}");
+    assert!(table.starts_with(&format!("node {} (", name(0))), "{table}");
+    for i in [1, 2] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(&name(i)))
+            .unwrap_or_else(|| panic!("no row for node {i}:\n{table}"));
+        assert!(row.ends_with("up"), "{row}");
+        assert!(row.contains(&format!("{}:51820", lab.nodes[i].ip)), "{row}");
+        assert!(row.contains(" s ago"), "{row}");
+    }
+    let bad = table
+        .lines()
+        .find(|l| l.starts_with("10.244.250.0-24"))
+        .unwrap();
+    assert!(bad.contains("left out: "), "{bad}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&lab.on_node(0, &format!("{WEFT} status --json")).unwrap()).unwrap();
+    let peers = json["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 3);
+    for p in peers.iter().filter(|p| p["state"] == "up") {
+        assert!(p["rx_bytes"].as_u64().unwrap() > 0 && p["tx_bytes"].as_u64().unwrap() > 0);
+        assert!(p["handshake_secs"].as_u64().unwrap() < 60);
+    }
+    assert_eq!(peers.iter().filter(|p| p["state"] == "up").count(), 2);
+
+    let m = metrics(&lab, 0);
+    assert!(
+        value(&m, "weft_reconcile_passes_total").unwrap() >= 1.0,
+        "{m}"
+    );
+    assert!(m.contains("weft_reconcile_duration_seconds_bucket"), "{m}");
+    assert_eq!(value(&m, "weft_peers "), Some(2.0), "{m}");
+    assert!(
+        value(&m, "weft_registry_events_total{event=\"joined\"}").unwrap() >= 3.0,
+        "{m}"
+    );
+    assert!(
+        m.contains("weft_peers_left_out{node=\"10.244.250.0-24\",reason=\""),
+        "{m}"
+    );
+    let n1 = format!("{{node=\"{}\"}}", name(1));
+    let age = value(&m, &format!("weft_peer_last_handshake_age_seconds{n1}")).unwrap();
+    assert!((0.0..60.0).contains(&age), "{age}");
+    assert!(value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap() > 0.0);
+    assert!(value(&m, &format!("weft_peer_transmit_bytes_total{n1}")).unwrap() > 0.0);
+    assert!(
+        m.contains(&format!("endpoint=\"{}:51820\"", lab.nodes[1].ip)),
+        "{m}"
+    );
+    assert_eq!(
+        value(&m, &format!("weft_peer_key_generation{n1}")),
+        Some(1.0)
+    );
+
+    // Node 2 comes back with a new key: generation 2 on node 0.
+    lab.stop_agent(1, "TERM").unwrap();
+    std::fs::remove_file(lab.nodes[1].dir.join("lib/wireguard.key")).unwrap();
+    lab.start_agent(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while value(&metrics(&lab, 0), &format!("weft_peer_key_generation{n1}")) != Some(2.0) {
+        assert!(Instant::now() < deadline, "{}", metrics(&lab, 0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    lab.stop_agent(0, "TERM").unwrap();
+    let err = lab.on_node(0, &format!("{WEFT} status")).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("is `weft agent` running"),
+        "{err:#}"
+    );
+}
