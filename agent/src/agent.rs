@@ -205,8 +205,17 @@ async fn serve<R: Registry>(
         &state_dir,
     )
     .await?;
+    // With --public-ip naming another (external) address, the interface's own one is
+    // the internal address peers in our zone use.
+    let internal_ip = match args.public_ip {
+        Some(_) => crate::iface::local_ip(args)
+            .ok()
+            .filter(|ip| *ip != public_ip),
+        None => None,
+    };
     let attrs = LocalAttrs {
         public_ip: Some(public_ip),
+        internal_ip,
         public_ipv6: None,
         backend: net.backend.kind(),
         backend_data: setup.backend_data.clone(),

@@ -2,7 +2,8 @@
 //! `--public-ip`; else the first `--iface` (an interface name or one of its addresses)
 //! that exists; else the first interface whose name or address matches an
 //! `--iface-regex`; else the source address of the route to `--iface-can-reach`; else the
-//! source address of the default route.
+//! source address of the default route. (`local_ip` is the same choice without
+//! `--public-ip`: the internal address when `--public-ip` names an external one.)
 
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 
@@ -106,9 +107,16 @@ fn source_towards(target: IpAddr) -> anyhow::Result<Ipv4Addr> {
 
 /// The address to advertise; see the module doc.
 pub fn public_ip(args: &AgentArgs) -> anyhow::Result<Ipv4Addr> {
-    if let Some(ip) = args.public_ip {
-        return Ok(ip);
+    match args.public_ip {
+        Some(ip) => Ok(ip),
+        None => local_ip(args),
     }
+}
+
+/// The node's own address on the chosen interface, whatever `--public-ip` says: with
+/// `--public-ip` set to another (an external, NATed) address, this is the internal one
+/// that peers in the same zone use.
+pub fn local_ip(args: &AgentArgs) -> anyhow::Result<Ipv4Addr> {
     let regexes = args
         .iface_regex
         .iter()

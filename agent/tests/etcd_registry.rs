@@ -29,6 +29,7 @@ async fn put(endpoint: &str, key: &str, value: &str) {
 fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
     LocalAttrs {
         public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
+        internal_ip: None,
         public_ipv6: None,
         backend: BackendKind::Wireguard,
         backend_data: Some(json!({ "PublicKey": key_tag, "Port": 51820 })),

@@ -60,9 +60,14 @@ impl Cluster {
     /// Node `name` joins: the kubelet registers it, its agent acquires and follows.
     async fn join(&self, name: &str, cidr: &str, ip: u8, seed: u8) -> Member {
         self.api.add_node(name, &[cidr]);
+        self.start(name, request(ip, seed)).await
+    }
+
+    /// The agent of the already registered node `name` starts.
+    async fn start(&self, name: &str, request: AcquireRequest) -> Member {
         let mut reg = self.registry(name).await;
         let net = reg.net_conf().await.unwrap();
-        let lease = reg.acquire(&net, &request(ip, seed)).await.unwrap();
+        let lease = reg.acquire(&net, &request).await.unwrap();
         Member {
             handle: registry::spawn(reg, lease),
             net,
@@ -124,6 +129,7 @@ fn request(ip: u8, seed: u8) -> AcquireRequest {
     AcquireRequest {
         attrs: LocalAttrs {
             public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
+            internal_ip: None,
             public_ipv6: None,
             backend: BackendKind::Wireguard,
             backend_data: Some(wireguard_backend_data(
@@ -498,4 +504,70 @@ async fn a_wrong_token_is_refused_with_the_apis_error() {
     let net = reg.net_conf().await.unwrap();
     let err = reg.acquire(&net, &request(1, 1)).await.unwrap_err();
     assert!(err.to_string().contains("Unauthorized"), "{err}");
+}
+
+#[tokio::test]
+async fn zones_choose_internal_addresses_and_candidates_are_published() {
+    let c = Cluster::new();
+    let zone =
+        |z: &str| BTreeMap::from([("topology.kubernetes.io/zone".to_string(), z.to_string())]);
+    let none = BTreeMap::new();
+    c.api
+        .add_node_with("node-a", &["10.244.1.0/24"], &zone("zone-a"), &none);
+    c.api
+        .add_node_with("node-b", &["10.244.2.0/24"], &zone("zone-a"), &none);
+    c.api
+        .add_node_with("node-x", &["10.244.3.0/24"], &zone("zone-b"), &none);
+    // node-x sits behind a NAT: the operator gives its outside address.
+    c.api.annotate(
+        "node-x",
+        &format!("{PREFIX}/public-ip-overwrite"),
+        Some("203.0.113.30"),
+    );
+    let mut a = c.start("node-a", request(1, 1)).await;
+    // node-b advertises an external address and knows its internal one.
+    let mut b_request = request(2, 2);
+    b_request.attrs.internal_ip = Some(Ipv4Addr::new(192, 0, 2, 2));
+    let _b = c.start("node-b", b_request).await;
+    let mut x_request = request(30, 3);
+    x_request.attrs.public_ip = Some(Ipv4Addr::new(192, 0, 2, 30));
+    let mut x = c.start("node-x", x_request).await;
+
+    let b_endpoints =
+        &c.api.node("node-b").unwrap()["metadata"]["annotations"]["weft.dev/endpoints"];
+    let b_endpoints: serde_json::Value =
+        serde_json::from_str(b_endpoints.as_str().unwrap()).unwrap();
+    assert_eq!(
+        b_endpoints,
+        json!({"internal": "192.0.2.2", "external": "198.51.100.2"})
+    );
+    // A node without an internal address publishes no candidates.
+    assert!(
+        c.api.node("node-a").unwrap()["metadata"]["annotations"]["weft.dev/endpoints"].is_null()
+    );
+
+    let all = |v: &ClusterView| ["node-a", "node-b", "node-x"].iter().all(|n| has(v, n));
+    a.wait_for("all nodes", all).await;
+    x.wait_for("all nodes", all).await;
+    // Same zone: internal. Other zone: the published (or overwritten) address.
+    let planned = peers(&a.plan());
+    assert_eq!(planned["node-b"].0, "192.0.2.2:51820");
+    assert_eq!(planned["node-x"].0, "203.0.113.30:51820");
+    assert_eq!(peers(&x.plan())["node-b"].0, "198.51.100.2:51820");
+
+    // node-a moves to zone-b: now node-x is near (its own address behind the NAT) and
+    // node-b far.
+    c.api.update_node("node-a", |n| {
+        n["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("zone-b");
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = tokio::time::timeout(Duration::from_millis(200), a.handle.local.changed()).await;
+        let planned = peers(&a.plan());
+        if planned["node-x"].0 == "192.0.2.30:51820" {
+            assert_eq!(planned["node-b"].0, "198.51.100.2:51820");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{planned:?}");
+    }
 }

@@ -53,6 +53,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
         };
         let attrs = LocalAttrs {
             public_ip: Some(Ipv4Addr::new(198, 51, 100, i)),
+            internal_ip: None,
             public_ipv6: None,
             backend: net.backend.kind(),
             backend_data: Some(wireguard_backend_data(&key.public_key(), wg.listen_port)),

@@ -27,6 +27,9 @@ pub use kube::{KubeConfig, KubeError, KubeRegistry};
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalAttrs {
     pub public_ip: Option<Ipv4Addr>,
+    /// The node's own address when `public_ip` is an external one (published by the kube
+    /// registry as `weft.dev/endpoints`, for peers in the same zone).
+    pub internal_ip: Option<Ipv4Addr>,
     pub public_ipv6: Option<Ipv6Addr>,
     pub backend: BackendKind,
     pub backend_data: Option<Value>,

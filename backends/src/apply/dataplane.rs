@@ -6,7 +6,7 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::{WgDevices, WgImpl};
-use super::wireguard::diff::{apply_to, diff_device, PeerChange};
+use super::wireguard::diff::{apply_to, diff_device_keeping, PeerChange};
 use super::wireguard::process::{remove_device, UserspaceProcess};
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
@@ -42,6 +42,9 @@ pub struct Dataplane {
     /// The rule set last found in place; an incremental pass leaves nftables alone when
     /// the plan's is the same (the 2 s check and every full pass still look).
     nft_seen: Option<Vec<crate::model::MasqueradeTable>>,
+    /// The endpoint last planned for each peer: a roamed endpoint is kept only while the
+    /// plan's stays the same (see `keep_roamed`).
+    planned_endpoints: std::collections::HashMap<weft_crypto::PublicKey, std::net::SocketAddr>,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -106,6 +109,7 @@ impl Dataplane {
             wg,
             wg_seen: Default::default(),
             nft_seen: None,
+            planned_endpoints: Default::default(),
         };
         Ok((dataplane, why))
     }
@@ -219,7 +223,15 @@ impl Dataplane {
                 Some(seen) if !full && !created => seen.clone(),
                 _ => wg.get(&t.device).await?,
             };
-            let change = diff_device(t, &key.public_key(), &observed);
+            let now = std::time::SystemTime::now();
+            let planned = &self.planned_endpoints;
+            let keep = |want: &PeerSpec, have: &super::wireguard::WgPeer| {
+                keep_roamed(planned.get(&want.public_key), want, have, now)
+            };
+            let change = diff_device_keeping(t, &key.public_key(), &observed, &keep);
+            for p in &t.peers {
+                self.planned_endpoints.insert(p.public_key, p.endpoint);
+            }
             if change.is_empty() {
                 self.wg_seen.insert(t.device.clone(), observed);
                 continue;
@@ -301,5 +313,74 @@ impl Dataplane {
             .errors
             .extend(nft.failed.iter().map(ToString::to_string));
         Ok(report)
+    }
+}
+
+/// How long after its last handshake a peer's session counts as alive (WireGuard's
+/// REJECT_AFTER_TIME: past it, the session is dropped).
+pub const SESSION_FRESH: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Whether to leave a peer's endpoint as the device has it: WireGuard learned it from the
+/// peer's own authenticated packets (roaming, a NAT rebinding the peer's port), the session
+/// is fresh, and the plan still names the endpoint it named before (an operator or the
+/// peer moving it is followed at once). After a restart there is no "before": a fresh
+/// session keeps its endpoint.
+pub fn keep_roamed(
+    planned_before: Option<&std::net::SocketAddr>,
+    want: &PeerSpec,
+    have: &super::wireguard::WgPeer,
+    now: std::time::SystemTime,
+) -> bool {
+    let plan_unchanged = planned_before.is_none_or(|before| *before == want.endpoint);
+    let fresh = have.last_handshake.is_some_and(|t| {
+        !t.is_zero()
+            && now
+                .duration_since(std::time::UNIX_EPOCH)
+                .is_ok_and(|n| n.saturating_sub(t) <= SESSION_FRESH)
+    });
+    have.endpoint.is_some() && fresh && plan_unchanged
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::apply::wireguard::WgPeer;
+
+    #[test]
+    fn a_roamed_endpoint_is_kept_while_fresh_and_the_plan_is_unchanged() {
+        let want = PeerSpec {
+            node: "n2".into(),
+            public_key: weft_crypto::PrivateKey::from_bytes([2; 32]).public_key(),
+            endpoint: "198.51.100.253:51820".parse().unwrap(),
+            allowed_ips: vec![],
+            keepalive: 25,
+            psk: None,
+        };
+        let now = UNIX_EPOCH + Duration::from_secs(100_000);
+        let roamed = WgPeer {
+            endpoint: "198.51.100.253:40123".parse().ok(),
+            last_handshake: Some(Duration::from_secs(100_000 - 30)),
+            ..WgPeer::default()
+        };
+        let same = Some(&want.endpoint);
+        assert!(keep_roamed(same, &want, &roamed, now));
+        assert!(keep_roamed(None, &want, &roamed, now), "after a restart");
+        let stale = WgPeer {
+            last_handshake: Some(Duration::from_secs(100_000 - 200)),
+            ..roamed.clone()
+        };
+        assert!(!keep_roamed(same, &want, &stale, now));
+        let never = WgPeer {
+            last_handshake: None,
+            ..roamed.clone()
+        };
+        assert!(!keep_roamed(same, &want, &never, now));
+        let moved: std::net::SocketAddr = "203.0.113.9:51820".parse().unwrap();
+        assert!(
+            !keep_roamed(Some(&moved), &want, &roamed, now),
+            "the plan moved it"
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::SystemTime;
 
 use ipnet::IpNet;
@@ -25,6 +25,19 @@ pub struct Lease {
     pub backend_v6_data: Option<Value>,
     /// When the registry will drop the lease unless renewed; `None` = no expiry.
     pub expires: Option<SystemTime>,
+    /// How the node prefers to be reached, beyond its published address.
+    pub reach: Reach,
+}
+
+/// A node's zone and its internal address (weft's additions, DESIGN §3: `weft.dev/…`
+/// annotations; the kube registry reads them). `public_ip` stays the address nodes in other
+/// zones use (an operator's `public-ip-overwrite` included); a peer in the same zone uses
+/// `internal_ip` when there is one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// `topology.kubernetes.io/zone`, or the `weft.dev/zone` annotation.
+    pub zone: Option<String>,
+    pub internal_ip: Option<IpAddr>,
 }
 
 impl Lease {
@@ -76,6 +89,7 @@ impl LeaseAttrs {
             backend_data: self.backend_data.filter(|v| !v.is_null()),
             backend_v6_data: self.backend_v6_data.filter(|v| !v.is_null()),
             expires: None,
+            reach: Reach::default(),
         }
     }
 
@@ -179,6 +193,7 @@ mod tests {
             backend_data: None,
             backend_v6_data: None,
             expires: None,
+            reach: Default::default(),
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

@@ -28,6 +28,7 @@ fn lease(node: &str, subnet: &str, ip: [u8; 4], backend: &str, data: serde_json:
         backend_data: Some(data),
         backend_v6_data: None,
         expires: None,
+        reach: Default::default(),
     }
 }
 

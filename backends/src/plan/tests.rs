@@ -28,6 +28,7 @@ fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
         backend_data: Some(wireguard_backend_data(&key(key_seed), 51820)),
         backend_v6_data: None,
         expires: None,
+        reach: Default::default(),
     }
 }
 
@@ -44,8 +45,16 @@ fn good_peer() -> Lease {
 }
 
 fn run(config: &str, peers: Vec<Lease>, ip_masq: bool) -> Result<DesiredState, PlanError> {
+    run_as(local(), config, peers, ip_masq)
+}
+
+fn run_as(
+    me: Lease,
+    config: &str,
+    peers: Vec<Lease>,
+    ip_masq: bool,
+) -> Result<DesiredState, PlanError> {
     let config = parse(config).unwrap();
-    let me = local();
     let mut view = ClusterView::default();
     view.insert(me.clone());
     for p in peers {
@@ -67,6 +76,77 @@ fn run(config: &str, peers: Vec<Lease>, ip_masq: bool) -> Result<DesiredState, P
 }
 
 const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
+
+#[test]
+fn a_peer_in_our_zone_is_reached_on_its_internal_address() {
+    let zoned = |mut l: Lease, zone: Option<&str>, internal: Option<&str>| {
+        l.reach.zone = zone.map(str::to_string);
+        l.reach.internal_ip = internal.map(|i| i.parse().unwrap());
+        l
+    };
+    let near = zoned(good_peer(), Some("zone-a"), Some("192.0.2.2"));
+    let far = zoned(
+        lease("node-c", "10.244.3.0/24", ip(3), 3),
+        Some("zone-b"),
+        Some("192.0.2.3"),
+    );
+    let unzoned = zoned(
+        lease("node-d", "10.244.4.0/24", ip(4), 4),
+        None,
+        Some("192.0.2.4"),
+    );
+    let endpoints = |me: Lease| -> Vec<String> {
+        let state = run_as(
+            me,
+            CONF,
+            vec![near.clone(), far.clone(), unzoned.clone()],
+            false,
+        )
+        .unwrap();
+        state.tunnels[0]
+            .peers
+            .iter()
+            .map(|p| p.endpoint.to_string())
+            .collect()
+    };
+    assert_eq!(
+        endpoints(zoned(local(), Some("zone-a"), None)),
+        [
+            "192.0.2.2:51820",
+            "198.51.100.3:51820",
+            "198.51.100.4:51820"
+        ]
+    );
+    assert_eq!(
+        endpoints(zoned(local(), Some("zone-b"), None)),
+        [
+            "198.51.100.2:51820",
+            "192.0.2.3:51820",
+            "198.51.100.4:51820"
+        ]
+    );
+    // No zone of our own: every peer on its published address.
+    assert_eq!(
+        endpoints(local()),
+        [
+            "198.51.100.2:51820",
+            "198.51.100.3:51820",
+            "198.51.100.4:51820"
+        ]
+    );
+}
+
+#[test]
+fn persistent_keepalive_is_applied_to_every_peer() {
+    let conf = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 25}}"#;
+    let state = run(
+        conf,
+        vec![good_peer(), lease("node-c", "10.244.3.0/24", ip(3), 3)],
+        false,
+    )
+    .unwrap();
+    assert!(state.tunnels[0].peers.iter().all(|p| p.keepalive == 25));
+}
 
 #[test]
 fn three_nodes_full_plan() {

@@ -12,7 +12,7 @@ use weft_crypto::PublicKey;
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{
-    DesiredState, Family, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec, TunnelSpec,
+    DesiredState, Family, Lease, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec, TunnelSpec,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -175,7 +175,7 @@ pub(crate) fn plan(
             if allowed.is_empty() {
                 continue;
             }
-            match peer(c, &dev, wg, own_key, allowed) {
+            match peer(input.local, c, &dev, wg, own_key, allowed) {
                 Ok(p) => peers.push(p),
                 Err(reason) => left_out.push(LeftOut {
                     node: c.lease.node.clone(),
@@ -237,6 +237,7 @@ pub(crate) fn plan(
 }
 
 fn peer(
+    local: &Lease,
     c: &Candidate<'_>,
     dev: &DevicePlan,
     wg: &WireguardConf,
@@ -262,8 +263,16 @@ fn peer(
             key: data.public_key,
         });
     }
-    let v4 = lease.public_ip.map(IpAddr::V4);
-    let v6 = lease.public_ipv6.map(IpAddr::V6);
+    // A peer in our zone is reached on its internal address, others on the published one
+    // (which an operator's public-ip-overwrite has already replaced).
+    let same_zone = local.reach.zone.is_some() && local.reach.zone == lease.reach.zone;
+    let internal = lease.reach.internal_ip.filter(|_| same_zone);
+    let v4 = internal
+        .filter(IpAddr::is_ipv4)
+        .or(lease.public_ip.map(IpAddr::V4));
+    let v6 = internal
+        .filter(IpAddr::is_ipv6)
+        .or(lease.public_ipv6.map(IpAddr::V6));
     let (ip, family) = match dev.endpoint {
         EndpointChoice::V4 => (v4, Family::Ipv4),
         EndpointChoice::V6 => (v6, Family::Ipv6),

@@ -31,6 +31,12 @@ pub struct LabConfig {
     /// Nodes registered in a kube lab's API server before any agent starts: (name, pod
     /// CIDR, annotations), each with a kubelet's full status.
     pub kube_seed: Vec<(String, String, BTreeMap<String, String>)>,
+    /// Nodes (by index) on a private segment, 192.0.2.0/24, behind a masquerading NAT
+    /// whose outside address is `NAT_IP`; in a kube lab their Nodes carry
+    /// `public-ip-overwrite: NAT_IP`, the only way in.
+    pub natted: Vec<usize>,
+    /// Per node (by index), its zone (`topology.kubernetes.io/zone`, kube labs).
+    pub zones: Vec<Option<String>>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -57,6 +63,8 @@ impl LabConfig {
             seed: Vec::new(),
             kube: false,
             kube_seed: Vec::new(),
+            natted: Vec::new(),
+            zones: Vec::new(),
         }
     }
 
@@ -88,3 +96,6 @@ impl LabConfig {
 /// The router between the two segments: its address on each.
 pub const ROUTER_IP: &str = "198.51.100.254";
 pub const ROUTER_IP2: &str = "203.0.113.254";
+/// The NAT in front of the natted nodes: outside (on the first segment) and inside.
+pub const NAT_IP: &str = "198.51.100.253";
+pub const NAT_INSIDE_IP: &str = "192.0.2.254";

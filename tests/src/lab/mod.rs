@@ -17,6 +17,7 @@
 pub mod cni;
 mod config;
 mod fabric;
+pub mod nat;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -30,7 +31,8 @@ use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
 pub use config::{
-    LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, ROUTER_IP, ROUTER_IP2,
+    LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, NAT_INSIDE_IP, NAT_IP,
+    ROUTER_IP, ROUTER_IP2,
 };
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
@@ -125,6 +127,9 @@ impl Lab {
                 )?;
             }
         }
+        if !cfg.natted.is_empty() {
+            nat::build(&tag, &fabric, &mut namespaces)?;
+        }
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
         let cni_bin = cni::plugin_dir(dir.path(), &cfg.weft)?;
         let (etcd, kube) = if cfg.kube {
@@ -217,7 +222,14 @@ impl Lab {
         let ns = format!("{}-n{i}", self.tag);
         self.namespaces.add(&ns)?;
         let routed = self.cfg.routed.contains(&(i - 1));
-        let (ip, bridge, routes) = if routed {
+        let natted = self.cfg.natted.contains(&(i - 1));
+        let (ip, bridge, routes) = if natted {
+            (
+                Ipv4Addr::new(192, 0, 2, i as u8),
+                "br2",
+                format!("ip route add default via {NAT_INSIDE_IP}"),
+            )
+        } else if routed {
             (
                 Ipv4Addr::new(203, 0, 113, i as u8),
                 "br1",
@@ -249,7 +261,19 @@ impl Lab {
             &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
         if let Some(api) = &self.kube {
-            api.add_node(&format!("n{i}"), &[&format!("10.244.{i}.0/24")]);
+            let mut labels = BTreeMap::new();
+            if let Some(Some(zone)) = self.cfg.zones.get(i - 1) {
+                labels.insert("topology.kubernetes.io/zone".to_string(), zone.clone());
+            }
+            let mut annotations = BTreeMap::new();
+            if natted {
+                annotations.insert(
+                    "flannel.alpha.coreos.com/public-ip-overwrite".to_string(),
+                    NAT_IP.to_string(),
+                );
+            }
+            let cidr = format!("10.244.{i}.0/24");
+            api.add_node_with(&format!("n{i}"), &[&cidr], &labels, &annotations);
         }
         let dir = self.dir.path().join(format!("n{i}"));
         for sub in ["run", "lib", "cni"] {

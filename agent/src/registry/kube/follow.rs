@@ -71,7 +71,7 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     if let Some(l) = listing.as_mut() {
                         apply(&reg, l, &node);
                     }
-                    own_node(&reg, &node, &mut pending);
+                    own_node(&mut reg, &node, &mut pending, &links);
                 }
                 Some(Ok(Event::InitDone)) => {
                     if let Some(fresh) = listing.take() {
@@ -84,7 +84,7 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     let mut next = view.clone();
                     apply(&reg, &mut next, &node);
                     publish_view(&mut view, next, &links, false);
-                    own_node(&reg, &node, &mut pending);
+                    own_node(&mut reg, &node, &mut pending, &links);
                 }
                 Some(Ok(Event::Delete(node))) => {
                     let mut next = view.clone();
@@ -127,8 +127,20 @@ fn apply(reg: &KubeRegistry, view: &mut ClusterView, node: &SlimNode) {
 
 /// Our own Node changed: if its annotations no longer say what we published (removed by
 /// hand, the Node re-created), publish them again.
-fn own_node(reg: &KubeRegistry, node: &SlimNode, pending: &mut Pending) {
-    if node.name() != reg.cfg.node_name || pending.attrs.is_some() {
+fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, links: &FollowLinks) {
+    if node.name() != reg.cfg.node_name {
+        return;
+    }
+    // The zone is the node's label (or annotation): follow it.
+    if let Some((lease, _)) = reg.held.as_mut() {
+        let zone = node.zone();
+        if lease.reach.zone != zone {
+            info!(node = %node.name(), zone = ?zone, "this node's zone changed");
+            lease.reach.zone = zone;
+            links.local.send_replace(lease.clone());
+        }
+    }
+    if pending.attrs.is_some() {
         return;
     }
     let Some((_, request)) = &reg.held else {
@@ -154,11 +166,16 @@ async fn work(
         let node = reg.get_node().await?;
         let effective = reg.effective_attrs(&node, &attrs);
         reg.publish(&effective).await?;
-        let lease = effective.to_lease_attrs().into_lease(
+        let reach = lease.reach.clone();
+        let mut lease = effective.to_lease_attrs().into_lease(
             lease.node.clone(),
             lease.subnet,
             lease.subnet_v6,
         );
+        lease.reach = weft_backends::model::Reach {
+            internal_ip: effective.internal_ip.map(std::net::IpAddr::V4),
+            ..reach
+        };
         reg.held = Some((lease.clone(), request.with_attrs(attrs)));
         links.local.send_if_modified(|l| {
             let changed = *l != lease;

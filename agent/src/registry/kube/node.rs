@@ -6,11 +6,20 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use std::net::IpAddr;
+
 use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::ClusterResourceScope;
 use serde::Deserialize;
+use tracing::warn;
 use weft_backends::model::{annotations, Lease};
+
+/// weft's endpoint candidates: `{"internal": "10.0.1.5", "external": "203.0.113.5"}`.
+pub const ENDPOINTS_ANNOTATION: &str = "weft.dev/endpoints";
+/// A node's zone, overriding the label below.
+pub const ZONE_ANNOTATION: &str = "weft.dev/zone";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct SlimNode {
@@ -94,6 +103,44 @@ impl SlimNode {
             return Ok(None);
         }
         let cidrs = self.pod_cidrs()?;
-        annotations::read(prefix, self.name(), &cidrs, &annotations)
+        let Some(mut lease) = annotations::read(prefix, self.name(), &cidrs, &annotations)? else {
+            return Ok(None);
+        };
+        lease.reach.zone = self.zone();
+        lease.reach.internal_ip = self.internal_ip(prefix, &annotations);
+        Ok(Some(lease))
+    }
+
+    /// The node's zone: `weft.dev/zone`, else the `topology.kubernetes.io/zone` label.
+    pub fn zone(&self) -> Option<String> {
+        let annotations = self.metadata.annotations.as_ref();
+        let labels = self.metadata.labels.as_ref();
+        annotations
+            .and_then(|a| a.get(ZONE_ANNOTATION))
+            .or_else(|| labels.and_then(|l| l.get(ZONE_LABEL)))
+            .filter(|z| !z.is_empty())
+            .cloned()
+    }
+
+    /// The node's internal address: `internal` of `weft.dev/endpoints`; else, when an
+    /// operator's `public-ip-overwrite` replaces the published address, that published
+    /// `public-ip` (the node's own). A bad value is logged, naming the node, and ignored:
+    /// the node stays reachable on its published address.
+    fn internal_ip(&self, prefix: &str, annotations: &BTreeMap<String, String>) -> Option<IpAddr> {
+        if let Some(text) = annotations.get(ENDPOINTS_ANNOTATION) {
+            let parsed = serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|v| v.get("internal")?.as_str()?.parse::<IpAddr>().ok());
+            match parsed {
+                Some(ip) => return Some(ip),
+                None => {
+                    warn!(node = %self.name(), annotation = ENDPOINTS_ANNOTATION, value = %text, "expected {{\"internal\": \"<address>\", …}}; ignored")
+                }
+            }
+        }
+        annotations
+            .get(&format!("{prefix}/public-ip-overwrite"))
+            .and_then(|_| annotations.get(&format!("{prefix}/public-ip")))
+            .and_then(|ip| ip.parse().ok())
     }
 }

@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use weft_backends::model::{annotations, Lease};
 use weft_backends::netconf::NetConf;
 
+use super::node::ENDPOINTS_ANNOTATION;
 use super::{KubeError, KubeRegistry, SlimNode};
 use crate::registry::{AcquireRequest, LocalAttrs};
 
@@ -42,9 +43,12 @@ impl KubeRegistry {
         let attrs = self.effective_attrs(&node, &request.attrs);
         self.publish(&attrs).await?;
         info!(node = %self.cfg.node_name, subnet = ?v4, subnet_v6 = ?v6, public_ip = ?attrs.public_ip, "acquired the node's pod CIDRs and published its annotations");
-        Ok(attrs
+        let mut lease = attrs
             .to_lease_attrs()
-            .into_lease(self.cfg.node_name.clone(), v4, v6))
+            .into_lease(self.cfg.node_name.clone(), v4, v6);
+        lease.reach.zone = node.zone();
+        lease.reach.internal_ip = attrs.internal_ip.map(std::net::IpAddr::V4);
+        Ok(lease)
     }
 
     /// `attrs` with the operator's `node-public-ip` / `node-public-ipv6` annotations (use
@@ -75,9 +79,20 @@ impl KubeRegistry {
         attrs
     }
 
-    /// The annotations `attrs` calls for.
-    pub(super) fn wanted(&self, attrs: &LocalAttrs) -> BTreeMap<String, String> {
-        annotations::publish(&self.cfg.prefix, &attrs.to_lease_attrs())
+    /// The annotations `attrs` calls for: flannel's, and weft's endpoint candidates
+    /// (`None`: must be absent, so a stale one is removed).
+    pub(super) fn wanted(&self, attrs: &LocalAttrs) -> BTreeMap<String, Option<String>> {
+        let mut want: BTreeMap<String, Option<String>> =
+            annotations::publish(&self.cfg.prefix, &attrs.to_lease_attrs())
+                .into_iter()
+                .map(|(k, v)| (k, Some(v)))
+                .collect();
+        let candidates = attrs.internal_ip.map(|internal| {
+            json!({"internal": internal.to_string(), "external": attrs.public_ip.map(|i| i.to_string())})
+                .to_string()
+        });
+        want.insert(ENDPOINTS_ANNOTATION.to_string(), candidates);
+        want
     }
 
     /// Publishes `attrs` as annotations, retrying on conflict with a fresh read.
@@ -146,10 +161,11 @@ impl KubeRegistry {
     }
 }
 
-/// True when every annotation in `want` is on the node with that value.
-pub(super) fn up_to_date(node: &SlimNode, want: &BTreeMap<String, String>) -> bool {
+/// True when every annotation in `want` is on the node with that value (and those
+/// wanted absent are absent).
+pub(super) fn up_to_date(node: &SlimNode, want: &BTreeMap<String, Option<String>>) -> bool {
     let have = node.annotations();
-    want.iter().all(|(k, v)| have.get(k) == Some(v))
+    want.iter().all(|(k, v)| have.get(k) == v.as_ref())
 }
 
 /// The node's IPv4 and IPv6 subnets for the enabled families: each must exist and lie

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use ipnet::IpNet;
 use weft_crypto::{PresharedKey, PublicKey};
 
-use super::WgDevice;
+use super::{WgDevice, WgPeer};
 use crate::model::{PeerSpec, TunnelSpec};
 
 /// Fields of an existing peer that must change (`None` = leave as is).
@@ -56,6 +56,18 @@ fn sorted(mut ips: Vec<IpNet>) -> Vec<IpNet> {
 /// What must change on a device holding `observed` so it matches `spec`, with `own` as the
 /// public key of the private key it must carry.
 pub fn diff_device(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> DeviceChange {
+    diff_device_keeping(spec, own, observed, &|_, _| false)
+}
+
+/// As `diff_device`, except that a peer's endpoint is left as the device has it when
+/// `keep_endpoint(planned, observed)` says so: an endpoint WireGuard learned from the peer
+/// itself (roaming, a NAT that rebound the peer's port) while its session is fresh.
+pub fn diff_device_keeping(
+    spec: &TunnelSpec,
+    own: &PublicKey,
+    observed: &WgDevice,
+    keep_endpoint: &dyn Fn(&PeerSpec, &WgPeer) -> bool,
+) -> DeviceChange {
     let mut change = DeviceChange {
         set_private_key: observed.public_key.as_ref() != Some(own),
         listen_port: (observed.listen_port != spec.listen_port).then_some(spec.listen_port),
@@ -68,7 +80,8 @@ pub fn diff_device(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> D
         };
         let allowed = sorted(want.allowed_ips.clone());
         let fields = PeerFields {
-            endpoint: (have.endpoint != Some(want.endpoint)).then_some(want.endpoint),
+            endpoint: (have.endpoint != Some(want.endpoint) && !keep_endpoint(want, have))
+                .then_some(want.endpoint),
             allowed_ips: (have.allowed_ips != allowed).then_some(allowed),
             keepalive: (have.keepalive != want.keepalive).then_some(want.keepalive),
             psk: (have.psk != want.psk).then(|| want.psk.clone()),

@@ -1,0 +1,145 @@
+//! "Two VPCs and a NAT", on the Kubernetes registry: nodes 1 and 2 in zone-a on the first
+//! segment; nodes 3 and 4 in zone-b on a private segment behind a masquerading NAT, their
+//! Nodes annotated with `public-ip-overwrite` = the NAT's outside address, the only way in.
+//! The mesh reaches everyone in both directions; zone-b's nodes reach each other on their
+//! internal addresses, zone-a reaches them through the NAT; an endpoint WireGuard learned
+//! through the NAT survives the agents' resyncs; and after the NAT rebinds every flow
+//! (new port range, conntrack flushed) traffic comes back within 30 s.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{nat, Lab, LabConfig, NAT_IP};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// Node `i`'s WireGuard endpoints: (peer public key, endpoint).
+fn endpoints(lab: &Lab, i: usize) -> Vec<(String, String)> {
+    lab.on_node(i, "wg show flannel-wg endpoints")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (k, e) = l.split_once('\t')?;
+            Some((k.to_string(), e.to_string()))
+        })
+        .collect()
+}
+
+fn key_of(lab: &Lab, i: usize) -> String {
+    lab.on_node(i, "wg show flannel-wg public-key")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn endpoint_of(lab: &Lab, on: usize, peer: usize) -> String {
+    let key = key_of(lab, peer);
+    endpoints(lab, on)
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, e)| e)
+        .unwrap_or_default()
+}
+
+#[test]
+fn two_vpcs_and_a_nat() {
+    let mut cfg = LabConfig::kube(4, WEFT);
+    cfg.net_conf = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 5}}"#.into();
+    cfg.natted = vec![2, 3];
+    cfg.zones = ["zone-a", "zone-a", "zone-b", "zone-b"]
+        .map(|z| Some(z.to_string()))
+        .to_vec();
+    cfg.extra_args.push("--resync-period=3".into());
+    let lab = Lab::start(cfg).unwrap();
+    assert_eq!(lab.assert_all_pairs(), 48);
+
+    // Same zone behind the NAT: internal addresses, both ways.
+    assert_eq!(endpoint_of(&lab, 2, 3), "192.0.2.4:51820");
+    assert_eq!(endpoint_of(&lab, 3, 2), "192.0.2.3:51820");
+    // Same zone on the first segment.
+    assert_eq!(endpoint_of(&lab, 0, 1), "198.51.100.2:51820");
+    // From zone-a, both natted nodes are behind the NAT's one address; WireGuard learns
+    // which port is which from their handshakes.
+    let via_nat: Vec<String> = [2, 3].iter().map(|&p| endpoint_of(&lab, 0, p)).collect();
+    for e in &via_nat {
+        assert!(e.starts_with(&format!("{NAT_IP}:")), "{via_nat:?}");
+    }
+    assert_ne!(
+        via_nat[0], via_nat[1],
+        "two nodes behind one NAT need two ports"
+    );
+    // And the natted nodes reach zone-a on its published addresses.
+    assert_eq!(endpoint_of(&lab, 2, 0), "198.51.100.1:51820");
+
+    // A learned endpoint outlives the agents' full resyncs (every 3 s here).
+    std::thread::sleep(Duration::from_secs(7));
+    let again: Vec<String> = [2, 3].iter().map(|&p| endpoint_of(&lab, 0, p)).collect();
+    assert_eq!(again, via_nat, "a resync overwrote a learned endpoint");
+    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
+    let rewrites = log
+        .lines()
+        .filter(|l| l.contains("update peer") && l.contains("endpoint"))
+        .count();
+    assert_eq!(rewrites, 0, "node 1 rewrote an endpoint:\n{log}");
+
+    // The NAT rebinds every flow: new ports, conntrack flushed. A 10 pps ping from a
+    // zone-a pod to a pod behind the NAT must come back within 30 s.
+    let target = lab.nodes[3].pods[0].ip;
+    let ping = Command::new("ip")
+        .args(["netns", "exec", &lab.nodes[0].pods[0].ns])
+        .args([
+            "ping",
+            "-i",
+            "0.1",
+            "-W",
+            "1",
+            "-D",
+            "-O",
+            &target.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let rebound_at = Instant::now();
+    nat::rebind(&lab.tag, "45000-45999").unwrap();
+    let deadline = rebound_at + Duration::from_secs(30);
+    let mut recovered = None;
+    while Instant::now() < deadline {
+        let e = endpoint_of(&lab, 0, 3);
+        let port: u16 = e
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if (45000..=45999).contains(&port)
+            && lab.ping(&lab.nodes[0].pods[1].ns, target, Duration::from_secs(1))
+        {
+            recovered = Some(rebound_at.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = Command::new("kill")
+        .args(["-INT", &ping.id().to_string()])
+        .status();
+    let out = ping.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lost = text.lines().filter(|l| l.contains("no answer yet")).count();
+    let recovered = recovered.unwrap_or_else(|| {
+        panic!(
+            "no traffic 30 s after the NAT rebound; node 1 sees node 4 at {}\n{}",
+            endpoint_of(&lab, 0, 3),
+            lab.logs()
+        )
+    });
+    println!(
+        "NAT rebind: traffic back after {:.1} s ({lost} pings of 10 pps unanswered); node 1 now reaches node 4 at {}",
+        recovered.as_secs_f64(),
+        endpoint_of(&lab, 0, 3)
+    );
+    assert!(recovered < Duration::from_secs(30));
+    lab.assert_all_pairs();
+}
