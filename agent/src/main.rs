@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         }
         Command::Agent(args) => weft::agent::run(*args),
         Command::Status(args) => commands::status::run(&args, &mut io::stdout()),
+        Command::Doctor(args) => commands::doctor::run(&args, &mut io::stdout()),
         Command::Cleanup(args) => commands::cleanup::run(&args, &mut io::stdout()),
         Command::InstallCni(args) => commands::install_cni::run(&args, &mut io::stdout()),
         Command::UserspaceDevice { device } => commands::userspace_device::run(&device),

@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use weft_backends::apply::expected_rules;
 use weft_backends::model::{format_mac, ClusterView, DesiredState, Lease, RouteRole};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -27,6 +28,10 @@ pub struct Snapshot {
     /// The underlay MTU the plan assumed.
     pub underlay_mtu: u32,
     pub ip_masq: bool,
+    /// The nftables tables the plan wants, with their rules as `expected_rules` gives them.
+    pub masquerade: Vec<NftTable>,
+    /// The vxlan device's UDP port (vxlan backend).
+    pub vxlan_port: Option<u16>,
     pub peers: Vec<PeerInfo>,
     pub left_out: Vec<LeftOutInfo>,
     /// Every node in the registry with its published backend data (ours included), for
@@ -47,6 +52,14 @@ pub struct PeerInfo {
     pub endpoint: Option<String>,
     pub public_key: Option<String>,
     pub vtep_mac: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NftTable {
+    /// `ip` or `ip6`.
+    pub family: String,
+    pub table: String,
+    pub rules: Value,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -131,6 +144,19 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         .map(|t| t.device.clone())
         .or_else(|| state.vxlan.as_ref().map(|v| v.device.clone()));
     snapshot.ip_masq = !state.masquerade.is_empty();
+    snapshot.masquerade = state
+        .masquerade
+        .iter()
+        .map(|t| NftTable {
+            family: t.family.nft().to_string(),
+            table: t.table.to_string(),
+            rules: expected_rules(t),
+        })
+        .collect();
+    snapshot.vxlan_port = state
+        .vxlan
+        .as_ref()
+        .map(|v| if v.port == 0 { 8472 } else { v.port });
     snapshot.left_out = state
         .left_out
         .iter()

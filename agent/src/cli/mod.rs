@@ -43,6 +43,10 @@ pub enum Command {
     /// This node and its peers: endpoints, handshakes, transfer, state (from the local
     /// agent's control socket and the device).
     Status(crate::commands::status::StatusArgs),
+    /// Check this node against the plan and its peers (key, peers, handshakes, UDP
+    /// reachability, path MTU, masquerade rules, vxlan entries); one verdict per check
+    /// with the fix; exits 1 if any check fails.
+    Doctor(crate::commands::doctor::DoctorArgs),
     /// Remove every device, route, nftables table, subnet file and socket weft created on
     /// this node (after an uninstall or `kubeadm reset`); prints what it removed.
     Cleanup(crate::commands::cleanup::CleanupArgs),

@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 
 pub use dataplane::{Dataplane, DataplaneReport};
 pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo, RTPROT_WEFT};
-pub use nft::{reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES};
+pub use nft::{
+    expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
+};
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
 pub use underlay::Underlay;

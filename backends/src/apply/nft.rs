@@ -172,6 +172,16 @@ fn wanted(t: &MasqueradeTable) -> Vec<(Value, Vec<Vec<Value>>)> {
 }
 
 /// The same shape read back from `nft -j list table` (handles dropped).
+/// The chains and rules of `t` in the form compared against a listing (`weft doctor`).
+pub fn expected_rules(t: &MasqueradeTable) -> Value {
+    json!(wanted(t))
+}
+
+/// The chains and rules of an `nft -j list table` listing, in that same form.
+pub fn listed_rules(listing: &Value) -> Value {
+    json!(observed(listing))
+}
+
 fn observed(listing: &Value) -> Vec<(Value, Vec<Vec<Value>>)> {
     let items = listing
         .get("nftables")

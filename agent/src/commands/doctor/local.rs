@@ -1,0 +1,238 @@
+//! The checks that read only this node's kernel: key, peers, masquerade rules, vxlan
+//! entries, and the peers the plan leaves out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use serde_json::Value;
+use weft_backends::apply::wireguard::WgDevice;
+use weft_backends::apply::{listed_rules, Nft, NftCli};
+use weft_backends::model::Family;
+use weft_crypto::PublicKey;
+
+use super::Check;
+use crate::status::Snapshot;
+
+pub fn published_key(snapshot: &Snapshot, device: &WgDevice) -> Check {
+    const NAME: &str = "published key";
+    let published = snapshot
+        .published
+        .as_ref()
+        .and_then(|d| d.get("PublicKey"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let dev = snapshot.device.as_deref().unwrap_or("the device");
+    match device.public_key.map(|k| k.to_string()) {
+        Some(k) if k == published => Check::pass(NAME, format!("{dev} carries the published key {k}")),
+        Some(k) => Check::fail(
+            NAME,
+            format!("{dev} carries {k}, but this node publishes {published}: peers cannot reach it"),
+            "something set the device's key behind weft's back; restart the agent (it sets the key from /var/lib/weft/wireguard.key), and find what touched the device",
+        ),
+        None => Check::fail(
+            NAME,
+            format!("{dev} has no private key"),
+            "restart the agent; it sets the key on its first pass",
+        ),
+    }
+}
+
+pub fn peers_on_device(snapshot: &Snapshot, device: &WgDevice) -> Check {
+    const NAME: &str = "peers on device";
+    let planned: BTreeMap<PublicKey, &str> = snapshot
+        .peers
+        .iter()
+        .filter_map(|p| Some((p.public_key.as_deref()?.parse().ok()?, p.node.as_str())))
+        .collect();
+    let on_device: BTreeSet<&PublicKey> = device.peers.keys().collect();
+    let missing: Vec<String> = planned
+        .iter()
+        .filter(|(k, _)| !on_device.contains(k))
+        .map(|(k, n)| format!("{n} ({k})"))
+        .collect();
+    let extra: Vec<String> = on_device
+        .iter()
+        .filter(|k| !planned.contains_key(**k))
+        .map(|k| k.to_string())
+        .collect();
+    let dev = snapshot.device.as_deref().unwrap_or("the device");
+    if missing.is_empty() && extra.is_empty() {
+        return Check::pass(
+            NAME,
+            format!(
+                "{dev} holds exactly the {} peers in the registry",
+                planned.len()
+            ),
+        );
+    }
+    let mut detail = Vec::new();
+    if !missing.is_empty() {
+        detail.push(format!("missing from {dev}: {}", missing.join(", ")));
+    }
+    if !extra.is_empty() {
+        detail.push(format!(
+            "on {dev} but no node publishes it: {}",
+            extra.join(", ")
+        ));
+    }
+    Check::fail(
+        NAME,
+        detail.join("; "),
+        "the agent repairs this at its next full resync (--resync-period); if it persists, its log says why a write fails",
+    )
+}
+
+pub fn left_out(snapshot: &Snapshot) -> Check {
+    let list: Vec<String> = snapshot
+        .left_out
+        .iter()
+        .map(|l| format!("{}: {}", l.node, l.reason))
+        .collect();
+    Check::warn(
+        "left out",
+        format!("{} node(s) in the registry are not peers: {}", list.len(), list.join("; ")),
+        "fix what each of those nodes publishes (the reason says what); weft adds it as soon as it is usable",
+    )
+}
+
+pub async fn masquerade(snapshot: &Snapshot) -> Check {
+    const NAME: &str = "masquerade";
+    let mut nft = NftCli::default();
+    let mut problems = Vec::new();
+    for t in &snapshot.masquerade {
+        let family = if t.family == "ip6" {
+            Family::Ipv6
+        } else {
+            Family::Ipv4
+        };
+        match nft.list(family, &t.table).await {
+            Ok(Some(listing)) if listed_rules(&listing) == t.rules => {}
+            Ok(Some(_)) => problems.push(format!(
+                "table {} {} has other rules than planned",
+                t.family, t.table
+            )),
+            Ok(None) => problems.push(format!("table {} {} is missing", t.family, t.table)),
+            Err(e) => problems.push(format!("listing {} {}: {e}", t.family, t.table)),
+        }
+    }
+    if problems.is_empty() {
+        let names: Vec<String> = snapshot
+            .masquerade
+            .iter()
+            .map(|t| format!("{} {}", t.family, t.table))
+            .collect();
+        Check::pass(
+            NAME,
+            format!("{} in place with the planned rules", names.join(", ")),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            problems.join("; "),
+            "the agent restores its tables within 2 s; if they keep disappearing, another tool (a firewall manager, `nft flush ruleset`) is removing them",
+        )
+    }
+}
+
+fn ip_json(args: &[&str]) -> Result<Vec<Value>, String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("running {}: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice::<Vec<Value>>(&out.stdout)
+        .map_err(|e| format!("{}: {e}", args.join(" ")))
+}
+
+pub fn vxlan_entries(snapshot: &Snapshot) -> Check {
+    const NAME: &str = "vxlan entries";
+    let Some(dev) = snapshot.device.as_deref() else {
+        return Check::fail(
+            NAME,
+            "no vxlan device in the plan",
+            "look at the agent's log",
+        );
+    };
+    let (neigh, fdb) = match (
+        ip_json(&["ip", "-j", "neigh", "show", "dev", dev]),
+        ip_json(&["bridge", "-j", "fdb", "show", "dev", dev]),
+    ) {
+        (Ok(n), Ok(f)) => (n, f),
+        (Err(e), _) | (_, Err(e)) => return Check::fail(NAME, e, "run as root on the node"),
+    };
+    let neigh_mac: BTreeMap<String, String> = neigh
+        .iter()
+        .filter_map(|n| {
+            Some((
+                n["dst"].as_str()?.to_string(),
+                n["lladdr"].as_str()?.to_lowercase(),
+            ))
+        })
+        .collect();
+    let fdb_dst: BTreeMap<String, String> = fdb
+        .iter()
+        .filter_map(|f| {
+            Some((
+                f["mac"].as_str()?.to_lowercase(),
+                f["dst"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    let mut problems = Vec::new();
+    let mut count = 0;
+    for p in snapshot.peers.iter().filter(|p| p.vtep_mac.is_some()) {
+        count += 1;
+        let published = snapshot
+            .registry
+            .get(&p.node)
+            .and_then(|e| {
+                e.backend_data
+                    .as_ref()?
+                    .get("VtepMAC")?
+                    .as_str()
+                    .map(str::to_lowercase)
+            })
+            .unwrap_or_default();
+        let gateway = p
+            .subnet
+            .map(|s| s.network().to_string())
+            .unwrap_or_default();
+        match neigh_mac.get(&gateway) {
+            Some(mac) if *mac == published => {}
+            Some(mac) => problems.push(format!(
+                "{}: neighbour {gateway} is {mac}, published VtepMAC {published}",
+                p.node
+            )),
+            None => problems.push(format!("{}: no neighbour entry for {gateway}", p.node)),
+        }
+        let ip = p.endpoint.clone().unwrap_or_default();
+        match fdb_dst.get(&published) {
+            Some(dst) if *dst == ip => {}
+            Some(dst) => problems.push(format!(
+                "{}: FDB sends {published} to {dst}, the node is at {ip}",
+                p.node
+            )),
+            None => problems.push(format!("{}: no FDB entry for {published}", p.node)),
+        }
+    }
+    if problems.is_empty() {
+        Check::pass(
+            NAME,
+            format!(
+                "{dev}: neighbour and FDB entries match the {count} peers' published VTEP MACs"
+            ),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            problems.join("; "),
+            "the agent rewrites these at its next full resync; if a peer's MAC is what changed, that peer restarted without /var/lib/weft",
+        )
+    }
+}

@@ -1,0 +1,159 @@
+//! `weft doctor`: checks this node against what the agent planned and what its peers
+//! published, and prints one verdict per check with the fix. Exits 1 if any check fails.
+//!
+//! The local checks come first (they read the kernel only): the device carries the
+//! published key; the device's peers are exactly the planned ones; the masquerade rules
+//! are in place; for vxlan, the neighbour and FDB entries match the peers' published VTEP
+//! MACs. Then the network checks, per peer: a fresh handshake (after nudging the peer with
+//! a packet through the tunnel); the peer's UDP port answers no ICMP error; the path
+//! carries the tunnel's largest packets with DF set.
+
+mod local;
+mod probe;
+
+use std::fmt;
+use std::io::Write;
+
+use weft_backends::apply::wireguard::read::read_device;
+
+use crate::status::Snapshot;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Pass => "PASS",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        })
+    }
+}
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: &'static str,
+    pub verdict: Verdict,
+    pub detail: String,
+    /// What to do about it (for WARN and FAIL).
+    pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn pass(name: &'static str, detail: impl Into<String>) -> Self {
+        Check {
+            name,
+            verdict: Verdict::Pass,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    pub fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            name,
+            verdict: Verdict::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+
+    pub fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check {
+            verdict: Verdict::Warn,
+            ..Check::fail(name, detail, fix)
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DoctorArgs {
+    /// Seconds to wait for a handshake after nudging a peer.
+    #[arg(long, default_value = "5")]
+    pub handshake_wait: u64,
+}
+
+/// Runs every check that applies to `snapshot`'s backend.
+pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
+    let mut out = Vec::new();
+    let wireguard = matches!(snapshot.implementation.as_str(), "kernel" | "userspace");
+    let device = match (&snapshot.device, wireguard) {
+        (Some(name), true) => match read_device(name).await {
+            Ok(Some(d)) => Some(d),
+            Ok(None) => {
+                out.push(Check::fail(
+                    "device",
+                    format!("{name} does not exist"),
+                    "the agent recreates it within a second: look at its log for why it cannot",
+                ));
+                None
+            }
+            Err(e) => {
+                out.push(Check::fail(
+                    "device",
+                    format!("reading {name}: {e}"),
+                    "run as root on the node",
+                ));
+                None
+            }
+        },
+        _ => None,
+    };
+    if let Some(d) = &device {
+        out.push(local::published_key(snapshot, d));
+        out.push(local::peers_on_device(snapshot, d));
+    }
+    if !snapshot.left_out.is_empty() {
+        out.push(local::left_out(snapshot));
+    }
+    if snapshot.ip_masq {
+        out.push(local::masquerade(snapshot).await);
+    }
+    if snapshot.vxlan_port.is_some() {
+        out.push(local::vxlan_entries(snapshot));
+    }
+    if wireguard {
+        out.push(
+            probe::handshakes(
+                snapshot,
+                std::time::Duration::from_secs(args.handshake_wait),
+            )
+            .await,
+        );
+    }
+    out.push(probe::reachability(snapshot).await);
+    out.push(probe::mtu(snapshot).await);
+    out
+}
+
+pub fn render(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        out += &format!("{}  {}: {}\n", c.verdict, c.name, c.detail);
+        if let Some(fix) = &c.fix {
+            out += &format!("      fix: {fix}\n");
+        }
+    }
+    let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
+    out += &match failed {
+        0 => format!("all {} checks passed\n", checks.len()),
+        n => format!("{n} of {} checks failed\n", checks.len()),
+    };
+    out
+}
+
+pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let snapshot = crate::control::fetch(&crate::control::socket_path())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let checks = runtime.block_on(checks(&snapshot, args));
+    write!(out, "{}", render(&checks))?;
+    Ok(i32::from(checks.iter().any(|c| c.verdict == Verdict::Fail)))
+}

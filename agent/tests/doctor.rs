@@ -1,0 +1,273 @@
+//! `weft doctor` against deliberately broken labs: each check passes on a healthy node and
+//! fails, naming what is wrong, once the thing it checks is broken: the device's key, its
+//! peers (one missing, one extra), the masquerade table, a peer's UDP port, a peer that
+//! never handshakes, the path MTU, and the vxlan neighbour and FDB entries.
+
+use std::time::Duration;
+
+use weft_lab::lab::{in_ns, Lab, LabConfig};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// `weft doctor` on node `i`: (exit code, output).
+fn doctor(lab: &Lab, i: usize) -> (i32, String) {
+    let out = lab
+        .on_node(
+            i,
+            &format!("{WEFT} doctor --handshake-wait=3; echo \"exit=$?\""),
+        )
+        .unwrap();
+    let code = out
+        .lines()
+        .last()
+        .and_then(|l| l.strip_prefix("exit="))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(-1);
+    (code, out)
+}
+
+/// The verdict line of check `name`.
+fn verdict<'a>(out: &'a str, name: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.contains(&format!("  {name}: ")))
+        .unwrap_or_else(|| panic!("no {name} check in:\n{out}"))
+}
+
+fn assert_fails(out: &str, name: &str, mentions: &str) {
+    let line = verdict(out, name);
+    assert!(line.starts_with("FAIL"), "{name} should fail:\n{out}");
+    assert!(
+        line.contains(mentions),
+        "{name} should mention {mentions:?}:\n{out}"
+    );
+}
+
+fn assert_healthy(lab: &Lab, i: usize) -> String {
+    let (code, out) = doctor(lab, i);
+    assert_eq!(
+        code,
+        0,
+        "a healthy node should pass:\n{out}\n{}",
+        lab.logs()
+    );
+    assert!(!out.contains("FAIL"), "{out}");
+    out
+}
+
+fn name(lab: &Lab, i: usize) -> String {
+    let s = lab.nodes[i].subnet.unwrap();
+    format!("{}-{}", s.network(), s.prefix_len())
+}
+
+fn wg_key(lab: &Lab, i: usize) -> String {
+    lab.on_node(i, "wg show flannel-wg public-key")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn doctor_finds_each_broken_part_of_a_wireguard_node() {
+    let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    let healthy = assert_healthy(&lab, 0);
+    println!("weft doctor, healthy:\n{healthy}");
+    for check in [
+        "published key",
+        "peers on device",
+        "masquerade",
+        "handshakes",
+        "reachability",
+        "path MTU",
+    ] {
+        assert!(verdict(&healthy, check).starts_with("PASS"), "{healthy}");
+    }
+
+    // The device's key replaced behind the agent's back.
+    lab.on_node(
+        0,
+        "wg genkey > /run/other.key && wg set flannel-wg private-key /run/other.key",
+    )
+    .unwrap();
+    let (code, out) = doctor(&lab, 0);
+    assert_eq!(code, 1, "{out}");
+    assert_fails(&out, "published key", "but this node publishes");
+    lab.on_node(
+        0,
+        "wg set flannel-wg private-key /var/lib/weft/wireguard.key",
+    )
+    .unwrap();
+
+    // A peer nobody publishes.
+    lab.on_node(
+        0,
+        "wg set flannel-wg peer $(wg genkey | wg pubkey | tee /run/extra.pub)",
+    )
+    .unwrap();
+    let (_, out) = doctor(&lab, 0);
+    assert_fails(&out, "peers on device", "no node publishes it");
+    lab.on_node(0, "wg set flannel-wg peer $(cat /run/extra.pub) remove")
+        .unwrap();
+
+    // A peer missing.
+    let key1 = wg_key(&lab, 1);
+    lab.on_node(0, &format!("wg set flannel-wg peer {key1} remove"))
+        .unwrap();
+    let (_, out) = doctor(&lab, 0);
+    assert_fails(
+        &out,
+        "peers on device",
+        &format!("missing from flannel-wg: {}", name(&lab, 1)),
+    );
+    lab.stop_agent(0, "TERM").unwrap();
+    lab.start_agent(0).unwrap();
+    wait_for("the peer back", || {
+        lab.on_node(0, "wg show flannel-wg peers")
+            .unwrap()
+            .lines()
+            .count()
+            == 2
+    });
+
+    // The masquerade table deleted (the agent restores it within 2 s, so the doctor runs
+    // right after; a few tries in case the agent's check lands in between).
+    let mut seen = String::new();
+    for _ in 0..5 {
+        let out = lab
+            .on_node(
+                0,
+                &format!(
+                    "nft delete table ip flannel-ipv4 && {WEFT} doctor --handshake-wait=1; true"
+                ),
+            )
+            .unwrap();
+        if verdict(&out, "masquerade").starts_with("FAIL") {
+            seen = out;
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    assert_fails(&seen, "masquerade", "table ip flannel-ipv4 is missing");
+
+    // Node 2 rejects WireGuard's port.
+    lab.on_node(1, "nft add table inet doctortest && nft add chain inet doctortest in '{ type filter hook input priority 0; }' && nft add rule inet doctortest in udp dport 51820 reject")
+        .unwrap();
+    let (_, out) = doctor(&lab, 0);
+    assert_fails(
+        &out,
+        "reachability",
+        &format!("{}: 198.51.100.2:51820 refused", name(&lab, 1)),
+    );
+    lab.on_node(1, "nft delete table inet doctortest").unwrap();
+
+    // A node in the registry that never answers.
+    let ghost_key = weft_crypto::PrivateKey::from_bytes([77; 32]).public_key();
+    lab.etcd()
+        .etcdctl(&[
+            "put",
+            "/coreos.com/network/subnets/10.244.251.0-24",
+            &format!(r#"{{"PublicIP":"198.51.100.77","BackendType":"wireguard","BackendData":{{"PublicKey":"{ghost_key}","Port":51820}}}}"#),
+        ])
+        .unwrap();
+    wait_for("the ghost planned", || {
+        lab.on_node(0, "wg show flannel-wg peers")
+            .unwrap()
+            .lines()
+            .count()
+            == 3
+    });
+    let (code, out) = doctor(&lab, 0);
+    assert_eq!(code, 1, "{out}");
+    assert_fails(
+        &out,
+        "handshakes",
+        "10.244.251.0-24 (never, endpoint 198.51.100.77:51820)",
+    );
+    lab.etcd()
+        .etcdctl(&["del", "/coreos.com/network/subnets/10.244.251.0-24"])
+        .unwrap();
+    wait_for("the ghost gone", || {
+        lab.on_node(0, "wg show flannel-wg peers")
+            .unwrap()
+            .lines()
+            .count()
+            == 2
+    });
+    assert_healthy(&lab, 0);
+}
+
+#[test]
+fn doctor_finds_a_path_that_cannot_carry_the_tunnels_packets() {
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.routed = vec![2];
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    assert_healthy(&lab, 0);
+    // The router's link into the second segment shrinks to 1300 bytes.
+    in_ns(&format!("{}-rt", lab.tag), "ip link set eth1 mtu 1300").unwrap();
+    let (code, out) = doctor(&lab, 0);
+    assert_eq!(code, 1, "{out}");
+    assert_fails(
+        &out,
+        "path MTU",
+        "the path to 203.0.113.3 carries at most 1300-byte packets",
+    );
+    assert!(out.contains("set Backend.MTU to 1300"), "{out}");
+}
+
+#[test]
+fn doctor_checks_vxlan_entries_and_port() {
+    let lab = Lab::start(LabConfig::backend(2, WEFT, "vxlan", false)).unwrap();
+    lab.assert_all_pairs();
+    let healthy = assert_healthy(&lab, 0);
+    assert!(
+        verdict(&healthy, "vxlan entries").starts_with("PASS"),
+        "{healthy}"
+    );
+    assert!(
+        verdict(&healthy, "reachability").starts_with("PASS"),
+        "{healthy}"
+    );
+
+    // Node 2's vxlan port rejected.
+    lab.on_node(1, "nft add table inet doctortest && nft add chain inet doctortest in '{ type filter hook input priority 0; }' && nft add rule inet doctortest in udp dport 8472 reject")
+        .unwrap();
+    let (_, out) = doctor(&lab, 0);
+    assert_fails(&out, "reachability", "198.51.100.2:8472 refused");
+    lab.on_node(1, "nft delete table inet doctortest").unwrap();
+
+    // A neighbour entry with the wrong MAC, then an FDB entry pointing elsewhere.
+    let gateway = lab.nodes[1].subnet.unwrap().network();
+    lab.on_node(
+        0,
+        &format!("ip neigh replace {gateway} lladdr 0a:0b:0c:0d:0e:0f dev flannel.1 nud permanent"),
+    )
+    .unwrap();
+    let (code, out) = doctor(&lab, 0);
+    assert_eq!(code, 1, "{out}");
+    assert_fails(
+        &out,
+        "vxlan entries",
+        &format!("neighbour {gateway} is 0a:0b:0c:0d:0e:0f"),
+    );
+    let fdb = lab.on_node(0, "bridge fdb show dev flannel.1").unwrap();
+    let mac = fdb.split_whitespace().next().unwrap().to_string();
+    lab.on_node(
+        0,
+        &format!("bridge fdb replace {mac} dev flannel.1 dst 198.51.100.99 self permanent"),
+    )
+    .unwrap();
+    let (_, out) = doctor(&lab, 0);
+    assert_fails(&out, "vxlan entries", "the node is at 198.51.100.2");
+}
