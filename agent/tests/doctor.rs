@@ -217,6 +217,7 @@ fn doctor_finds_a_path_that_cannot_carry_the_tunnels_packets() {
     // The router's link into the second segment shrinks to 1300 bytes.
     in_ns(&format!("{}-rt", lab.tag), "ip link set eth1 mtu 1300").unwrap();
     let (code, out) = doctor(&lab, 0);
+    println!("weft doctor, the path to node 3 shrunk:\n{out}");
     assert_eq!(code, 1, "{out}");
     assert_fails(
         &out,

@@ -182,6 +182,9 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
         assert_eq!(agent[probe]["httpGet"]["path"], path);
         assert_eq!(agent[probe]["httpGet"]["port"], args.healthz_port);
     }
+    let scrape = &ds["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(scrape["prometheus.io/port"], args.healthz_port.to_string());
+    assert_eq!(scrape["prometheus.io/path"], "/metrics");
     assert!(agent["resources"]["requests"]["cpu"].is_string());
     assert!(agent["resources"]["requests"]["memory"].is_string());
 
