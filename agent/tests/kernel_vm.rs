@@ -2,7 +2,8 @@
 //! runs this package's own end-to-end test binaries inside it, on kernel WireGuard
 //! (`WEFT_LAB_IMPLEMENTATION=kernel`): the mesh (all-pairs ping, leak capture), the TCP
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
-//! tests with 1000 peers (`WEFT_REQUIRE_KERNEL_WG=1`: no silent skip), and a mixed mesh of
+//! tests with 1000 peers (`WEFT_REQUIRE_KERNEL_WG=1`: no silent skip), `weft status`,
+//! `/metrics` and `weft doctor` on kernel devices, and a mixed mesh of
 //! kernel and userspace nodes. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
 
@@ -60,6 +61,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
         sibling_test("membership"),
         sibling_test("wg_devices"),
     );
+    let (status, doctor) = (sibling_test("status_metrics"), sibling_test("doctor"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -84,6 +86,16 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         &membership,
     );
     script += &step("mesh: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &mesh);
+    // The operator's tools read a kernel device over generic netlink.
+    script += &step(
+        "status and metrics: kernel",
+        "WEFT_LAB_IMPLEMENTATION=kernel",
+        &status,
+    );
+    script += &format!(
+        "run 'doctor: kernel' env WEFT_LAB_IMPLEMENTATION=kernel RUST_BACKTRACE=1 {} doctor_finds_each_broken_part_of_a_wireguard_node --test-threads=1 --nocapture\n",
+        doctor.display()
+    );
     script += "if [ -n \"$failed\" ]; then echo \"=== failed:$failed\"; exit 1; fi\n";
 
     let run = vm
