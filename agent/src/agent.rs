@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use weft_backends::apply::wireguard::process::UserspaceProcess;
 use weft_backends::apply::{monitor, Dataplane};
+use weft_backends::netconf::Backend;
 use weft_backends::plan::PlanOptions;
 use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
@@ -20,6 +21,7 @@ use crate::health::{Health, Readiness};
 use crate::metrics::Metrics;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
+use crate::rotation::{KeyState, RotateRequest, Rotation, DEFAULT_LEAD};
 use crate::{status, subnet_file};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
@@ -98,7 +100,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         let addr = std::net::SocketAddr::new(args.healthz_ip, args.healthz_port);
         crate::health::serve(addr, endpoints).await?;
     }
-    crate::control::serve(&crate::control::socket_path(), snapshot.clone()).await?;
+    let (rotate_tx, rotate_rx) = tokio::sync::mpsc::channel(4);
+    let control = crate::control::ControlState {
+        snapshot: snapshot.clone(),
+        rotate: rotate_tx.clone(),
+    };
+    crate::control::serve(&crate::control::socket_path(), control).await?;
     let start = Start {
         key,
         key_path,
@@ -106,6 +113,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         health,
         snapshot,
         metrics,
+        rotate: (rotate_tx, rotate_rx),
     };
     if args.kube_subnet_mgr {
         let client = kube::client(&args.kubeconfig_file, &args.kube_api_url)
@@ -169,6 +177,11 @@ struct Start {
     health: Health,
     snapshot: status::Shared,
     metrics: Metrics,
+    /// Rotation requests (control socket, registry) and where the loop receives them.
+    rotate: (
+        tokio::sync::mpsc::Sender<RotateRequest>,
+        tokio::sync::mpsc::Receiver<RotateRequest>,
+    ),
 }
 
 /// Config, lease, data plane, then the control loop until shutdown; the same for every
@@ -186,7 +199,22 @@ async fn serve<R: Registry>(
         health,
         snapshot,
         metrics,
+        rotate,
     } = start;
+    // A rotation a previous run left unfinished goes on: its key was announced, so peers
+    // may already use it; if its moment has passed, the switch happens now.
+    let mut rotation = Rotation::load(&key_path);
+    let mut key = key;
+    if let Some(next) = rotation.pending().cloned() {
+        if std::time::SystemTime::now() >= next.switch_at() {
+            key = rotation
+                .promote()
+                .context("finishing an interrupted key rotation")?;
+            info!(public_key = %key.public_key(), "an interrupted key rotation was due: switched to its key");
+        } else {
+            info!(next = %next.public_key, switch_at_ms = next.switch_at_ms, "resuming an interrupted key rotation");
+        }
+    }
     let Some(net) = retry!(
         "reading the network config",
         &mut shutdown,
@@ -220,6 +248,7 @@ async fn serve<R: Registry>(
         backend: net.backend.kind(),
         backend_data: setup.backend_data.clone(),
         backend_v6_data: None,
+        next_key: rotation.pending().cloned(),
     };
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
     let request = AcquireRequest {
@@ -284,8 +313,21 @@ async fn serve<R: Registry>(
         health,
         snapshot,
         metrics,
+        rotate: rotate.1,
     };
-    control_loop(args, &net, &options, &key, &mut dataplane, inputs).await;
+    let listen_port = match &net.backend {
+        Backend::Wireguard(wg) => Some(wg.listen_port),
+        _ => None,
+    };
+    let mut keys = KeyState {
+        key,
+        rotation,
+        attrs: request.attrs.clone(),
+        updates: handle.updates.clone(),
+        listen_port,
+        lead: DEFAULT_LEAD,
+    };
+    control_loop(args, &net, &options, &mut keys, &mut dataplane, inputs).await;
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)

@@ -13,7 +13,16 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tracing::{info, warn};
 
+use crate::rotation::RotateRequest;
 use crate::status::{Shared, Snapshot};
+
+/// What the control socket answers from.
+#[derive(Clone)]
+pub struct ControlState {
+    pub snapshot: Shared,
+    /// Where `POST /rotate` sends its request (the control loop).
+    pub rotate: tokio::sync::mpsc::Sender<RotateRequest>,
+}
 
 pub const DEFAULT_SOCKET: &str = "/run/weft/weft.sock";
 /// Overrides the socket path (tests, or a second agent on one host).
@@ -24,7 +33,7 @@ pub fn socket_path() -> PathBuf {
 }
 
 /// Binds the socket (replacing a stale one) and serves it on a task of its own.
-pub async fn serve(path: &Path, shared: Shared) -> anyhow::Result<()> {
+pub async fn serve(path: &Path, state: ControlState) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -44,9 +53,10 @@ pub async fn serve(path: &Path, shared: Shared) -> anyhow::Result<()> {
     let app = Router::new()
         .route(
             "/status",
-            get(|State(s): State<Shared>| async move { Json(s.get()) }),
+            get(|State(s): State<ControlState>| async move { Json(s.snapshot.get()) }),
         )
-        .with_state(shared);
+        .route("/rotate", axum::routing::post(rotate))
+        .with_state(state);
     info!(socket = %path.display(), "serving the control socket");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -56,16 +66,45 @@ pub async fn serve(path: &Path, shared: Shared) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The snapshot of the agent answering on `path`.
-pub fn fetch(path: &Path) -> anyhow::Result<Snapshot> {
+/// Starts a key rotation; answers the announcement (or 409 with why not).
+async fn rotate(State(s): State<ControlState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = RotateRequest {
+        reply: Some(reply),
+        request: None,
+    };
+    if s.rotate.send(request).await.is_err() {
+        return (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "the agent is stopping\n",
+        )
+            .into_response();
+    }
+    match answer.await {
+        Ok(Ok(next)) => Json(next).into_response(),
+        Ok(Err(why)) => (axum::http::StatusCode::CONFLICT, format!("{why}\n")).into_response(),
+        Err(_) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "the agent is not running its loop yet\n",
+        )
+            .into_response(),
+    }
+}
+
+/// One HTTP/1.0 request on the control socket at `path`: the body of a 200 answer.
+pub fn request(path: &Path, method: &str, target: &str) -> anyhow::Result<String> {
     let mut stream = std::os::unix::net::UnixStream::connect(path).with_context(|| {
         format!(
             "no agent answers on {}: is `weft agent` running on this node (and are you root)?",
             path.display()
         )
     })?;
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-    stream.write_all(b"GET /status HTTP/1.0\r\nHost: weft\r\n\r\n")?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "{method} {target} HTTP/1.0\r\nHost: weft\r\nContent-Length: 0\r\n\r\n"
+    )?;
     let mut response = Vec::new();
     stream
         .read_to_end(&mut response)
@@ -76,9 +115,16 @@ pub fn fetch(path: &Path) -> anyhow::Result<Snapshot> {
         .context("the agent's answer is not HTTP")?;
     if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
         bail!(
-            "the agent answered {}",
-            head.lines().next().unwrap_or_default()
+            "the agent answered {}: {}",
+            head.lines().next().unwrap_or_default(),
+            body.trim()
         );
     }
-    serde_json::from_str(body).context("the agent's status is not the JSON this weft reads")
+    Ok(body.to_string())
+}
+
+/// The snapshot of the agent answering on `path`.
+pub fn fetch(path: &Path) -> anyhow::Result<Snapshot> {
+    let body = request(path, "GET", "/status")?;
+    serde_json::from_str(&body).context("the agent's status is not the JSON this weft reads")
 }

@@ -12,11 +12,11 @@ use weft_backends::apply::{Dataplane, DataplaneReport};
 use weft_backends::model::{ClusterView, DesiredState, Lease};
 use weft_backends::netconf::NetConf;
 use weft_backends::plan::{plan, PlanInput, PlanOptions};
-use weft_crypto::PrivateKey;
 
 use crate::cli::AgentArgs;
 use crate::health::{Health, Readiness};
 use crate::metrics::Metrics;
+use crate::rotation::{KeyState, RotateRequest};
 use crate::{status, subnet_file};
 
 /// Everything that can wake the control loop.
@@ -30,6 +30,18 @@ pub(crate) struct LoopInputs {
     pub(crate) health: Health,
     pub(crate) snapshot: status::Shared,
     pub(crate) metrics: Metrics,
+    pub(crate) rotate: tokio::sync::mpsc::Receiver<RotateRequest>,
+}
+
+/// Sleeps until `at`, or forever.
+async fn sleep_until(at: Option<SystemTime>) {
+    match at {
+        Some(at) => {
+            let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::sleep(wait).await
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// How often the nftables tables are checked: deleting one raises no netlink event.
@@ -48,7 +60,7 @@ pub(crate) async fn control_loop(
     args: &AgentArgs,
     net: &NetConf,
     options: &PlanOptions,
-    key: &PrivateKey,
+    keys: &mut KeyState,
     dataplane: &mut Dataplane,
     mut inputs: LoopInputs,
 ) {
@@ -98,10 +110,12 @@ pub(crate) async fn control_loop(
             Ok(state) => {
                 let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
                 report(last.as_ref(), &state);
-                inputs
-                    .snapshot
-                    .update(|s| status::from_plan(&me, &view, &state, s));
-                let keys: Vec<(String, String)> = state
+                inputs.snapshot.update(|s| {
+                    status::from_plan(&me, &view, &state, s);
+                    s.key_generation = keys.rotation.generation();
+                    s.rotating = keys.rotation.pending().cloned();
+                });
+                let peer_keys: Vec<(String, String)> = state
                     .tunnels
                     .iter()
                     .flat_map(|t| &t.peers)
@@ -109,7 +123,7 @@ pub(crate) async fn control_loop(
                     .collect();
                 inputs
                     .metrics
-                    .peer_keys(keys.iter().map(|(n, k)| (n.as_str(), k.as_str())));
+                    .peer_keys(peer_keys.iter().map(|(n, k)| (n.as_str(), k.as_str())));
                 match subnet_file::write(&args.subnet_file, &state.subnet_env) {
                     Ok(written) => {
                         if written {
@@ -126,10 +140,13 @@ pub(crate) async fn control_loop(
                 let span = tracing::info_span!("reconcile", pass);
                 let (started, writes) = (std::time::Instant::now(), dataplane.writes());
                 let result = if full {
-                    dataplane.reconcile(&state, key).instrument(span).await
+                    dataplane
+                        .reconcile(&state, &keys.key)
+                        .instrument(span)
+                        .await
                 } else {
                     dataplane
-                        .reconcile_incremental(&state, key)
+                        .reconcile_incremental(&state, &keys.key)
                         .instrument(span)
                         .await
                 };
@@ -204,6 +221,29 @@ pub(crate) async fn control_loop(
                             Err(e) => warn!(error = %e, "nftables check failed"),
                         }
                     }
+                }
+                Some(request) = inputs.rotate.recv() => {
+                    let started = keys.start().await;
+                    inputs.snapshot.update(|s| s.rotating = keys.rotation.pending().cloned());
+                    if let Err(e) = &started {
+                        warn!(error = %e, "cannot rotate the key");
+                    }
+                    if let Some(reply) = request.reply {
+                        let _ = reply.send(started);
+                    }
+                }
+                // This node's announced switch.
+                () = sleep_until(keys.due()) => {
+                    let published = inputs.local.borrow().next_key.clone();
+                    if keys.switch(published.as_ref()).await {
+                        full = true;
+                        break;
+                    }
+                }
+                // A peer's announced switch: its new key takes over now.
+                () = sleep_until(last.as_ref().and_then(|s| s.next_switch)) => {
+                    full = false;
+                    break;
                 }
                 _ = inputs.shutdown.changed() => return,
             }

@@ -13,5 +13,6 @@ pub mod health;
 pub mod iface;
 pub mod metrics;
 pub mod registry;
+pub mod rotation;
 pub mod status;
 pub mod subnet_file;

@@ -4,7 +4,7 @@
 use std::io;
 use std::process::ExitCode;
 
-use weft::cli::{Cli, Command, ConfigCommand};
+use weft::cli::{Cli, Command, ConfigCommand, KeysCommand};
 use weft::commands;
 
 fn main() -> ExitCode {
@@ -16,6 +16,9 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { path },
         } => commands::config_check::run(&path, &mut io::stdout(), &mut io::stderr()),
+        Command::Keys {
+            command: KeysCommand::Rotate(args),
+        } => commands::rotate::run(&args, &mut io::stdout()),
         Command::Keys { command } => {
             commands::keys::run(&command, &mut io::stdin(), &mut io::stdout()).map(|()| 0)
         }

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use weft_backends::apply::expected_rules;
-use weft_backends::model::{format_mac, ClusterView, DesiredState, Lease, RouteRole};
+use weft_backends::model::{format_mac, ClusterView, DesiredState, Lease, NextKey, RouteRole};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -37,6 +37,10 @@ pub struct Snapshot {
     /// Every node in the registry with its published backend data (ours included), for
     /// `weft doctor`'s registry-versus-device checks.
     pub registry: BTreeMap<String, RegistryEntry>,
+    /// The current key's generation (1 = the node's first key).
+    pub key_generation: u64,
+    /// A key rotation under way: the announced key and its switch moment.
+    pub rotating: Option<NextKey>,
     pub passes: u64,
     pub pass_errors: u64,
     /// The errors of the last pass, if it had any.

@@ -34,6 +34,7 @@ fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
         backend: BackendKind::Wireguard,
         backend_data: Some(json!({ "PublicKey": key_tag, "Port": 51820 })),
         backend_v6_data: None,
+        next_key: None,
     }
 }
 

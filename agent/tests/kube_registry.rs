@@ -137,6 +137,7 @@ fn request(ip: u8, seed: u8) -> AcquireRequest {
                 51820,
             )),
             backend_v6_data: None,
+            next_key: None,
         },
         previous: None,
         previous_v6: None,

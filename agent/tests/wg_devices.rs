@@ -272,6 +272,7 @@ fn synthetic_lease(i: u32) -> Lease {
         backend_v6_data: None,
         expires: None,
         reach: Default::default(),
+        next_key: None,
     }
 }
 

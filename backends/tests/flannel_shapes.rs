@@ -35,6 +35,7 @@ fn ours(backend: &str) -> LeaseAttrs {
         backend_type: backend.into(),
         backend_data: data,
         backend_v6_data: None,
+        next_key: None,
     }
 }
 

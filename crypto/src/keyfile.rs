@@ -107,6 +107,37 @@ fn load(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
     key.map(Some)
 }
 
+/// The key in `path`, `None` if there is no such file.
+pub fn read_key(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
+    load(path)
+}
+
+/// A new key written to `path` (0600, in a 0700 directory), replacing whatever was there
+/// in one rename: a reader sees the old file or the new one. For a rotation's next key.
+pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    ensure_private_dir(&dir)?;
+    let key = PrivateKey::generate().map_err(|source| KeyFileError::Generate {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("key"),
+        std::process::id()
+    ));
+    let written = write_secret(&tmp, &key).and_then(|()| {
+        fs::rename(&tmp, path).map_err(io_err("moving new key into place at", path))
+    });
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written.map(|()| key)
+}
+
 fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

@@ -8,5 +8,7 @@
 mod keyfile;
 mod keys;
 
-pub use keyfile::{load_or_create, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV};
+pub use keyfile::{
+    load_or_create, read_key, write_new_key, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV,
+};
 pub use keys::{random_bytes, KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};

@@ -58,6 +58,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
             backend: net.backend.kind(),
             backend_data: Some(wireguard_backend_data(&key.public_key(), wg.listen_port)),
             backend_v6_data: None,
+            next_key: None,
         };
         let lease = reg
             .acquire(

@@ -26,6 +26,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         backend_v6_data: None,
         expires: None,
         reach: Default::default(),
+        next_key: None,
     }
 }
 

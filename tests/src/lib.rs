@@ -14,4 +14,5 @@ pub mod lab;
 pub mod live_demo;
 pub mod netns;
 pub mod tcp;
+pub mod traffic;
 pub mod vm;

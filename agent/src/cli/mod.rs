@@ -81,6 +81,10 @@ pub enum KeysCommand {
     Public,
     /// Print a new pre-shared key (as `wg genpsk`).
     Psk,
+    /// Rotate WireGuard keys with bounded disruption: this node's (through the local
+    /// agent), or with --all / --node every or some node's, through the registry, a batch
+    /// at a time, waiting for each to use its new key. See docs/key-rotation.md.
+    Rotate(crate::commands::rotate::RotateArgs),
 }
 
 impl Cli {

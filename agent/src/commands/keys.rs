@@ -15,6 +15,7 @@ pub fn run(command: &KeysCommand, input: &mut dyn Read, out: &mut dyn Write) -> 
         KeysCommand::Psk => PresharedKey::generate()
             .context("generating a pre-shared key")?
             .to_base64_secret(),
+        KeysCommand::Rotate(_) => anyhow::bail!("`keys rotate` runs through commands::rotate"),
         KeysCommand::Public => {
             let mut text = String::new();
             input

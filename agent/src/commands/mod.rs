@@ -7,5 +7,6 @@ pub mod config_check;
 pub mod doctor;
 pub mod install_cni;
 pub mod keys;
+pub mod rotate;
 pub mod status;
 pub mod userspace_device;

@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tracing::info;
-use weft_backends::model::{ClusterView, Lease, LeaseAttrs};
+use weft_backends::model::{ClusterView, Lease, LeaseAttrs, NextKey};
 use weft_backends::netconf::{BackendKind, NetConf};
 
 pub use etcd::{EtcdConfig, EtcdRegistry, RegistryError};
@@ -34,6 +34,8 @@ pub struct LocalAttrs {
     pub backend: BackendKind,
     pub backend_data: Option<Value>,
     pub backend_v6_data: Option<Value>,
+    /// A key rotation this node announces (see docs/key-rotation.md).
+    pub next_key: Option<NextKey>,
 }
 
 impl LocalAttrs {
@@ -44,6 +46,7 @@ impl LocalAttrs {
             backend_type: self.backend.as_str().to_string(),
             backend_data: self.backend_data.clone(),
             backend_v6_data: self.backend_v6_data.clone(),
+            next_key: self.next_key.clone(),
         }
     }
 }

@@ -263,6 +263,16 @@ impl Dataplane {
                     }
                     report.changes.extend(lines);
                     added.extend(new_peers);
+                    if change.set_private_key {
+                        // A new key ends every session: start the handshakes now rather
+                        // than at the next packet.
+                        added.extend(
+                            t.peers
+                                .iter()
+                                .filter(|p| !p.allowed_ips.is_empty())
+                                .cloned(),
+                        );
+                    }
                 }
                 Err(e) => {
                     // What the device holds now is unknown: the next pass reads it.

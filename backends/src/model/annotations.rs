@@ -11,6 +11,8 @@ use serde_json::Value;
 use super::{Lease, LeaseAttrs};
 
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
+/// weft's announced next key (`NextKey` as JSON), beside flannel's unchanged backend-data.
+pub const NEXT_KEY: &str = "weft.dev/next-key";
 
 /// The annotations a node running `attrs` publishes under `prefix`. Values are strings;
 /// backend data is its JSON text (`null` for host-gw, as flannel writes it).
@@ -68,6 +70,11 @@ pub fn read(
         backend_type: get("backend-type").cloned().unwrap_or_default(),
         backend_data: parse_json("backend-data")?,
         backend_v6_data: parse_json("backend-v6-data")?,
+        // An announced rotation that does not parse is ignored: the node keeps being
+        // reached with its current key.
+        next_key: annotations
+            .get(NEXT_KEY)
+            .and_then(|t| serde_json::from_str(t).ok()),
     };
     let v4 = pod_cidrs
         .iter()

@@ -23,6 +23,9 @@ pub struct DesiredState {
     pub subnet_env: SubnetEnv,
     /// Peers not in the plan, each with the reason.
     pub left_out: Vec<LeftOut>,
+    /// The earliest moment a peer's announced key takes over: the plan changes then,
+    /// so the agent plans again at that moment.
+    pub next_switch: Option<std::time::SystemTime>,
 }
 
 /// One WireGuard device and its peers.

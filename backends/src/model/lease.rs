@@ -27,6 +27,29 @@ pub struct Lease {
     pub expires: Option<SystemTime>,
     /// How the node prefers to be reached, beyond its published address.
     pub reach: Reach,
+    /// A key rotation the node has announced: peers stage this key and switch to it at
+    /// `switch_at_ms` (docs/key-rotation.md).
+    pub next_key: Option<NextKey>,
+}
+
+/// An announced key rotation: weft's addition to a lease (etcd: the `WeftNextKey` field,
+/// which flannel ignores; Kubernetes: the `weft.dev/next-key` annotation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextKey {
+    #[serde(rename = "PublicKey")]
+    pub public_key: String,
+    /// When every node switches to it: milliseconds since the Unix epoch.
+    #[serde(rename = "SwitchAt")]
+    pub switch_at_ms: u64,
+    /// The key's generation (the node's first key is 1).
+    #[serde(rename = "Generation")]
+    pub generation: u64,
+}
+
+impl NextKey {
+    pub fn switch_at(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(self.switch_at_ms)
+    }
 }
 
 /// A node's zone and its internal address (weft's additions, DESIGN §3: `weft.dev/…`
@@ -68,6 +91,13 @@ pub struct LeaseAttrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub backend_v6_data: Option<Value>,
+    /// weft's own field, present only while a key rotation is announced.
+    #[serde(
+        rename = "WeftNextKey",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_key: Option<NextKey>,
 }
 
 impl LeaseAttrs {
@@ -90,6 +120,7 @@ impl LeaseAttrs {
             backend_v6_data: self.backend_v6_data.filter(|v| !v.is_null()),
             expires: None,
             reach: Reach::default(),
+            next_key: self.next_key,
         }
     }
 
@@ -100,6 +131,7 @@ impl LeaseAttrs {
             backend_type: lease.backend_type.clone(),
             backend_data: lease.backend_data.clone(),
             backend_v6_data: lease.backend_v6_data.clone(),
+            next_key: lease.next_key.clone(),
         }
     }
 }
@@ -194,6 +226,7 @@ mod tests {
             backend_v6_data: None,
             expires: None,
             reach: Default::default(),
+            next_key: None,
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

@@ -13,5 +13,5 @@ pub use desired::{
     MasqueradeTable, Match, NatRule, PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
     VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
-pub use lease::{ClusterView, Lease, LeaseAttrs, Reach, ViewChange};
+pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;

@@ -29,6 +29,7 @@ fn lease(node: &str, subnet: &str, ip: [u8; 4], backend: &str, data: serde_json:
         backend_v6_data: None,
         expires: None,
         reach: Default::default(),
+        next_key: None,
     }
 }
 

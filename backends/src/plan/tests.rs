@@ -29,6 +29,7 @@ fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
         backend_v6_data: None,
         expires: None,
         reach: Default::default(),
+        next_key: None,
     }
 }
 
@@ -134,6 +135,50 @@ fn a_peer_in_our_zone_is_reached_on_its_internal_address() {
             "198.51.100.4:51820"
         ]
     );
+}
+
+#[test]
+fn an_announced_key_is_staged_then_takes_over_at_its_moment() {
+    let switch_ms = (NOW + std::time::Duration::from_secs(3)).as_millis() as u64;
+    let mut b = good_peer();
+    b.next_key = Some(crate::model::NextKey {
+        public_key: key(22).to_string(),
+        switch_at_ms: switch_ms,
+        generation: 2,
+    });
+    let before = run(CONF, vec![b.clone()], false).unwrap();
+    let peers: Vec<(String, Vec<String>)> = before.tunnels[0]
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.public_key.to_string(),
+                p.allowed_ips.iter().map(ToString::to_string).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        peers,
+        [
+            (key(22).to_string(), vec![]),
+            (key(2).to_string(), vec!["10.244.2.0/24".to_string()])
+        ]
+    );
+    assert_eq!(
+        before.next_switch,
+        Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(switch_ms))
+    );
+    // At the moment: one peer, the new key, with the subnet; nothing left to wait for.
+    b.next_key.as_mut().unwrap().switch_at_ms = NOW.as_millis() as u64;
+    let after = run(CONF, vec![b.clone()], false).unwrap();
+    assert_eq!(after.tunnels[0].peers.len(), 1);
+    assert_eq!(after.tunnels[0].peers[0].public_key, key(22));
+    assert_eq!(after.tunnels[0].peers[0].allowed_ips.len(), 1);
+    assert_eq!(after.next_switch, None);
+    // An announced key that does not parse is ignored.
+    b.next_key.as_mut().unwrap().public_key = "junk".into();
+    let ignored = run(CONF, vec![b], false).unwrap();
+    assert_eq!(ignored.tunnels[0].peers[0].public_key, key(2));
 }
 
 #[test]

@@ -176,7 +176,21 @@ pub(crate) fn plan(
                 continue;
             }
             match peer(input.local, c, &dev, wg, own_key, allowed) {
-                Ok(p) => peers.push(p),
+                Ok(p) => {
+                    // A rotation announced by the peer: before its moment the next key is
+                    // staged (a peer entry without AllowedIPs, so the handshake is ready);
+                    // from then on it is the peer's key.
+                    let (p, staged) = rotated(p, c.lease, own_key, input.now);
+                    if let Some(s) = staged {
+                        let at = c.lease.next_key.as_ref().map(|n| n.switch_at());
+                        state.next_switch = match (state.next_switch, at) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        peers.push(s);
+                    }
+                    peers.push(p);
+                }
                 Err(reason) => left_out.push(LeftOut {
                     node: c.lease.node.clone(),
                     reason,
@@ -288,6 +302,36 @@ fn peer(
         keepalive: wg.persistent_keepalive,
         psk: wg.psk.clone(),
     })
+}
+
+/// `p` as the peer's announced rotation makes it at `now`: switched to the next key once
+/// its moment has come, or with the next key staged beside it (returned second) before.
+fn rotated(
+    mut p: PeerSpec,
+    lease: &Lease,
+    own_key: PublicKey,
+    now: std::time::SystemTime,
+) -> (PeerSpec, Option<PeerSpec>) {
+    let Some(next) = &lease.next_key else {
+        return (p, None);
+    };
+    let Ok(key) = next.public_key.parse::<PublicKey>() else {
+        return (p, None);
+    };
+    if key == p.public_key || key == own_key {
+        return (p, None);
+    }
+    if now >= next.switch_at() {
+        p.public_key = key;
+        return (p, None);
+    }
+    let staged = PeerSpec {
+        node: format!("{} (next key)", p.node),
+        public_key: key,
+        allowed_ips: Vec::new(),
+        ..p.clone()
+    };
+    (p, Some(staged))
 }
 
 /// One key, one peer: when two nodes publish the same key neither can be told apart on

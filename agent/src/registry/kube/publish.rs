@@ -92,6 +92,11 @@ impl KubeRegistry {
                 .to_string()
         });
         want.insert(ENDPOINTS_ANNOTATION.to_string(), candidates);
+        let next = attrs
+            .next_key
+            .as_ref()
+            .and_then(|n| serde_json::to_string(n).ok());
+        want.insert(annotations::NEXT_KEY.to_string(), next);
         want
     }
 

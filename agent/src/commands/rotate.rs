@@ -1,0 +1,95 @@
+//! `weft keys rotate`: this node's key through the local agent's control socket, or with
+//! `--all` / `--node` other nodes' through the registry (`rotate_cluster`).
+
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context};
+use weft_backends::model::NextKey;
+
+use crate::control::{fetch, request, socket_path};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RotateArgs {
+    /// Rotate every node's key, through the registry.
+    #[arg(long)]
+    pub all: bool,
+    /// Rotate these nodes' keys (names as the registry has them), through the registry.
+    #[arg(long)]
+    pub node: Vec<String>,
+    /// Nodes rotating at once.
+    #[arg(long, default_value = "1")]
+    pub batch: usize,
+    /// Seconds to wait for each node to use its new key.
+    #[arg(long, default_value = "60")]
+    pub timeout: u64,
+    /// Use the Kubernetes API (Node annotations) instead of etcd.
+    #[arg(long)]
+    pub kube_subnet_mgr: bool,
+    /// kubeconfig file (default: in-cluster config or ~/.kube/config).
+    #[arg(long, default_value = "")]
+    pub kubeconfig_file: String,
+    /// etcd endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_endpoints: Vec<String>,
+    /// etcd key prefix.
+    #[arg(long, default_value = "/coreos.com/network")]
+    pub etcd_prefix: String,
+}
+
+fn published_key(snapshot: &crate::status::Snapshot) -> String {
+    snapshot
+        .published
+        .as_ref()
+        .and_then(|d| d.get("PublicKey"))
+        .and_then(|k| k.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// This node: asks the local agent, then waits until it publishes the new key.
+fn rotate_local(args: &RotateArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let path = socket_path();
+    let before = published_key(&fetch(&path)?);
+    let started = Instant::now();
+    let body = request(&path, "POST", "/rotate")?;
+    let next: NextKey = serde_json::from_str(&body).context("the agent's answer to /rotate")?;
+    let in_ms = next
+        .switch_at()
+        .duration_since(SystemTime::now())
+        .map_or(0, |d| d.as_millis());
+    writeln!(
+        out,
+        "announced key generation {}: {} (was {before}); every node switches in {in_ms} ms",
+        next.generation, next.public_key
+    )?;
+    let deadline = started + Duration::from_secs(args.timeout);
+    loop {
+        let snapshot = fetch(&path)?;
+        if snapshot.rotating.is_none() && published_key(&snapshot) == next.public_key {
+            writeln!(
+                out,
+                "switched to {} (generation {}) {:.1} s after the request",
+                next.public_key,
+                snapshot.key_generation,
+                started.elapsed().as_secs_f64()
+            )?;
+            return Ok(0);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent has not switched to {} within {} s; `weft status` and its log say why",
+                next.public_key,
+                args.timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn run(args: &RotateArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    if args.all || !args.node.is_empty() {
+        bail!("--all / --node: not available yet");
+    }
+    rotate_local(args, out)
+}

@@ -1,0 +1,285 @@
+//! This node's key rotation (docs/key-rotation.md), as files in the state directory so a
+//! crash mid-way resumes:
+//! - `wireguard.key.next`: the next private key (0600);
+//! - `rotation.json`: the announcement (`NextKey`: public key, switch moment, generation);
+//! - `wireguard.key.generation`: the current key's generation (1 when absent).
+//!
+//! The controller announces the next key (the registry publishes it beside the unchanged
+//! backend-data), peers stage it, and at the announced moment everyone switches: this node
+//! sets its device's key, peers move the node's AllowedIPs to the new key. `promote`
+//! makes the next key the key: one rename, so the key file always holds a key that is or
+//! was published.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use tracing::warn;
+use weft_backends::model::NextKey;
+use weft_crypto::{read_key, write_new_key, PrivateKey};
+
+/// How far ahead of the switch a rotation is announced: time for every peer to see the
+/// announcement and stage the key.
+pub const DEFAULT_LEAD: Duration = Duration::from_secs(3);
+
+pub struct Rotation {
+    key_path: PathBuf,
+    pending: Option<(PrivateKey, NextKey)>,
+    generation: u64,
+}
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    path.with_file_name(name)
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Rotation {
+    fn next_path(&self) -> PathBuf {
+        sibling(&self.key_path, ".next")
+    }
+
+    fn announcement_path(&self) -> PathBuf {
+        self.key_path.with_file_name("rotation.json")
+    }
+
+    fn generation_path(&self) -> PathBuf {
+        sibling(&self.key_path, ".generation")
+    }
+
+    /// The rotation state next to the key file `key_path`: an unfinished rotation is
+    /// resumed; one whose files are unreadable is dropped (logged) and the current key
+    /// stays.
+    pub fn load(key_path: &Path) -> Rotation {
+        let mut r = Rotation {
+            key_path: key_path.to_path_buf(),
+            pending: None,
+            generation: 1,
+        };
+        r.generation = std::fs::read_to_string(r.generation_path())
+            .ok()
+            .and_then(|g| g.trim().parse().ok())
+            .unwrap_or(1);
+        let announced = std::fs::read_to_string(r.announcement_path()).ok();
+        let key = read_key(&r.next_path());
+        match (announced, key) {
+            (None, Ok(None)) => {}
+            (Some(text), Ok(Some(key))) => match serde_json::from_str::<NextKey>(&text) {
+                Ok(next) if next.public_key == key.public_key().to_string() => {
+                    r.pending = Some((key, next));
+                }
+                _ => r.drop_files("the announcement does not match the next key"),
+            },
+            (_, Err(e)) => r.drop_files(&e.to_string()),
+            _ => r.drop_files("the next key or its announcement is missing"),
+        }
+        r
+    }
+
+    fn drop_files(&mut self, why: &str) {
+        warn!(
+            reason = why,
+            "dropping an unfinished key rotation; the current key stays"
+        );
+        let _ = std::fs::remove_file(self.next_path());
+        let _ = std::fs::remove_file(self.announcement_path());
+        self.pending = None;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The announced rotation, if one is under way.
+    pub fn pending(&self) -> Option<&NextKey> {
+        self.pending.as_ref().map(|(_, n)| n)
+    }
+
+    /// Starts a rotation switching `lead` from now (or returns the one under way).
+    pub fn start(&mut self, lead: Duration) -> anyhow::Result<NextKey> {
+        if let Some((_, next)) = &self.pending {
+            return Ok(next.clone());
+        }
+        let key = write_new_key(&self.next_path()).context("writing the next key")?;
+        let next = NextKey {
+            public_key: key.public_key().to_string(),
+            switch_at_ms: ms(SystemTime::now() + lead),
+            generation: self.generation + 1,
+        };
+        self.write_announcement(&next)?;
+        self.pending = Some((key, next.clone()));
+        Ok(next)
+    }
+
+    fn write_announcement(&self, next: &NextKey) -> anyhow::Result<()> {
+        let path = self.announcement_path();
+        let tmp = sibling(&path, ".tmp");
+        std::fs::write(&tmp, serde_json::to_vec(next)?)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Moves the switch `lead` from now (the announcement was not confirmed in time).
+    pub fn postpone(&mut self, lead: Duration) -> anyhow::Result<NextKey> {
+        let Some((_, next)) = self.pending.as_mut() else {
+            anyhow::bail!("no rotation under way");
+        };
+        next.switch_at_ms = ms(SystemTime::now() + lead);
+        let next = next.clone();
+        self.write_announcement(&next)?;
+        Ok(next)
+    }
+
+    /// The next key becomes the key (one rename); returns it.
+    pub fn promote(&mut self) -> anyhow::Result<PrivateKey> {
+        let Some((key, next)) = self.pending.take() else {
+            anyhow::bail!("no rotation under way");
+        };
+        std::fs::rename(self.next_path(), &self.key_path)
+            .with_context(|| format!("moving the next key to {}", self.key_path.display()))?;
+        self.generation = next.generation;
+        let _ = std::fs::write(self.generation_path(), format!("{}\n", self.generation));
+        let _ = std::fs::remove_file(self.announcement_path());
+        Ok(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rotation_survives_a_restart_and_promotes_by_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("wireguard.key");
+        let (first, _) = weft_crypto::load_or_create(&key_path).unwrap();
+        let mut r = Rotation::load(&key_path);
+        assert_eq!((r.generation(), r.pending()), (1, None));
+        let next = r.start(Duration::from_secs(3)).unwrap();
+        assert_eq!(next.generation, 2);
+        assert_ne!(next.public_key, first.public_key().to_string());
+        // Again: the same rotation, not a second one.
+        assert_eq!(r.start(Duration::from_secs(3)).unwrap(), next);
+
+        // A crash: the next agent finds the same rotation.
+        let mut again = Rotation::load(&key_path);
+        assert_eq!(again.pending(), Some(&next));
+        let key = again.promote().unwrap();
+        assert_eq!(key.public_key().to_string(), next.public_key);
+        let (on_disk, _) = weft_crypto::load_or_create(&key_path).unwrap();
+        assert_eq!(on_disk.public_key(), key.public_key());
+        let after = Rotation::load(&key_path);
+        assert_eq!((after.generation(), after.pending()), (2, None));
+    }
+
+    #[test]
+    fn unreadable_rotation_files_are_dropped_and_the_key_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("wireguard.key");
+        weft_crypto::load_or_create(&key_path).unwrap();
+        let mut r = Rotation::load(&key_path);
+        r.start(Duration::from_secs(3)).unwrap();
+        std::fs::write(dir.path().join("rotation.json"), "{").unwrap();
+        let dropped = Rotation::load(&key_path);
+        assert_eq!(dropped.pending(), None);
+        assert!(!dir.path().join("wireguard.key.next").exists());
+    }
+}
+
+/// A request to rotate this node's key: from the control socket (answered on `reply`) or
+/// from the registry (`request`: the id an operator's `weft keys rotate --all` wrote).
+pub struct RotateRequest {
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<NextKey, String>>>,
+    pub request: Option<String>,
+}
+
+/// The key the control loop programs, with the rotation that may replace it and the
+/// attributes this node publishes (which carry the announcement).
+pub struct KeyState {
+    pub key: PrivateKey,
+    pub rotation: Rotation,
+    pub attrs: crate::registry::LocalAttrs,
+    pub updates: tokio::sync::mpsc::Sender<crate::registry::LocalAttrs>,
+    /// The WireGuard listen port; `None` on backends without keys.
+    pub listen_port: Option<u16>,
+    pub lead: Duration,
+}
+
+impl KeyState {
+    async fn publish(&self) {
+        if self.updates.send(self.attrs.clone()).await.is_err() {
+            warn!("the registry has stopped; the new attributes are not published");
+        }
+    }
+
+    /// Announces a rotation (or returns the one under way).
+    pub async fn start(&mut self) -> Result<NextKey, String> {
+        if self.listen_port.is_none() {
+            return Err("only the wireguard backend has a key to rotate".into());
+        }
+        let next = self
+            .rotation
+            .start(self.lead)
+            .map_err(|e| format!("{e:#}"))?;
+        if self.attrs.next_key.as_ref() != Some(&next) {
+            self.attrs.next_key = Some(next.clone());
+            self.publish().await;
+            tracing::info!(next = %next.public_key, generation = next.generation, switch_at_ms = next.switch_at_ms, "key rotation announced");
+        }
+        Ok(next)
+    }
+
+    /// When this node's announced switch is due.
+    pub fn due(&self) -> Option<SystemTime> {
+        self.rotation.pending().map(NextKey::switch_at)
+    }
+
+    /// The switch moment has come: with the announcement confirmed by the registry
+    /// (`published` is what our lease there carries), the next key becomes the key and is
+    /// published as backend-data; unconfirmed, the switch moves `lead` later and the
+    /// announcement is sent again. True when the key changed.
+    pub async fn switch(&mut self, published: Option<&NextKey>) -> bool {
+        let Some(next) = self.rotation.pending().cloned() else {
+            return false;
+        };
+        if published != Some(&next) {
+            match self.rotation.postpone(self.lead) {
+                Ok(later) => {
+                    warn!(
+                        switch_at_ms = later.switch_at_ms,
+                        "the registry has not confirmed the announced key yet; switching later"
+                    );
+                    self.attrs.next_key = Some(later);
+                    self.publish().await;
+                }
+                Err(e) => warn!(error = %e, "postponing the key switch"),
+            }
+            return false;
+        }
+        let Some(port) = self.listen_port else {
+            return false;
+        };
+        match self.rotation.promote() {
+            Ok(key) => {
+                self.key = key;
+                self.attrs.backend_data = Some(weft_backends::plan::wireguard_backend_data(
+                    &self.key.public_key(),
+                    port,
+                ));
+                self.attrs.next_key = None;
+                self.publish().await;
+                tracing::info!(public_key = %self.key.public_key(), generation = self.rotation.generation(), "switched to the new key");
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "switching to the next key");
+                false
+            }
+        }
+    }
+}
