@@ -149,48 +149,6 @@ impl Rotation {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_rotation_survives_a_restart_and_promotes_by_rename() {
-        let dir = tempfile::tempdir().unwrap();
-        let key_path = dir.path().join("wireguard.key");
-        let (first, _) = weft_crypto::load_or_create(&key_path).unwrap();
-        let mut r = Rotation::load(&key_path);
-        assert_eq!((r.generation(), r.pending()), (1, None));
-        let next = r.start(Duration::from_secs(3)).unwrap();
-        assert_eq!(next.generation, 2);
-        assert_ne!(next.public_key, first.public_key().to_string());
-        // Again: the same rotation, not a second one.
-        assert_eq!(r.start(Duration::from_secs(3)).unwrap(), next);
-
-        // A crash: the next agent finds the same rotation.
-        let mut again = Rotation::load(&key_path);
-        assert_eq!(again.pending(), Some(&next));
-        let key = again.promote().unwrap();
-        assert_eq!(key.public_key().to_string(), next.public_key);
-        let (on_disk, _) = weft_crypto::load_or_create(&key_path).unwrap();
-        assert_eq!(on_disk.public_key(), key.public_key());
-        let after = Rotation::load(&key_path);
-        assert_eq!((after.generation(), after.pending()), (2, None));
-    }
-
-    #[test]
-    fn unreadable_rotation_files_are_dropped_and_the_key_stays() {
-        let dir = tempfile::tempdir().unwrap();
-        let key_path = dir.path().join("wireguard.key");
-        weft_crypto::load_or_create(&key_path).unwrap();
-        let mut r = Rotation::load(&key_path);
-        r.start(Duration::from_secs(3)).unwrap();
-        std::fs::write(dir.path().join("rotation.json"), "{").unwrap();
-        let dropped = Rotation::load(&key_path);
-        assert_eq!(dropped.pending(), None);
-        assert!(!dir.path().join("wireguard.key.next").exists());
-    }
-}
-
 /// A request to rotate this node's key: from the control socket (answered on `reply`) or
 /// from the registry (`request`: the id an operator's `weft keys rotate --all` wrote).
 pub struct RotateRequest {
@@ -281,5 +239,47 @@ impl KeyState {
                 false
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rotation_survives_a_restart_and_promotes_by_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("wireguard.key");
+        let (first, _) = weft_crypto::load_or_create(&key_path).unwrap();
+        let mut r = Rotation::load(&key_path);
+        assert_eq!((r.generation(), r.pending()), (1, None));
+        let next = r.start(Duration::from_secs(3)).unwrap();
+        assert_eq!(next.generation, 2);
+        assert_ne!(next.public_key, first.public_key().to_string());
+        // Again: the same rotation, not a second one.
+        assert_eq!(r.start(Duration::from_secs(3)).unwrap(), next);
+
+        // A crash: the next agent finds the same rotation.
+        let mut again = Rotation::load(&key_path);
+        assert_eq!(again.pending(), Some(&next));
+        let key = again.promote().unwrap();
+        assert_eq!(key.public_key().to_string(), next.public_key);
+        let (on_disk, _) = weft_crypto::load_or_create(&key_path).unwrap();
+        assert_eq!(on_disk.public_key(), key.public_key());
+        let after = Rotation::load(&key_path);
+        assert_eq!((after.generation(), after.pending()), (2, None));
+    }
+
+    #[test]
+    fn unreadable_rotation_files_are_dropped_and_the_key_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("wireguard.key");
+        weft_crypto::load_or_create(&key_path).unwrap();
+        let mut r = Rotation::load(&key_path);
+        r.start(Duration::from_secs(3)).unwrap();
+        std::fs::write(dir.path().join("rotation.json"), "{").unwrap();
+        let dropped = Rotation::load(&key_path);
+        assert_eq!(dropped.pending(), None);
+        assert!(!dir.path().join("wireguard.key.next").exists());
     }
 }
