@@ -277,7 +277,7 @@ async fn serve<R: Registry>(
     );
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
-    let handle = registry::spawn(registry, lease);
+    let mut handle = registry::spawn(registry, lease);
     let underlay = dataplane
         .underlay_of(IpAddr::V4(public_ip))
         .await
@@ -304,7 +304,10 @@ async fn serve<R: Registry>(
         underlay_device: underlay.as_ref().map(|u| u.device.clone()),
         underlay_networks: underlay.map(|u| u.networks).unwrap_or_default(),
     };
+    let registry_rotations =
+        std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
     let inputs = LoopInputs {
+        registry_rotations,
         views: handle.views.clone(),
         local: handle.local.clone(),
         deletions,
@@ -326,6 +329,7 @@ async fn serve<R: Registry>(
         updates: handle.updates.clone(),
         listen_port,
         lead: DEFAULT_LEAD,
+        unpublished: false,
     };
     control_loop(args, &net, &options, &mut keys, &mut dataplane, inputs).await;
     handle.stop().await;

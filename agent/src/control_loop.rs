@@ -17,6 +17,7 @@ use crate::cli::AgentArgs;
 use crate::health::{Health, Readiness};
 use crate::metrics::Metrics;
 use crate::rotation::{KeyState, RotateRequest};
+use crate::switchover::Switchover;
 use crate::{status, subnet_file};
 
 /// Everything that can wake the control loop.
@@ -31,6 +32,8 @@ pub(crate) struct LoopInputs {
     pub(crate) snapshot: status::Shared,
     pub(crate) metrics: Metrics,
     pub(crate) rotate: tokio::sync::mpsc::Receiver<RotateRequest>,
+    /// Rotation requests an operator wrote in the registry (their ids).
+    pub(crate) registry_rotations: tokio::sync::mpsc::Receiver<String>,
 }
 
 /// Sleeps until `at`, or forever.
@@ -91,14 +94,17 @@ pub(crate) async fn control_loop(
         "first full listing"
     );
     let mut seen_view = Arc::new(ClusterView::default());
+    let mut switchover = Switchover::default();
     loop {
         inputs.health.beat();
         let me = inputs.local.borrow_and_update().clone();
-        let view = inputs.views.borrow_and_update().clone();
-        if !Arc::ptr_eq(&seen_view, &view) {
-            inputs.metrics.registry_changes(&seen_view.diff(&view));
-            seen_view = view.clone();
+        let raw_view = inputs.views.borrow_and_update().clone();
+        if !Arc::ptr_eq(&seen_view, &raw_view) {
+            inputs.metrics.registry_changes(&seen_view.diff(&raw_view));
+            seen_view = raw_view.clone();
         }
+        // Peers' announced keys take over when they are in use (see `switchover`).
+        let view = switchover.view(&raw_view, &me.node);
         let t_plan = std::time::Instant::now();
         match plan(&PlanInput {
             local: &me,
@@ -153,6 +159,7 @@ pub(crate) async fn control_loop(
                 match result {
                     Ok(r) => {
                         log_report(&r);
+                        keys.published_after_switch().await;
                         inputs
                             .metrics
                             .pass(started.elapsed().as_secs_f64(), !r.errors.is_empty());
@@ -232,6 +239,15 @@ pub(crate) async fn control_loop(
                         let _ = reply.send(started);
                     }
                 }
+                Some(id) = inputs.registry_rotations.recv() => {
+                    if keys.takes_request(&id) {
+                        info!(request = %id, "key rotation requested through the registry");
+                        if let Err(e) = keys.start().await {
+                            warn!(error = %e, "cannot rotate the key");
+                        }
+                        inputs.snapshot.update(|s| s.rotating = keys.rotation.pending().cloned());
+                    }
+                }
                 // This node's announced switch.
                 () = sleep_until(keys.due()) => {
                     let published = inputs.local.borrow().next_key.clone();
@@ -240,7 +256,21 @@ pub(crate) async fn control_loop(
                         break;
                     }
                 }
-                // A peer's announced switch: its new key takes over now.
+                // A peer's announced switch is near: is its next key in use yet?
+                () = sleep_until(switchover.poll_at(&raw_view, &me.node, SystemTime::now())) => {
+                    let device = last.as_ref().and_then(|s| s.tunnels.first()).map(|t| t.device.clone());
+                    if let Some(device) = device {
+                        match dataplane.handshakes(&device).await {
+                            Ok(h) if switchover.observe(&raw_view, &me.node, &h) => {
+                                full = false;
+                                break;
+                            }
+                            Ok(_) => {}
+                            Err(e) => warn!(error = %e, "reading handshakes for a key switch"),
+                        }
+                    }
+                }
+                // A peer's announced switch, at the latest: its new key takes over now.
                 () = sleep_until(last.as_ref().and_then(|s| s.next_switch)) => {
                     full = false;
                     break;

@@ -16,3 +16,4 @@ pub mod registry;
 pub mod rotation;
 pub mod status;
 pub mod subnet_file;
+pub mod switchover;

@@ -166,9 +166,24 @@ pub struct KeyState {
     /// The WireGuard listen port; `None` on backends without keys.
     pub listen_port: Option<u16>,
     pub lead: Duration,
+    /// The key changed but is not published yet: it is, once the device carries it.
+    pub unpublished: bool,
 }
 
 impl KeyState {
+    /// Whether registry request `id` is new (and records it as handled, in the state
+    /// directory, so a restarted agent does not rotate again for it).
+    pub fn takes_request(&mut self, id: &str) -> bool {
+        let path = self.rotation.key_path.with_file_name("rotate-request");
+        if std::fs::read_to_string(&path).is_ok_and(|last| last.trim() == id) {
+            return false;
+        }
+        if let Err(e) = std::fs::write(&path, format!("{id}\n")) {
+            warn!(error = %e, path = %path.display(), "recording the rotation request");
+        }
+        true
+    }
+
     async fn publish(&self) {
         if self.updates.send(self.attrs.clone()).await.is_err() {
             warn!("the registry has stopped; the new attributes are not published");
@@ -190,6 +205,13 @@ impl KeyState {
             tracing::info!(next = %next.public_key, generation = next.generation, switch_at_ms = next.switch_at_ms, "key rotation announced");
         }
         Ok(next)
+    }
+
+    /// After a pass that programmed the device: publishes a switched key.
+    pub async fn published_after_switch(&mut self) {
+        if std::mem::take(&mut self.unpublished) {
+            self.publish().await;
+        }
     }
 
     /// When this node's announced switch is due.
@@ -230,7 +252,10 @@ impl KeyState {
                     port,
                 ));
                 self.attrs.next_key = None;
-                self.publish().await;
+                // Published once the device carries the key (`published_after_switch`):
+                // a peer that saw it earlier would send a handshake the device still
+                // refuses, and WireGuard retries that only after 5 s.
+                self.unpublished = true;
                 tracing::info!(public_key = %self.key.public_key(), generation = self.rotation.generation(), "switched to the new key");
                 true
             }

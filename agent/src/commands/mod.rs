@@ -8,5 +8,6 @@ pub mod doctor;
 pub mod install_cni;
 pub mod keys;
 pub mod rotate;
+pub mod rotate_cluster;
 pub mod status;
 pub mod userspace_device;

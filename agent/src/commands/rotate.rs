@@ -89,7 +89,7 @@ fn rotate_local(args: &RotateArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
 
 pub fn run(args: &RotateArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     if args.all || !args.node.is_empty() {
-        bail!("--all / --node: not available yet");
+        return super::rotate_cluster::run(args, out);
     }
     rotate_local(args, out)
 }

@@ -78,6 +78,9 @@ pub struct FollowLinks {
     pub local: watch::Sender<Lease>,
     /// New attributes to publish (key rotation, address change).
     pub updates: mpsc::Receiver<LocalAttrs>,
+    /// Key-rotation requests an operator wrote for this node in the registry (their ids;
+    /// the agent ignores one it has handled).
+    pub rotate: mpsc::Sender<String>,
     /// True once this node's data plane is programmed (the kube registry then clears the
     /// node's `NetworkUnavailable` condition, if asked to).
     pub ready: watch::Receiver<bool>,
@@ -128,6 +131,8 @@ pub struct RegistryHandle {
     pub local: watch::Receiver<Lease>,
     pub updates: mpsc::Sender<LocalAttrs>,
     pub ready: watch::Sender<bool>,
+    /// Rotation requests from the registry (see `FollowLinks::rotate`).
+    pub rotate_requests: mpsc::Receiver<String>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -141,6 +146,10 @@ impl RegistryHandle {
     }
 }
 
+/// The registry's name for a request to rotate node `node`'s key: the Node annotation
+/// (kube), or `<prefix>/weft/rotate/<node>` (etcd).
+pub const ROTATE_REQUEST: &str = "weft.dev/rotate-request";
+
 /// Runs `registry.follow` on its own task, starting from the acquired `lease`.
 pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
     let (views_tx, views) = watch::channel(Arc::new(ClusterView::default()));
@@ -148,7 +157,9 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
     let (updates, updates_rx) = mpsc::channel(4);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (ready, ready_rx) = watch::channel(false);
+    let (rotate, rotate_requests) = mpsc::channel(4);
     let links = FollowLinks {
+        rotate,
         views: views_tx,
         local: local_tx,
         updates: updates_rx,
@@ -161,6 +172,7 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
         local,
         updates,
         ready,
+        rotate_requests,
         shutdown,
         task,
     }

@@ -114,6 +114,24 @@ impl Dataplane {
         Ok((dataplane, why))
     }
 
+    /// The last handshake of every peer on WireGuard device `device` (read now), for the
+    /// key-rotation switch: a peer's announced key that has handshaken is in use.
+    pub async fn handshakes(
+        &mut self,
+        device: &str,
+    ) -> Result<std::collections::HashMap<weft_crypto::PublicKey, std::time::Duration>, ApplyError>
+    {
+        let Some(wg) = self.wg.as_mut() else {
+            return Ok(Default::default());
+        };
+        let observed = wg.get(device).await?;
+        Ok(observed
+            .peers
+            .into_iter()
+            .filter_map(|(k, p)| Some((k, p.last_handshake.filter(|t| !t.is_zero())?)))
+            .collect())
+    }
+
     /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
     pub async fn underlay_of(
         &mut self,
@@ -228,7 +246,17 @@ impl Dataplane {
             let keep = |want: &PeerSpec, have: &super::wireguard::WgPeer| {
                 keep_roamed(planned.get(&want.public_key), want, have, now)
             };
-            let change = diff_device_keeping(t, &key.public_key(), &observed, &keep);
+            let mut change = diff_device_keeping(t, &key.public_key(), &observed, &keep);
+            if change.set_private_key && !observed.peers.is_empty() {
+                // A new key ends every session: the peers are re-added with it, so each
+                // starts a fresh handshake instead of carrying state made for the old key.
+                change.peers = observed
+                    .peers
+                    .keys()
+                    .map(|k| PeerChange::Remove { key: *k })
+                    .chain(t.peers.iter().cloned().map(PeerChange::Add))
+                    .collect();
+            }
             for p in &t.peers {
                 self.planned_endpoints.insert(p.public_key, p.endpoint);
             }
@@ -241,8 +269,14 @@ impl Dataplane {
                 .iter()
                 .map(|p| format!("{}: {p}", t.device))
                 .collect();
+            // Added peers, and peers whose AllowedIPs changed (a rotated peer's key taking
+            // over: a userspace device re-adds such a peer, losing its session), get a
+            // handshake started at once.
             let new_peers = change.peers.iter().filter_map(|c| match c {
                 PeerChange::Add(p) => Some(p.clone()),
+                PeerChange::Update { spec, fields } if fields.allowed_ips.is_some() => {
+                    Some(spec.clone())
+                }
                 _ => None,
             });
             let new_peers: Vec<PeerSpec> = new_peers.collect();

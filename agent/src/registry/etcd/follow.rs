@@ -46,6 +46,15 @@ pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
     }
 }
 
+/// Passes a rotation request on to the agent, once per id.
+fn forward_rotation(reg: &mut EtcdRegistry, links: &FollowLinks, value: &[u8]) {
+    let id = String::from_utf8_lossy(value).into_owned();
+    if reg.last_rotate.as_ref() != Some(&id) {
+        reg.last_rotate = Some(id.clone());
+        let _ = links.rotate.try_send(id);
+    }
+}
+
 async fn session(
     reg: &mut EtcdRegistry,
     links: &mut FollowLinks,
@@ -84,9 +93,40 @@ async fn session(
         .call("watching", &dir, client.watch(dir.clone(), Some(options)))
         .await?;
     let mut updates_open = true;
+    // An operator's `weft keys rotate --all` writes <prefix>/weft/rotate/<node>: read it
+    // once (a request written while this agent was down), then watch it.
+    let rotate_key = format!("{}/weft/rotate/{ours}", reg.cfg.prefix);
+    let resp = reg
+        .call("reading", &rotate_key, client.get(rotate_key.clone(), None))
+        .await?;
+    let mut rotate_stream = reg
+        .call(
+            "watching",
+            &rotate_key,
+            client.watch(
+                rotate_key.clone(),
+                Some(
+                    WatchOptions::new()
+                        .with_start_revision(resp.header().map_or(0, |h| h.revision()) + 1),
+                ),
+            ),
+        )
+        .await?;
+    if let Some(kv) = resp.kvs().first() {
+        forward_rotation(reg, links, kv.value());
+    }
     loop {
         tokio::select! {
             _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
+            message = rotate_stream.message() => {
+                let resp = message.map_err(reg.etcd_err("watching", &rotate_key))?;
+                let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the rotation watch")) };
+                for event in resp.events() {
+                    if let (EventType::Put, Some(kv)) = (event.event_type(), event.kv()) {
+                        forward_rotation(reg, links, kv.value());
+                    }
+                }
+            },
             update = links.updates.recv(), if updates_open => match update {
                 Some(attrs) => {
                     let lease = reg.republish(attrs).await?;

@@ -109,6 +109,8 @@ pub struct EtcdRegistry {
     /// Our lease and what it publishes, once acquired.
     held: Option<(Lease, AcquireRequest)>,
     net: Option<NetConf>,
+    /// The last rotation request passed on to the agent.
+    last_rotate: Option<String>,
 }
 
 impl EtcdRegistry {
@@ -136,6 +138,7 @@ impl EtcdRegistry {
             lease_id: None,
             held: None,
             net: None,
+            last_rotate: None,
         })
     }
 

@@ -140,6 +140,13 @@ fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, link
             links.local.send_replace(lease.clone());
         }
     }
+    // An operator's `weft keys rotate --all` asks through this annotation.
+    if let Some(id) = node.annotations().get(crate::registry::ROTATE_REQUEST) {
+        if reg.last_rotate.as_ref() != Some(id) {
+            reg.last_rotate = Some(id.clone());
+            let _ = links.rotate.try_send(id.clone());
+        }
+    }
     if pending.attrs.is_some() {
         return;
     }

@@ -146,6 +146,8 @@ pub struct KubeRegistry {
     net: Option<NetConf>,
     /// Our lease and what it publishes, once acquired.
     held: Option<(Lease, AcquireRequest)>,
+    /// The last rotation request passed on to the agent.
+    last_rotate: Option<String>,
 }
 
 impl KubeRegistry {
@@ -155,6 +157,7 @@ impl KubeRegistry {
             nodes: Api::all(client),
             net: None,
             held: None,
+            last_rotate: None,
         }
     }
 

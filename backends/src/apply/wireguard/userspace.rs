@@ -179,7 +179,11 @@ impl Userspace {
         // boringtun takes ownership of its end of the pair.
         let config = DeviceConfig {
             n_threads: 2,
-            use_connected_socket: true,
+            // Off: boringtun would connect a socket per peer, and a rotating node's two
+            // entries (its current and its staged next key) share one endpoint, so the
+            // kernel would hand the next key's handshake to the current key's socket,
+            // which drops it. One listening socket dispatches by key and index instead.
+            use_connected_socket: false,
             use_multi_queue: false,
             uapi_fd: theirs.into_raw_fd(),
         };
