@@ -20,7 +20,7 @@ use crate::registry::kube::SlimNode;
 use crate::registry::ROTATE_REQUEST;
 
 enum Target {
-    Kube(Api<SlimNode>),
+    Kube(Box<Api<SlimNode>>),
     Etcd {
         client: Box<etcd_client::Client>,
         prefix: String,
@@ -54,7 +54,7 @@ impl Target {
     async fn connect(args: &RotateArgs) -> anyhow::Result<Target> {
         if args.kube_subnet_mgr {
             let client = crate::registry::kube::client(&args.kubeconfig_file, "").await?;
-            return Ok(Target::Kube(Api::all(client)));
+            return Ok(Target::Kube(Box::new(Api::all(client))));
         }
         let client = etcd_client::Client::connect(&args.etcd_endpoints, None)
             .await
