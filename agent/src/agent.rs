@@ -306,7 +306,13 @@ async fn serve<R: Registry>(
     };
     let registry_rotations =
         std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
+    let psk = crate::psk::PskSources {
+        dir: args.psk_dir.clone(),
+        registry: handle.psk.clone(),
+        state: None,
+    };
     let inputs = LoopInputs {
+        psk,
         registry_rotations,
         views: handle.views.clone(),
         local: handle.local.clone(),

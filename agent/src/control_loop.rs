@@ -16,6 +16,7 @@ use weft_backends::plan::{plan, PlanInput, PlanOptions};
 use crate::cli::AgentArgs;
 use crate::health::{Health, Readiness};
 use crate::metrics::Metrics;
+use crate::psk::{effective_net, PskSources};
 use crate::rotation::{KeyState, RotateRequest};
 use crate::switchover::Switchover;
 use crate::{status, subnet_file};
@@ -34,6 +35,7 @@ pub(crate) struct LoopInputs {
     pub(crate) rotate: tokio::sync::mpsc::Receiver<RotateRequest>,
     /// Rotation requests an operator wrote in the registry (their ids).
     pub(crate) registry_rotations: tokio::sync::mpsc::Receiver<String>,
+    pub(crate) psk: PskSources,
 }
 
 /// Sleeps until `at`, or forever.
@@ -69,6 +71,8 @@ pub(crate) async fn control_loop(
 ) {
     let mut resync = tokio::time::interval(args.resync_period);
     let mut nft_check = tokio::time::interval(NFT_CHECK);
+    let mut psk_check = tokio::time::interval(std::time::Duration::from_secs(1));
+    inputs.psk.refresh();
     let mut last: Option<DesiredState> = None;
     let mut pass: u64 = 0;
     // A pass woken by the registry or a deletion trusts what the last passes read of the
@@ -106,12 +110,14 @@ pub(crate) async fn control_loop(
         // Peers' announced keys take over when they are in use (see `switchover`).
         let view = switchover.view(&raw_view, &me.node);
         let t_plan = std::time::Instant::now();
+        let now = SystemTime::now();
+        let config = effective_net(net, inputs.psk.state.as_ref(), now);
         match plan(&PlanInput {
             local: &me,
             view: &view,
-            config: net,
+            config: &config,
             options,
-            now: SystemTime::now(),
+            now,
         }) {
             Ok(state) => {
                 let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
@@ -255,6 +261,25 @@ pub(crate) async fn control_loop(
                         full = true;
                         break;
                     }
+                }
+                // The PSK sources: the registry's key, or the mounted Secret (read every
+                // second; a Secret's files change without an event we could wait on).
+                changed = inputs.psk.registry.changed(), if inputs.psk.dir.is_none() => {
+                    if changed.is_ok() && inputs.psk.refresh() {
+                        full = false;
+                        break;
+                    }
+                }
+                _ = psk_check.tick(), if inputs.psk.dir.is_some() => {
+                    if inputs.psk.refresh() {
+                        full = false;
+                        break;
+                    }
+                }
+                // The announced PSK takes over.
+                () = sleep_until(inputs.psk.state.as_ref().and_then(|p| p.next_switch(SystemTime::now()))) => {
+                    full = false;
+                    break;
                 }
                 // A peer's announced switch is near: is its next key in use yet?
                 () = sleep_until(switchover.poll_at(&raw_view, &me.node, SystemTime::now())) => {

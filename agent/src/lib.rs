@@ -12,6 +12,7 @@ mod control_loop;
 pub mod health;
 pub mod iface;
 pub mod metrics;
+pub mod psk;
 pub mod registry;
 pub mod rotation;
 pub mod status;

@@ -206,3 +206,95 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     assert_one_peer_per_node(&lab);
     lab.assert_all_pairs();
 }
+
+fn psk_everywhere(lab: &Lab, psk: &str) -> bool {
+    (0..lab.nodes.len()).all(|i| {
+        let keys = lab.on_node(i, "wg show flannel-wg preshared-keys").unwrap();
+        keys.lines().count() == lab.nodes.len() - 1 && keys.lines().all(|l| l.ends_with(psk))
+    })
+}
+
+fn wait_psk(lab: &Lab, psk: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !psk_everywhere(lab, psk) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "PSK {psk} not on every device\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+fn genpsk() -> String {
+    weft_crypto::PresharedKey::generate()
+        .unwrap()
+        .to_base64_secret()
+}
+
+/// With traffic from node 1 to node 2, `announce(next, switch_at_ms)` announces the next
+/// PSK; returns the disruption once every device has it.
+fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
+    let next = genpsk();
+    let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
+    let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
+    announce(&next, now_ms() + 3000);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !psk_everywhere(lab, &next),
+        "the PSK changed before its moment"
+    );
+    wait_psk(lab, &next);
+    std::thread::sleep(Duration::from_secs(1));
+    probe.finish().unwrap()
+}
+
+#[test]
+fn the_psk_rotates_without_restarts_etcd() {
+    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    let key = "/coreos.com/network/weft/psk";
+    let first = genpsk();
+    lab.etcd()
+        .etcdctl(&["put", key, &format!(r#"{{"PSK": "{first}"}}"#)])
+        .unwrap();
+    wait_psk(&lab, &first);
+    lab.assert_all_pairs();
+    let d = rotate_psk(&lab, |next, at| {
+        let value = format!(r#"{{"PSK": "{first}", "NextPSK": "{next}", "SwitchAt": {at}}}"#);
+        lab.etcd().etcdctl(&["put", key, &value]).unwrap();
+    });
+    assert_bounded(&lab, "PSK rotation (etcd)", &d);
+    lab.assert_all_pairs();
+}
+
+#[test]
+fn the_psk_rotates_without_restarts_from_a_mounted_secret() {
+    // The lab's nodes share one directory, as every pod mounts the same Secret.
+    let secret = tempfile::tempdir().unwrap();
+    let write = |name: &str, value: &str| {
+        let tmp = secret.path().join(format!(".{name}"));
+        std::fs::write(&tmp, value).unwrap();
+        std::fs::rename(&tmp, secret.path().join(name)).unwrap();
+    };
+    let first = genpsk();
+    write("psk", &first);
+    let mut cfg = LabConfig::kube(3, WEFT);
+    cfg.extra_args
+        .push(format!("--psk-dir={}", secret.path().display()));
+    let lab = Lab::start(cfg).unwrap();
+    wait_psk(&lab, &first);
+    lab.assert_all_pairs();
+    let d = rotate_psk(&lab, |next, at| {
+        write("next-psk", next);
+        write("switch-at", &at.to_string());
+    });
+    assert_bounded(&lab, "PSK rotation (Secret)", &d);
+    lab.assert_all_pairs();
+}

@@ -126,6 +126,12 @@ pub struct AgentArgs {
     #[arg(long, value_parser = ["auto", "kernel", "userspace"])]
     pub wireguard_implementation: Option<String>,
 
+    /// A directory holding the PSK (a mounted Secret: `psk`, and for a rotation `next-psk`
+    /// and `switch-at`); overrides the config's Backend.PSK. In etcd mode the key
+    /// `<prefix>/weft/psk` does the same.
+    #[arg(long)]
+    pub psk_dir: Option<PathBuf>,
+
     /// This node's name (Kubernetes mode). Defaults to $NODE_NAME.
     #[arg(long, default_value = "")]
     pub node_name: String,

@@ -78,6 +78,8 @@ pub struct FollowLinks {
     pub local: watch::Sender<Lease>,
     /// New attributes to publish (key rotation, address change).
     pub updates: mpsc::Receiver<LocalAttrs>,
+    /// The PSK state the registry holds (etcd: `<prefix>/weft/psk`), raw; `None` if none.
+    pub psk: watch::Sender<Option<String>>,
     /// Key-rotation requests an operator wrote for this node in the registry (their ids;
     /// the agent ignores one it has handled).
     pub rotate: mpsc::Sender<String>,
@@ -133,6 +135,8 @@ pub struct RegistryHandle {
     pub ready: watch::Sender<bool>,
     /// Rotation requests from the registry (see `FollowLinks::rotate`).
     pub rotate_requests: mpsc::Receiver<String>,
+    /// The PSK state from the registry (see `FollowLinks::psk`).
+    pub psk: watch::Receiver<Option<String>>,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -158,8 +162,10 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (ready, ready_rx) = watch::channel(false);
     let (rotate, rotate_requests) = mpsc::channel(4);
+    let (psk_tx, psk) = watch::channel(None);
     let links = FollowLinks {
         rotate,
+        psk: psk_tx,
         views: views_tx,
         local: local_tx,
         updates: updates_rx,
@@ -173,6 +179,7 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
         updates,
         ready,
         rotate_requests,
+        psk,
         shutdown,
         task,
     }

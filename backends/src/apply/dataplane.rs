@@ -274,7 +274,9 @@ impl Dataplane {
             // handshake started at once.
             let new_peers = change.peers.iter().filter_map(|c| match c {
                 PeerChange::Add(p) => Some(p.clone()),
-                PeerChange::Update { spec, fields } if fields.allowed_ips.is_some() => {
+                PeerChange::Update { spec, fields }
+                    if fields.allowed_ips.is_some() || fields.psk.is_some() =>
+                {
                     Some(spec.clone())
                 }
                 _ => None,

@@ -115,9 +115,45 @@ async fn session(
     if let Some(kv) = resp.kvs().first() {
         forward_rotation(reg, links, kv.value());
     }
+    // The cluster's PSK, with an announced next one (agent::psk).
+    let psk_key = format!("{}/weft/psk", reg.cfg.prefix);
+    let resp = reg
+        .call("reading", &psk_key, client.get(psk_key.clone(), None))
+        .await?;
+    let mut psk_stream = reg
+        .call(
+            "watching",
+            &psk_key,
+            client.watch(
+                psk_key.clone(),
+                Some(
+                    WatchOptions::new()
+                        .with_start_revision(resp.header().map_or(0, |h| h.revision()) + 1),
+                ),
+            ),
+        )
+        .await?;
+    let value = resp
+        .kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+    links
+        .psk
+        .send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
     loop {
         tokio::select! {
             _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
+            message = psk_stream.message() => {
+                let resp = message.map_err(reg.etcd_err("watching", &psk_key))?;
+                let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the PSK watch")) };
+                for event in resp.events() {
+                    let value = match (event.event_type(), event.kv()) {
+                        (EventType::Put, Some(kv)) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+                        _ => None,
+                    };
+                    links.psk.send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
+                }
+            },
             message = rotate_stream.message() => {
                 let resp = message.map_err(reg.etcd_err("watching", &rotate_key))?;
                 let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the rotation watch")) };

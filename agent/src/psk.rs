@@ -1,0 +1,220 @@
+//! The pre-shared key and its rotation without restarting agents (docs/key-rotation.md).
+//!
+//! The PSK is the config's `Backend.PSK` unless a source gives one:
+//! - Kubernetes: a Secret mounted as a directory (`--psk-dir`) with the files `psk`, and
+//!   while a rotation is announced `next-psk` and `switch-at` (milliseconds since the
+//!   Unix epoch); the kubelet updates the files within a minute of a Secret change;
+//! - etcd: the key `<prefix>/weft/psk`, JSON `{"PSK": "…", "NextPSK": "…", "SwitchAt": ms}`.
+//!
+//! Every node uses `next-psk` from `switch-at` on: the same moment everywhere, announced
+//! ahead of time, as for a node's key. A PSK only enters new handshakes, so sessions in
+//! flight are untouched; each node starts new handshakes when its PSK changes.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+use weft_crypto::PresharedKey;
+
+/// The PSK state a source gives.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PskState {
+    pub current: Option<PresharedKey>,
+    pub next: Option<(PresharedKey, SystemTime)>,
+}
+
+impl PskState {
+    /// The PSK in force at `now`.
+    pub fn effective(&self, now: SystemTime) -> Option<PresharedKey> {
+        match &self.next {
+            Some((next, at)) if now >= *at => Some(next.clone()),
+            _ => self.current.clone(),
+        }
+    }
+
+    /// When the PSK changes next, if a change is announced and still ahead.
+    pub fn next_switch(&self, now: SystemTime) -> Option<SystemTime> {
+        self.next.as_ref().map(|(_, at)| *at).filter(|at| *at > now)
+    }
+}
+
+/// `net` with the PSK `state` puts in force at `now` (the config's when there is no state).
+pub fn effective_net<'a>(
+    net: &'a weft_backends::netconf::NetConf,
+    state: Option<&PskState>,
+    now: SystemTime,
+) -> std::borrow::Cow<'a, weft_backends::netconf::NetConf> {
+    use weft_backends::netconf::Backend;
+    match (state, &net.backend) {
+        (Some(state), Backend::Wireguard(wg)) if wg.psk != state.effective(now) => {
+            let mut net = net.clone();
+            if let Backend::Wireguard(wg) = &mut net.backend {
+                wg.psk = state.effective(now);
+            }
+            std::borrow::Cow::Owned(net)
+        }
+        _ => std::borrow::Cow::Borrowed(net),
+    }
+}
+
+/// The PSK sources, as the control loop follows them.
+pub struct PskSources {
+    pub dir: Option<std::path::PathBuf>,
+    pub registry: tokio::sync::watch::Receiver<Option<String>>,
+    /// The state in force, from the directory if one is given, else from the registry.
+    pub state: Option<PskState>,
+}
+
+impl PskSources {
+    /// Reads the sources again; true if the state changed. A bad source is logged and the
+    /// last good state stays.
+    pub fn refresh(&mut self) -> bool {
+        let fresh = match &self.dir {
+            Some(dir) => read_dir(dir),
+            None => match self.registry.borrow_and_update().as_deref() {
+                Some(v) => parse_etcd(v).map(Some),
+                None => Ok(None),
+            },
+        };
+        match fresh {
+            Ok(state) if state != self.state => {
+                tracing::info!(
+                    rotation = ?state.as_ref().and_then(|s| s.next.as_ref()).map(|(_, at)| at),
+                    "PSK source changed"
+                );
+                self.state = state;
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring the PSK source; the PSK in force stays");
+                false
+            }
+        }
+    }
+}
+
+fn at_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+fn psk(text: &str, what: &str) -> Result<PresharedKey, String> {
+    text.trim().parse().map_err(|e| {
+        format!("{what} is not a pre-shared key (base64 of 32 bytes, as `wg genpsk` prints): {e}")
+    })
+}
+
+/// Reads a Secret mounted as a directory. `Ok(None)` if the directory has no `psk`.
+pub fn read_dir(dir: &Path) -> Result<Option<PskState>, String> {
+    let read = |name: &str| -> Result<Option<String>, String> {
+        match std::fs::read_to_string(dir.join(name)) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("reading {}: {e}", dir.join(name).display())),
+        }
+    };
+    let Some(current) = read("psk")? else {
+        return Ok(None);
+    };
+    let current = psk(&current, &format!("{}/psk", dir.display()))?;
+    let next = match (read("next-psk")?, read("switch-at")?) {
+        (Some(n), Some(at)) => {
+            let key = psk(&n, &format!("{}/next-psk", dir.display()))?;
+            let ms: u64 = at.trim().parse().map_err(|_| {
+                format!(
+                    "{}/switch-at {:?} is not milliseconds since the Unix epoch",
+                    dir.display(),
+                    at.trim()
+                )
+            })?;
+            Some((key, at_ms(ms)))
+        }
+        (None, None) => None,
+        _ => {
+            return Err(format!(
+                "{}: next-psk and switch-at go together",
+                dir.display()
+            ))
+        }
+    };
+    Ok(Some(PskState {
+        current: Some(current),
+        next,
+    }))
+}
+
+#[derive(Deserialize)]
+struct EtcdPsk {
+    #[serde(rename = "PSK")]
+    psk: String,
+    #[serde(rename = "NextPSK", default)]
+    next_psk: Option<String>,
+    #[serde(rename = "SwitchAt", default)]
+    switch_at: Option<u64>,
+}
+
+/// Parses the etcd key's value.
+pub fn parse_etcd(value: &str) -> Result<PskState, String> {
+    let v: EtcdPsk = serde_json::from_str(value).map_err(|e| {
+        format!("the PSK in etcd is not {{\"PSK\": …, \"NextPSK\": …, \"SwitchAt\": ms}}: {e}")
+    })?;
+    let current = psk(&v.psk, "PSK")?;
+    let next = match (v.next_psk, v.switch_at) {
+        (Some(n), Some(at)) => Some((psk(&n, "NextPSK")?, at_ms(at))),
+        (None, _) => None,
+        (Some(_), None) => return Err("NextPSK needs SwitchAt".into()),
+    };
+    Ok(PskState {
+        current: Some(current),
+        next,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_psk_takes_over_at_its_moment() {
+        let (a, b) = (
+            PresharedKey::from_bytes([1; 32]),
+            PresharedKey::from_bytes([2; 32]),
+        );
+        let t = at_ms(1_000_000);
+        let s = PskState {
+            current: Some(a.clone()),
+            next: Some((b.clone(), t)),
+        };
+        assert_eq!(s.effective(t - Duration::from_millis(1)), Some(a));
+        assert_eq!(s.effective(t), Some(b));
+        assert_eq!(s.next_switch(t - Duration::from_secs(1)), Some(t));
+        assert_eq!(s.next_switch(t), None);
+    }
+
+    #[test]
+    fn sources_parse_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_dir(dir.path()), Ok(None));
+        let key = PresharedKey::from_bytes([3; 32]).to_base64_secret();
+        std::fs::write(dir.path().join("psk"), format!("{key}\n")).unwrap();
+        assert!(read_dir(dir.path()).unwrap().unwrap().next.is_none());
+        std::fs::write(dir.path().join("next-psk"), &key).unwrap();
+        let e = read_dir(dir.path()).unwrap_err();
+        assert!(e.contains("go together"), "{e}");
+        std::fs::write(dir.path().join("switch-at"), "soon").unwrap();
+        let e = read_dir(dir.path()).unwrap_err();
+        assert!(e.contains("switch-at \"soon\""), "{e}");
+        std::fs::write(dir.path().join("switch-at"), "1795000000000").unwrap();
+        assert_eq!(
+            read_dir(dir.path()).unwrap().unwrap().next.unwrap().1,
+            at_ms(1_795_000_000_000)
+        );
+        let e = parse_etcd(r#"{"PSK": "short"}"#).unwrap_err();
+        assert!(e.contains("PSK is not a pre-shared key"), "{e}");
+        let ok = parse_etcd(&format!(
+            r#"{{"PSK": "{key}", "NextPSK": "{key}", "SwitchAt": 5}}"#
+        ))
+        .unwrap();
+        assert_eq!(ok.next.unwrap().1, at_ms(5));
+    }
+}
