@@ -298,3 +298,25 @@ fn the_psk_rotates_without_restarts_from_a_mounted_secret() {
     assert_bounded(&lab, "PSK rotation (Secret)", &d);
     lab.assert_all_pairs();
 }
+
+#[test]
+fn a_reboot_keeps_the_key_and_only_a_rotation_changes_it() {
+    let mut lab = Lab::start(LabConfig::wireguard(2, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    let before = wg_key(&lab, 0);
+    // A reboot: the agent and its device gone, a fresh /run; /var/lib/weft stays.
+    lab.stop_agent(0, "TERM").unwrap();
+    lab.on_node(0, "ip link del flannel-wg").unwrap();
+    let run = lab.nodes[0].dir.join("run");
+    std::fs::remove_dir_all(&run).unwrap();
+    std::fs::create_dir_all(&run).unwrap();
+    lab.start_agent(0).unwrap();
+    let (a, b) = (&lab.nodes[1].pods[0], &lab.nodes[0].pods[0]);
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(15)),
+        "{}",
+        lab.logs()
+    );
+    assert_eq!(wg_key(&lab, 0), before, "a reboot changed the key");
+    assert_one_peer_per_node(&lab);
+}

@@ -1,9 +1,10 @@
-//! The benchmarks (`weft-lab bench control-plane|data-plane`): figures as medians and
+//! The benchmarks (`weft-lab bench control-plane|data-plane|rotation`): figures as medians and
 //! percentiles, from runs on this machine; the method and the tables are in BENCHMARKS.md.
 
 pub mod churn;
 pub mod control_plane;
 pub mod data_plane;
+pub mod rotation;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -3,7 +3,8 @@
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
-//!   and `weft-lab bench data-plane [--runs 3] [--bytes N]`: the benchmarks of BENCHMARKS.md.
+//!   `weft-lab bench data-plane [--runs 3] [--bytes N]` and `weft-lab bench rotation
+//!   [--runs 5]`: the benchmarks of BENCHMARKS.md.
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
 //!   WireGuard, this machine's root read-only); prints its output, exits with its status.
 
@@ -112,6 +113,11 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{table}");
             Ok(())
         }
-        _ => anyhow::bail!("usage: weft-lab bench control-plane|data-plane [options]"),
+        Some("rotation") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
+            print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
+            Ok(())
+        }
+        _ => anyhow::bail!("usage: weft-lab bench control-plane|data-plane|rotation [options]"),
     }
 }
