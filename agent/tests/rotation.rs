@@ -245,7 +245,8 @@ fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
     let next = genpsk();
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
-    announce(&next, now_ms() + 3000);
+    // The moment is 5 s ahead; 2 s on, no device may have the new PSK yet.
+    announce(&next, now_ms() + 5000);
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         !psk_everywhere(lab, &next),

@@ -45,6 +45,8 @@ pub struct Dataplane {
     /// The endpoint last planned for each peer: a roamed endpoint is kept only while the
     /// plan's stays the same (see `keep_roamed`).
     planned_endpoints: std::collections::HashMap<weft_crypto::PublicKey, std::net::SocketAddr>,
+    /// When this agent last set (or first saw) each peer's endpoint.
+    endpoint_set: std::collections::HashMap<weft_crypto::PublicKey, std::time::Instant>,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -110,6 +112,7 @@ impl Dataplane {
             wg_seen: Default::default(),
             nft_seen: None,
             planned_endpoints: Default::default(),
+            endpoint_set: Default::default(),
         };
         Ok((dataplane, why))
     }
@@ -242,11 +245,29 @@ impl Dataplane {
                 _ => wg.get(&t.device).await?,
             };
             let now = std::time::SystemTime::now();
-            let planned = &self.planned_endpoints;
+            let instant = std::time::Instant::now();
+            for p in &t.peers {
+                self.endpoint_set.entry(p.public_key).or_insert(instant);
+            }
+            let (planned, set) = (&self.planned_endpoints, &self.endpoint_set);
             let keep = |want: &PeerSpec, have: &super::wireguard::WgPeer| {
-                keep_roamed(planned.get(&want.public_key), want, have, now)
+                let since_set = set
+                    .get(&want.public_key)
+                    .map_or(std::time::Duration::ZERO, |t| instant.duration_since(*t));
+                keep_roamed(planned.get(&want.public_key), want, have, now, since_set)
             };
             let mut change = diff_device_keeping(t, &key.public_key(), &observed, &keep);
+            for c in &change.peers {
+                match c {
+                    PeerChange::Add(p) => {
+                        self.endpoint_set.insert(p.public_key, instant);
+                    }
+                    PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
+                        self.endpoint_set.insert(spec.public_key, instant);
+                    }
+                    _ => {}
+                }
+            }
             if change.set_private_key && !observed.peers.is_empty() {
                 // A new key ends every session: the peers are re-added with it, so each
                 // starts a fresh handshake instead of carrying state made for the old key.
@@ -366,16 +387,19 @@ impl Dataplane {
 /// REJECT_AFTER_TIME: past it, the session is dropped).
 pub const SESSION_FRESH: std::time::Duration = std::time::Duration::from_secs(180);
 
-/// Whether to leave a peer's endpoint as the device has it: WireGuard learned it from the
-/// peer's own authenticated packets (roaming, a NAT rebinding the peer's port), the session
-/// is fresh, and the plan still names the endpoint it named before (an operator or the
-/// peer moving it is followed at once). After a restart there is no "before": a fresh
-/// session keeps its endpoint.
+/// Whether to leave a peer's endpoint as the device has it. WireGuard learned it from the
+/// peer's own authenticated packets (roaming, a NAT rebinding the peer's port), and it is
+/// kept while the plan still names the endpoint it named before (an operator or the peer
+/// moving it is followed at once) and either the session is fresh or this agent set the
+/// endpoint less than a session's lifetime ago: a peer behind a NAT is learned from its
+/// handshake initiation, before that handshake completes, and must not be put back then.
+/// After a restart there is no "before": a fresh session keeps its endpoint.
 pub fn keep_roamed(
     planned_before: Option<&std::net::SocketAddr>,
     want: &PeerSpec,
     have: &super::wireguard::WgPeer,
     now: std::time::SystemTime,
+    since_set: std::time::Duration,
 ) -> bool {
     let plan_unchanged = planned_before.is_none_or(|before| *before == want.endpoint);
     let fresh = have.last_handshake.is_some_and(|t| {
@@ -384,7 +408,7 @@ pub fn keep_roamed(
                 .duration_since(std::time::UNIX_EPOCH)
                 .is_ok_and(|n| n.saturating_sub(t) <= SESSION_FRESH)
     });
-    have.endpoint.is_some() && fresh && plan_unchanged
+    have.endpoint.is_some() && (fresh || since_set < SESSION_FRESH) && plan_unchanged
 }
 
 #[cfg(test)]
@@ -411,21 +435,34 @@ mod tests {
             ..WgPeer::default()
         };
         let same = Some(&want.endpoint);
-        assert!(keep_roamed(same, &want, &roamed, now));
-        assert!(keep_roamed(None, &want, &roamed, now), "after a restart");
+        let long = Duration::from_secs(3600);
+        assert!(keep_roamed(same, &want, &roamed, now, long));
+        assert!(
+            keep_roamed(None, &want, &roamed, now, long),
+            "after a restart"
+        );
         let stale = WgPeer {
             last_handshake: Some(Duration::from_secs(100_000 - 200)),
             ..roamed.clone()
         };
-        assert!(!keep_roamed(same, &want, &stale, now));
+        assert!(!keep_roamed(same, &want, &stale, now, long));
         let never = WgPeer {
             last_handshake: None,
             ..roamed.clone()
         };
-        assert!(!keep_roamed(same, &want, &never, now));
+        assert!(!keep_roamed(same, &want, &never, now, long));
+        // Learned from a handshake initiation that has not completed yet, just after the
+        // peer was added: kept.
+        assert!(keep_roamed(
+            same,
+            &want,
+            &never,
+            now,
+            Duration::from_millis(70)
+        ));
         let moved: std::net::SocketAddr = "203.0.113.9:51820".parse().unwrap();
         assert!(
-            !keep_roamed(Some(&moved), &want, &roamed, now),
+            !keep_roamed(Some(&moved), &want, &roamed, now, long),
             "the plan moved it"
         );
     }
