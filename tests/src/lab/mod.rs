@@ -18,6 +18,7 @@ pub mod cni;
 mod config;
 mod fabric;
 pub mod nat;
+mod pods;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -367,81 +368,6 @@ impl Lab {
             child.wait()?;
         }
         Ok(())
-    }
-
-    /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
-    fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
-        let env_path = self.nodes[i].subnet_env();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let gateway: ipnet::Ipv4Net = loop {
-            let text = fs::read_to_string(&env_path).unwrap_or_default();
-            if let Some(v) = text.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET=")) {
-                break v.parse().context("FLANNEL_SUBNET")?;
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "node {} wrote no subnet.env in 30 s; agent log:\n{}",
-                    i + 1,
-                    fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        self.nodes[i].subnet = Some(gateway.trunc());
-        for _ in 0..self.cfg.pods_per_node {
-            self.add_pod(i, cni::conflist())?;
-        }
-        Ok(())
-    }
-
-    /// A new pod on node `i`, attached through CNI with `conflist`; returns its index in
-    /// the node's pods.
-    pub fn add_pod(&mut self, i: usize, conflist: serde_json::Value) -> anyhow::Result<usize> {
-        let p = self.nodes[i].pods.len() + 1;
-        let pod_ns = format!("{}-n{}p{p}", self.tag, i + 1);
-        self.namespaces.add(&pod_ns)?;
-        let attachment = cni::Attachment {
-            container_id: format!("{pod_ns}-c"),
-            netns: format!("/var/run/netns/{pod_ns}"),
-            ifname: "eth0".into(),
-        };
-        let result = cni::Runtime {
-            conflist,
-            ..self.cni_runtime(i)
-        }
-        .add(&attachment)
-        .with_context(|| format!("adding pod {pod_ns} on node {}", i + 1))?;
-        let ip = cni::result_ipv4(&result)?.addr();
-        self.nodes[i].pods.push(Pod {
-            ns: pod_ns,
-            ip,
-            attachment,
-            result,
-        });
-        Ok(p - 1)
-    }
-
-    /// The CNI runtime of node `i`, running the conflist weft ships.
-    pub fn cni_runtime(&self, i: usize) -> cni::Runtime<'_> {
-        cni::Runtime {
-            conflist: cni::conflist(),
-            cni_path: format!("{}:{}", self.cni_bin.display(), cni::DEBIAN_PLUGINS),
-            wrap: Box::new(move |script: &str| self.cni_shell(i, script)),
-        }
-    }
-
-    /// As `node_shell`, with the node's `/var/lib/cni` too and the host's `/run/netns`
-    /// (where the pods' namespaces are) kept visible under the node's `/run`.
-    fn cni_shell(&self, i: usize, script: &str) -> Command {
-        let node = &self.nodes[i];
-        let run = node.dir.join("run");
-        let wrapped = format!(
-            "mkdir -p {run}/netns /var/lib/cni && mount --rbind /run/netns {run}/netns && mount --rbind {run} /run && mount --bind {lib} /var/lib/weft && mount --bind {cni} /var/lib/cni && {script}",
-            run = run.display(),
-            lib = node.dir.join("lib").display(),
-            cni = node.dir.join("cni").display(),
-        );
-        in_ns_private_mounts(&node.ns, &wrapped)
     }
 
     /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
