@@ -266,7 +266,7 @@ async fn an_expired_watch_lists_again_and_loses_nothing() {
         .await;
     let lists_before = c.api.requests()[&("list".to_string(), "nodes".to_string())];
 
-    // While a's watch is down, x is deleted, c joins and b moves: none of it is streamed.
+    // While a's watch is down, x is deleted, c joins and b is moved: none of it is streamed.
     let (managed, data) = (
         format!("{PREFIX}/kube-subnet-manager"),
         json!({"PublicKey": key_of(4), "Port": 51820}).to_string(),
@@ -285,8 +285,11 @@ async fn an_expired_watch_lists_again_and_loses_nothing() {
             "metadata": {"name": "node-c", "annotations": ann},
             "spec": {"podCIDRs": ["10.244.4.0/24"]}
         }));
+        // An operator moves node-b (its own agent would put back a change to the
+        // annotations it publishes, so this is the operator's overwrite).
         if let Some(mut b) = store.nodes.get("node-b").cloned() {
-            b["metadata"]["annotations"][format!("{PREFIX}/public-ip")] = json!("198.51.100.22");
+            b["metadata"]["annotations"][format!("{PREFIX}/public-ip-overwrite")] =
+                json!("198.51.100.22");
             store.put_node(b);
         }
     });
