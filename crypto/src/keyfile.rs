@@ -115,20 +115,7 @@ pub fn read_key(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
 /// A new key written to `path` (0600, in a 0700 directory), replacing whatever was there
 /// in one rename: a reader sees the old file or the new one. For a rotation's next key.
 pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    ensure_private_dir(&dir)?;
-    let key = PrivateKey::generate().map_err(|source| KeyFileError::Generate {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("key"),
-        std::process::id()
-    ));
+    let (key, tmp) = new_key_beside(path)?;
     let written = write_secret(&tmp, &key).and_then(|()| {
         fs::rename(&tmp, path).map_err(io_err("moving new key into place at", path))
     });
@@ -138,7 +125,9 @@ pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
     written.map(|()| key)
 }
 
-fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
+/// A new key, and the temporary file name beside `path` (in its 0700 directory) to write
+/// it to before it is moved into place.
+fn new_key_beside(path: &Path) -> Result<(PrivateKey, PathBuf), KeyFileError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -153,6 +142,11 @@ fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
         path.file_name().and_then(|n| n.to_str()).unwrap_or("key"),
         std::process::id()
     ));
+    Ok((key, tmp))
+}
+
+fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
+    let (key, tmp) = new_key_beside(path)?;
     let _ = fs::remove_file(&tmp);
     let written = write_secret(&tmp, &key);
     let linked = written.and_then(|()| match fs::hard_link(&tmp, path) {
@@ -169,9 +163,10 @@ fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
                 path: path.to_path_buf(),
             });
     }
-    File::open(&dir)
+    let dir = tmp.parent().unwrap_or(Path::new("."));
+    File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err("syncing key directory", &dir))?;
+        .map_err(io_err("syncing key directory", dir))?;
     Ok((key, Origin::Created))
 }
 

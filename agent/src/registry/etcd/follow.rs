@@ -46,6 +46,28 @@ pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
     }
 }
 
+/// Reads `key` once, then watches it from the next revision: its value now, and the
+/// stream of its changes.
+async fn read_and_watch(
+    reg: &EtcdRegistry,
+    client: &mut etcd_client::Client,
+    key: &str,
+) -> Result<(Option<Vec<u8>>, etcd_client::WatchStream), RegistryError> {
+    let resp = reg
+        .call("reading", key, client.get(key.to_string(), None))
+        .await?;
+    let next = resp.header().map_or(0, |h| h.revision()) + 1;
+    let options = WatchOptions::new().with_start_revision(next);
+    let stream = reg
+        .call(
+            "watching",
+            key,
+            client.watch(key.to_string(), Some(options)),
+        )
+        .await?;
+    Ok((resp.kvs().first().map(|kv| kv.value().to_vec()), stream))
+}
+
 /// Passes a rotation request on to the agent, once per id.
 fn forward_rotation(reg: &mut EtcdRegistry, links: &FollowLinks, value: &[u8]) {
     let id = String::from_utf8_lossy(value).into_owned();
@@ -96,47 +118,14 @@ async fn session(
     // An operator's `weft keys rotate --all` writes <prefix>/weft/rotate/<node>: read it
     // once (a request written while this agent was down), then watch it.
     let rotate_key = format!("{}/weft/rotate/{ours}", reg.cfg.prefix);
-    let resp = reg
-        .call("reading", &rotate_key, client.get(rotate_key.clone(), None))
-        .await?;
-    let mut rotate_stream = reg
-        .call(
-            "watching",
-            &rotate_key,
-            client.watch(
-                rotate_key.clone(),
-                Some(
-                    WatchOptions::new()
-                        .with_start_revision(resp.header().map_or(0, |h| h.revision()) + 1),
-                ),
-            ),
-        )
-        .await?;
-    if let Some(kv) = resp.kvs().first() {
-        forward_rotation(reg, links, kv.value());
+    let (request, mut rotate_stream) = read_and_watch(reg, &mut client, &rotate_key).await?;
+    if let Some(value) = request {
+        forward_rotation(reg, links, &value);
     }
     // The cluster's PSK, with an announced next one (agent::psk).
     let psk_key = format!("{}/weft/psk", reg.cfg.prefix);
-    let resp = reg
-        .call("reading", &psk_key, client.get(psk_key.clone(), None))
-        .await?;
-    let mut psk_stream = reg
-        .call(
-            "watching",
-            &psk_key,
-            client.watch(
-                psk_key.clone(),
-                Some(
-                    WatchOptions::new()
-                        .with_start_revision(resp.header().map_or(0, |h| h.revision()) + 1),
-                ),
-            ),
-        )
-        .await?;
-    let value = resp
-        .kvs()
-        .first()
-        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+    let (psk, mut psk_stream) = read_and_watch(reg, &mut client, &psk_key).await?;
+    let value = psk.map(|v| String::from_utf8_lossy(&v).into_owned());
     links
         .psk
         .send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
