@@ -8,7 +8,8 @@
 //! small initramfs around a static busybox (the 9p and virtio modules, an `/init`, the
 //! scenario), boots it, and returns what the scenario printed and its exit status. Inside,
 //! the host root is `/`, with fresh tmpfs on `/tmp`, `/run`, `/var/tmp`, `/var/lib/weft`,
-//! `/var/lib/cni` and `/root`, and the kernel's modules on `/lib/modules`, so modules load on demand.
+//! `/var/lib/cni` and `/root`. Modules load on demand from the cached package, through a
+//! `modprobe -d` wrapper: the VM never needs the host to have a `/lib/modules`.
 //!
 //! qemu runs in software emulation (TCG): KVM on this kind of host faults on Debian's
 //! kernels. The VM has no network card; everything happens in its own namespaces.
@@ -30,7 +31,7 @@ const DEFAULT_CACHE: &str = "/var/cache/weft-vm";
 const EXIT_MARK: &str = "WEFT-VM-EXIT=";
 
 /// The modules the initramfs loads before it can mount the host root; everything else
-/// loads on demand from `/lib/modules` once it is mounted.
+/// loads on demand from the cached package once it is mounted.
 const BOOT_MODULES: [&str; 3] = [
     "kernel/drivers/virtio/virtio_pci.ko",
     "kernel/net/9p/9pnet_virtio.ko",
@@ -220,10 +221,7 @@ impl Vm {
         fs::write(tree.join("modules"), names.join("\n") + "\n")?;
         fs::write(tree.join("scenario.sh"), scenario)?;
         let init = tree.join("init");
-        fs::write(
-            &init,
-            init_script(&self.root.join("lib/modules"), &self.keep),
-        )?;
+        fs::write(&init, init_script(&self.root, &self.keep))?;
         run(Command::new("chmod").arg("0755").arg(&init))?;
         let image = dir.join("initramfs.cpio");
         let cpio = format!(
@@ -389,10 +387,14 @@ fn fetch(package: &str, cache: &Path, root: &Path) -> anyhow::Result<()> {
 }
 
 /// The initramfs's `/init`: load the boot modules, mount the host root, give the
-/// scenario writable places and the kernel's modules, then `switch_root` into the host
-/// root, so the kernel's own module loading (`/sbin/modprobe`) works there, run the
-/// scenario, report its status and power off.
-fn init_script(modules_root: &Path, keep: &[PathBuf]) -> String {
+/// scenario writable places, then `switch_root` into the host root, run the scenario,
+/// report its status and power off.
+///
+/// The kernel's modules stay where the unpacked package has them (`kernel_root`, inside
+/// the read-only host root): the kernel's own module loading goes through a wrapper on
+/// the VM's tmpfs that runs `/sbin/modprobe -d kernel_root`. Nothing depends on what the
+/// host root has under `/lib/modules`, or whether it has that directory at all.
+fn init_script(kernel_root: &Path, keep: &[PathBuf]) -> String {
     let keep: String = keep
         .iter()
         .enumerate()
@@ -423,16 +425,21 @@ mount -t devtmpfs dev /root/dev
 mkdir -p /root/dev/pts /root/dev/shm
 mount -t devpts devpts /root/dev/pts
 mount -t cgroup2 cgroup2 /root/sys/fs/cgroup 2>/dev/null
-mount --bind /root{modules} /root/lib/modules
 {keep}ln -s /proc/self/fd /root/dev/fd
 ln -s /proc/self/fd/0 /root/dev/stdin
 ln -s /proc/self/fd/1 /root/dev/stdout
 ln -s /proc/self/fd/2 /root/dev/stderr
 mkdir -p /root/run/weft-vm
 cp /bin/busybox /scenario.sh /root/run/weft-vm/
+cat > /root/run/weft-vm/modprobe <<'MODPROBE'
+#!/run/weft-vm/busybox sh
+exec /sbin/modprobe -d {kernel_root} "$@"
+MODPROBE
+chmod 0755 /root/run/weft-vm/modprobe
 cat > /root/run/weft-vm/stage2.sh <<'STAGE2'
+echo /run/weft-vm/modprobe > /proc/sys/kernel/modprobe
 # Device nodes that exist only once their module is loaded.
-/sbin/modprobe tun
+/run/weft-vm/modprobe tun || echo "weft-vm: modprobe tun failed"
 /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /bin/sh /run/weft-vm/scenario.sh
 echo "{EXIT_MARK}$?"
 /run/weft-vm/busybox poweroff -f
@@ -440,7 +447,7 @@ STAGE2
 umount /proc /sys /dev
 exec switch_root /root /run/weft-vm/busybox sh /run/weft-vm/stage2.sh
 "#,
-        modules = modules_root.display()
+        kernel_root = kernel_root.display()
     )
 }
 
