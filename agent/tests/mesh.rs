@@ -4,9 +4,7 @@
 //! underlay during that traffic shows only WireGuard's UDP: no packet carries a pod
 //! address in clear.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
+use weft_lab::lab::capture::{leaks, wireguard_packets, UnderlayCapture};
 use weft_lab::lab::{Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -14,57 +12,21 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 #[test]
 fn three_nodes_every_pod_reaches_every_pod_and_nothing_leaks() {
     let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
-    let capture_file = lab.dir().join("underlay.pcap");
-    let mut capture = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.fabric(),
-            "tcpdump",
-            "-Z",
-            "root",
-            "--immediate-mode",
-            "-i",
-            "br0",
-            "-nn",
-            "-U",
-            "-w",
-        ])
-        .arg(&capture_file)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(lab.dir().join("tcpdump.log")).unwrap())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let capture = UnderlayCapture::start(&lab).unwrap();
 
     assert_eq!(lab.assert_all_pairs(), 24);
 
-    Command::new("kill")
-        .args(["-INT", &capture.id().to_string()])
-        .status()
-        .unwrap();
-    capture.wait().unwrap();
-    let dump = Command::new("tcpdump")
-        .args(["-nn", "-r"])
-        .arg(&capture_file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&dump.stdout);
-    let leaks: Vec<&str> = text.lines().filter(|l| l.contains("10.244.")).collect();
+    let text = capture.finish().unwrap();
+    let leaks = leaks(&text);
     assert!(
         leaks.is_empty(),
         "pod addresses seen in clear on the underlay:\n{}",
         leaks.join("\n")
     );
-    let wireguard = text
-        .lines()
-        .filter(|l| l.contains(".51820: UDP") || l.contains(".51820 > "))
-        .count();
+    let wireguard = wireguard_packets(&text);
     assert!(
         wireguard > 24,
-        "expected WireGuard traffic on the underlay, saw {wireguard} packets:\n{text}\ntcpdump: {}{}",
-        std::fs::read_to_string(lab.dir().join("tcpdump.log")).unwrap_or_default(),
-        String::from_utf8_lossy(&dump.stderr)
+        "expected WireGuard traffic on the underlay, saw {wireguard} packets:\n{text}"
     );
     // Everything on the wire is WireGuard, etcd (the registry) or ARP.
     let other: Vec<&str> = text

@@ -3,6 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::process::Command;
+
+use super::Node;
+
+/// Starts a node's agent some other way than the lab's own `weft agent` in the node's
+/// namespaces (the image test runs one from the container image): given the node, the
+/// command to spawn, run in the host's namespaces, its output going to the node's agent
+/// log.
+pub type AgentLauncher = Box<dyn Fn(&Node) -> anyhow::Result<Command>>;
 
 /// etcd's address, or the Kubernetes API server's (port 6443) in a kube lab.
 pub const ETCD_IP: &str = "198.51.100.250";
@@ -37,6 +46,8 @@ pub struct LabConfig {
     pub natted: Vec<usize>,
     /// Per node (by index), its zone (`topology.kubernetes.io/zone`, kube labs).
     pub zones: Vec<Option<String>>,
+    /// Per node (by index), how its agent starts instead of the lab's own way.
+    pub launchers: BTreeMap<usize, AgentLauncher>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -65,6 +76,7 @@ impl LabConfig {
             kube_seed: Vec::new(),
             natted: Vec::new(),
             zones: Vec::new(),
+            launchers: BTreeMap::new(),
         }
     }
 

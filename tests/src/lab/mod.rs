@@ -14,6 +14,7 @@
 //! first removes those of processes that no longer exist (a crashed earlier run). Test
 //! traffic never leaves the namespaces the lab made.
 
+pub mod capture;
 pub mod cni;
 mod config;
 mod fabric;
@@ -32,8 +33,8 @@ use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
 pub use config::{
-    LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, NAT_INSIDE_IP, NAT_IP,
-    ROUTER_IP, ROUTER_IP2,
+    AgentLauncher, LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, NAT_INSIDE_IP,
+    NAT_IP, ROUTER_IP, ROUTER_IP2,
 };
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
@@ -311,10 +312,32 @@ impl Lab {
         ))
     }
 
-    /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`.
+    /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`, or
+    /// through the node's launcher if the lab has one for it.
     pub fn start_agent(&mut self, i: usize) -> anyhow::Result<()> {
         let node = &self.nodes[i];
         fs::create_dir_all("/var/lib/weft").context("creating the /var/lib/weft mount point")?;
+        let mut command = match self.cfg.launchers.get(&i) {
+            Some(launch) => launch(node)?,
+            None => self.agent_command(i),
+        };
+        let log = fs::File::options()
+            .create(true)
+            .append(true)
+            .open(node.agent_log())?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting an agent")?;
+        self.nodes[i].agent = Some(child);
+        Ok(())
+    }
+
+    /// The lab's own `weft agent` for node `i`, in the node's namespaces.
+    fn agent_command(&self, i: usize) -> Command {
+        let node = &self.nodes[i];
         let registry = if self.kube.is_some() {
             let dir = self.dir.path();
             format!(
@@ -339,21 +362,11 @@ impl Lab {
             Some(which) => format!("{script} --wireguard-implementation={which}"),
             None => script,
         };
-        let log = fs::File::options()
-            .create(true)
-            .append(true)
-            .open(node.agent_log())?;
-        let child = self
-            .node_shell(i, &script)
+        let mut command = self.node_shell(i, &script);
+        command
             .env("RUST_LOG", "info")
-            .env("NODE_NAME", format!("n{}", node.index))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting an agent")?;
-        self.nodes[i].agent = Some(child);
-        Ok(())
+            .env("NODE_NAME", format!("n{}", node.index));
+        command
     }
 
     /// The pid of node `i`'s agent, while it runs.

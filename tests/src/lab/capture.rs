@@ -1,0 +1,72 @@
+//! A packet capture on the lab's first underlay segment (tcpdump on the fabric's `br0`),
+//! for proving what crosses the wire: that pod traffic goes only inside WireGuard.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::{run, Lab};
+
+pub struct UnderlayCapture {
+    child: Child,
+    file: PathBuf,
+    log: PathBuf,
+}
+
+impl UnderlayCapture {
+    /// Starts capturing; returns once tcpdump says it is listening.
+    pub fn start(lab: &Lab) -> anyhow::Result<UnderlayCapture> {
+        let file = lab.dir().join("underlay.pcap");
+        let log = lab.dir().join("tcpdump.log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &lab.fabric(), "tcpdump", "-Z", "root"])
+            .args(["--immediate-mode", "-i", "br0", "-nn", "-U", "-w"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log)?)
+            .spawn()
+            .context("starting tcpdump")?;
+        let mut capture = UnderlayCapture { child, file, log };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !capture.log_text().contains("listening on") {
+            if let Some(status) = capture.child.try_wait()? {
+                bail!("tcpdump exited ({status}): {}", capture.log_text());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "tcpdump did not start listening in 10 s: {}",
+                    capture.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(capture)
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops the capture; returns it as tcpdump's text, one packet a line.
+    pub fn finish(mut self) -> anyhow::Result<String> {
+        run(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
+        self.child.wait()?;
+        let out = run(Command::new("tcpdump").args(["-nn", "-r"]).arg(&self.file))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// The captured packets that show a pod address in clear.
+pub fn leaks(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| l.contains("10.244.")).collect()
+}
+
+/// How many captured packets are WireGuard's (UDP to or from port 51820).
+pub fn wireguard_packets(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.contains(".51820: UDP") || l.contains(".51820 > "))
+        .count()
+}
