@@ -3,8 +3,10 @@
 //!
 //! Keys travel as base64 (the `wg` text form) and are parsed once, at the edge, into the
 //! newtypes here. `Debug` and `Display` never print secret material. This crate does no
-//! networking; its only I/O is reading and writing the key file (`keyfile`).
+//! networking; its only I/O is reading and writing the key file (`keyfile`) and the
+//! atomic file replacement every weft crate uses (`atomic_file`).
 
+pub mod atomic_file;
 mod keyfile;
 mod keys;
 
