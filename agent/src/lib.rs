@@ -1,20 +1,17 @@
-//! The weft node agent: CLI, registries (etcd, Kubernetes), the control loop, the
-//! health endpoints, the files it writes (`subnet.env`), and the CNI plugin.
+//! The weft node agent. A map:
+//! - `node`: `weft agent` itself: start-up wiring, the control loop, the files it writes
+//!   (`subnet.env`), the advertised address;
+//! - `registry`: where leases live (etcd, Kubernetes), behind one trait;
+//! - `keys`: key rotation, a peer's key switchover, the pre-shared key;
+//! - `observe`: the snapshot, metrics, the health endpoints and the control socket;
+//! - `cli` and `commands`: the command line and the operator's commands;
+//! - `cni`: the CNI plugin `weft-cni`.
 
-pub mod agent;
-pub mod backend_setup;
 pub mod backoff;
 pub mod cli;
 pub mod cni;
 pub mod commands;
-pub mod control;
-mod control_loop;
-pub mod health;
-pub mod iface;
-pub mod metrics;
-pub mod psk;
+pub mod keys;
+pub mod node;
+pub mod observe;
 pub mod registry;
-pub mod rotation;
-pub mod status;
-pub mod subnet_file;
-pub mod switchover;

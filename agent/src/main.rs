@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         Command::Keys { command } => {
             commands::keys::run(&command, &mut io::stdin(), &mut io::stdout()).map(|()| 0)
         }
-        Command::Agent(args) => weft::agent::run(*args),
+        Command::Agent(args) => weft::node::run(*args),
         Command::Status(args) => commands::status::run(&args, &mut io::stdout()),
         Command::Doctor(args) => commands::doctor::run(&args, &mut io::stdout()),
         Command::Cleanup(args) => commands::cleanup::run(&args, &mut io::stdout()),

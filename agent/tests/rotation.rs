@@ -108,19 +108,34 @@ fn rotate_all(lab: &Lab, registry_flags: &str) -> (String, Disruption) {
     (out, d)
 }
 
+/// On an etcd prefix other than flannel's: `--all` must find the leases and write the
+/// requests under the prefix the agents use.
 #[test]
 fn every_node_rotates_one_at_a_time_etcd() {
-    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    let prefix = "/example.org/pod-network";
+    let lab = Lab::start(LabConfig {
+        etcd_prefix: prefix.into(),
+        ..LabConfig::wireguard(3, WEFT)
+    })
+    .unwrap();
     lab.assert_all_pairs();
-    let (_, d) = rotate_all(&lab, &format!("--etcd-endpoints=http://{ETCD_IP}:2379"));
+    let (_, d) = rotate_all(
+        &lab,
+        &format!("--etcd-endpoints=http://{ETCD_IP}:2379 --etcd-prefix={prefix}"),
+    );
     assert_bounded(&lab, "all-node rotation (etcd)", &d);
     assert_one_peer_per_node(&lab);
     lab.assert_all_pairs();
 }
 
+/// With an annotation prefix other than flannel's, which `--all` must read too.
 #[test]
 fn rotation_on_the_kubernetes_registry_one_node_then_all() {
-    let lab = Lab::start(LabConfig::kube(3, WEFT)).unwrap();
+    let prefix = "net.example.org";
+    let mut cfg = LabConfig::kube(3, WEFT);
+    cfg.extra_args
+        .push(format!("--kube-annotation-prefix={prefix}"));
+    let lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     let d = rotate_one_locally(&lab);
     assert_bounded(&lab, "one-node rotation (kube)", &d);
@@ -129,7 +144,7 @@ fn rotation_on_the_kubernetes_registry_one_node_then_all() {
     let (_, d) = rotate_all(
         &lab,
         &format!(
-            "--kube-subnet-mgr --kubeconfig-file={}",
+            "--kube-subnet-mgr --kubeconfig-file={} --kube-annotation-prefix={prefix}",
             kubeconfig.display()
         ),
     );
@@ -141,12 +156,8 @@ fn rotation_on_the_kubernetes_registry_one_node_then_all() {
         let node = api.node(&format!("n{}", i + 1)).unwrap();
         let ann = &node["metadata"]["annotations"];
         assert!(ann["weft.dev/next-key"].is_null(), "{ann}");
-        let data: serde_json::Value = serde_json::from_str(
-            ann["flannel.alpha.coreos.com/backend-data"]
-                .as_str()
-                .unwrap(),
-        )
-        .unwrap();
+        let data: serde_json::Value =
+            serde_json::from_str(ann[format!("{prefix}/backend-data")].as_str().unwrap()).unwrap();
         assert_eq!(data["PublicKey"], wg_key(&lab, i));
     }
     lab.assert_all_pairs();

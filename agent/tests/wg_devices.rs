@@ -10,11 +10,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use weft_backends::apply::wireguard::devices::{WgDevices, WgImpl};
+use weft_backends::apply::wireguard::devices::WgImpl;
 use weft_backends::apply::wireguard::diff::diff_device;
 use weft_backends::apply::wireguard::kernel::Kernel;
 use weft_backends::apply::wireguard::process::UserspaceProcess;
 use weft_backends::apply::wireguard::uapi_socket::{socket_path, UapiClient};
+use weft_backends::apply::wireguard::WgDevices;
 use weft_backends::apply::{Dataplane, Netlink, RtNetlink};
 use weft_backends::model::{Lease, PeerSpec, TunnelSpec};
 use weft_backends::netconf::Implementation;

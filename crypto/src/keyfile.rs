@@ -117,7 +117,11 @@ pub fn read_key(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
 pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
     let (key, tmp) = new_key_beside(path)?;
     let written = write_secret(&tmp, &key).and_then(|()| {
-        fs::rename(&tmp, path).map_err(io_err("moving new key into place at", path))
+        crate::atomic_file::rename_durably(&tmp, path).map_err(|e| KeyFileError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        })
     });
     if written.is_err() {
         let _ = fs::remove_file(&tmp);

@@ -6,6 +6,7 @@
 
 mod agent_args;
 mod env;
+mod rotate_args;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use agent_args::{AgentArgs, DEFAULT_NET_CONFIG_PATH};
 pub use env::{env_suffix, with_env_fallbacks};
+pub use rotate_args::RotateArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -84,7 +86,7 @@ pub enum KeysCommand {
     /// Rotate WireGuard keys with bounded disruption: this node's (through the local
     /// agent), or with --all / --node every or some node's, through the registry, a batch
     /// at a time, waiting for each to use its new key. See docs/key-rotation.md.
-    Rotate(crate::commands::rotate::RotateArgs),
+    Rotate(RotateArgs),
 }
 
 impl Cli {

@@ -3,7 +3,7 @@
 //! removed when DEL succeeds.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -72,19 +72,8 @@ pub fn save(data_dir: &Path, container_id: &str, conf: &Value) -> Result<(), Cni
         .create(data_dir)
         .map_err(|e| CniError::io(format!("creating {}: {e}", data_dir.display())))?;
     let path = scratch_path(data_dir, container_id);
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(conf.to_string().as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| CniError::io(format!("saving {}: {e}", path.display())))
+    weft_crypto::atomic_file::write_atomic(&path, conf.to_string().as_bytes(), 0o600)
+        .map_err(|e| CniError::io(format!("saving {}: {e}", path.display())))
 }
 
 /// The saved delegate config, `None` if there is none (never added, or already deleted).

@@ -6,7 +6,6 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -38,23 +37,7 @@ pub struct InstallCniArgs {
 fn install(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.weft-tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("installing {}", path.display()));
-    }
+    weft_crypto::atomic_file::write_atomic(&path, bytes, mode).context("installing")?;
     Ok(path)
 }
 
@@ -102,6 +85,7 @@ pub fn run(args: &InstallCniArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn installs_both_files_atomically_and_refuses_a_bad_conflist() {

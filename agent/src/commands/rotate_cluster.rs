@@ -12,15 +12,18 @@ use anyhow::{bail, Context};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
-use weft_backends::model::annotations::DEFAULT_PREFIX;
 use weft_backends::model::Lease;
 
-use super::rotate::RotateArgs;
+use crate::cli::RotateArgs;
 use crate::registry::kube::SlimNode;
 use crate::registry::ROTATE_REQUEST;
 
 enum Target {
-    Kube(Box<Api<SlimNode>>),
+    Kube {
+        api: Box<Api<SlimNode>>,
+        /// The agents' `--kube-annotation-prefix`.
+        prefix: String,
+    },
     Etcd {
         client: Box<etcd_client::Client>,
         prefix: String,
@@ -54,7 +57,10 @@ impl Target {
     async fn connect(args: &RotateArgs) -> anyhow::Result<Target> {
         if args.kube_subnet_mgr {
             let client = crate::registry::kube::client(&args.kubeconfig_file, "").await?;
-            return Ok(Target::Kube(Box::new(Api::all(client))));
+            return Ok(Target::Kube {
+                api: Box::new(Api::all(client)),
+                prefix: args.kube_annotation_prefix.clone(),
+            });
         }
         let client = etcd_client::Client::connect(&args.etcd_endpoints, None)
             .await
@@ -68,13 +74,13 @@ impl Target {
     async fn nodes(&mut self) -> anyhow::Result<BTreeMap<String, Seen>> {
         let mut out = BTreeMap::new();
         match self {
-            Target::Kube(api) => {
+            Target::Kube { api, prefix } => {
                 let list = api
                     .list(&Default::default())
                     .await
                     .context("listing nodes")?;
                 for node in list.items {
-                    if let Ok(Some(lease)) = node.lease(DEFAULT_PREFIX) {
+                    if let Ok(Some(lease)) = node.lease(prefix) {
                         if let Some(s) = seen(&lease) {
                             out.insert(lease.node.clone(), s);
                         }
@@ -106,14 +112,14 @@ impl Target {
 
     async fn request(&mut self, node: &str, id: &str) -> anyhow::Result<()> {
         match self {
-            Target::Kube(api) => {
+            Target::Kube { api, .. } => {
                 let patch = json!({"metadata": {"annotations": {ROTATE_REQUEST: id}}});
                 api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                     .with_context(|| format!("annotating node {node}"))?;
             }
             Target::Etcd { client, prefix } => {
-                let key = format!("{prefix}/weft/rotate/{node}");
+                let key = crate::registry::etcd::kv::rotate_request_key(prefix, node);
                 client
                     .put(key.clone(), id, None)
                     .await

@@ -9,7 +9,7 @@ use weft_backends::apply::wireguard::read::read_device;
 use weft_backends::apply::wireguard::WgDevice;
 use weft_crypto::PublicKey;
 
-use crate::status::Snapshot;
+use crate::observe::snapshot::Snapshot;
 
 /// WireGuard drops a session this long after its handshake (REJECT_AFTER_TIME).
 pub const HANDSHAKE_FRESH: Duration = Duration::from_secs(180);
@@ -200,7 +200,8 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
 }
 
 pub fn run(args: &StatusArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
-    let snapshot = crate::control::fetch(&crate::control::socket_path())?;
+    let snapshot =
+        crate::observe::control_socket::fetch(&crate::observe::control_socket::socket_path())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -216,7 +217,7 @@ pub fn run(args: &StatusArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{LeftOutInfo, PeerInfo, RegistryEntry};
+    use crate::observe::snapshot::{LeftOutInfo, PeerInfo, RegistryEntry};
     use weft_backends::apply::wireguard::WgPeer;
     use weft_crypto::PrivateKey;
 

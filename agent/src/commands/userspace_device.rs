@@ -5,7 +5,7 @@ use tracing::info;
 use weft_backends::apply::wireguard::userspace::run_device;
 
 pub fn run(device: &str) -> anyhow::Result<i32> {
-    crate::agent::init_tracing();
+    crate::node::init_tracing();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

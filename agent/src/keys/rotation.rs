@@ -118,10 +118,8 @@ impl Rotation {
 
     fn write_announcement(&self, next: &NextKey) -> anyhow::Result<()> {
         let path = self.announcement_path();
-        let tmp = sibling(&path, ".tmp");
-        std::fs::write(&tmp, serde_json::to_vec(next)?)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .with_context(|| format!("writing {}", path.display()))
+        weft_crypto::atomic_file::write_atomic(&path, &serde_json::to_vec(next)?, 0o600)
+            .context("writing the rotation announcement")
     }
 
     /// Moves the switch `lead` from now (the announcement was not confirmed in time).
@@ -140,10 +138,17 @@ impl Rotation {
         let Some((key, next)) = self.pending.take() else {
             anyhow::bail!("no rotation under way");
         };
-        std::fs::rename(self.next_path(), &self.key_path)
-            .with_context(|| format!("moving the next key to {}", self.key_path.display()))?;
+        weft_crypto::atomic_file::rename_durably(&self.next_path(), &self.key_path)
+            .context("moving the next key into place")?;
         self.generation = next.generation;
-        let _ = std::fs::write(self.generation_path(), format!("{}\n", self.generation));
+        let generation = format!("{}\n", self.generation);
+        if let Err(e) = weft_crypto::atomic_file::write_atomic(
+            &self.generation_path(),
+            generation.as_bytes(),
+            0o600,
+        ) {
+            tracing::warn!(error = %e, "recording the key generation");
+        }
         let _ = std::fs::remove_file(self.announcement_path());
         Ok(key)
     }

@@ -90,10 +90,12 @@ async fn vtep_mac(device: &str, state_dir: &Path) -> anyhow::Result<[u8; 6]> {
     if recorded != Some(mac) {
         std::fs::create_dir_all(state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, format!("{}\n", format_mac(&mac)))
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .with_context(|| format!("recording the VTEP MAC in {}", path.display()))?;
+        weft_crypto::atomic_file::write_atomic(
+            &path,
+            format!("{}\n", format_mac(&mac)).as_bytes(),
+            0o644,
+        )
+        .context("recording the VTEP MAC")?;
     }
     Ok(mac)
 }

@@ -1,5 +1,5 @@
-//! `weft agent`: start-up (key, health and control endpoints, registry, config, lease,
-//! data plane), then the control loop (`control_loop`) until shutdown.
+//! Start-up of `weft agent`: key, health and control endpoints, registry, config, lease,
+//! data plane; then the control loop (`run_loop`) until shutdown.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -13,16 +13,17 @@ use weft_backends::netconf::Backend;
 use weft_backends::plan::PlanOptions;
 use weft_crypto::{load_or_create, PrivateKey, DEFAULT_KEY_FILE, KEY_FILE_ENV};
 
-use crate::backend_setup;
 use crate::backoff::{sleep_or_shutdown, Backoff};
 use crate::cli::AgentArgs;
-use crate::control_loop::{control_loop, LoopInputs};
-use crate::health::{Health, Readiness};
-use crate::metrics::Metrics;
+use crate::keys::rotation::{KeyState, RotateRequest, Rotation, DEFAULT_LEAD};
+use crate::node::backend_setup;
+use crate::node::run_loop::{control_loop, LoopInputs};
+use crate::node::subnet_file;
+use crate::observe::http::{Health, Readiness};
+use crate::observe::metrics::Metrics;
+use crate::observe::snapshot;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
-use crate::rotation::{KeyState, RotateRequest, Rotation, DEFAULT_LEAD};
-use crate::{status, subnet_file};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
 /// succeeds; logs each failure. Each attempt counts as a heartbeat: retrying is alive. Evaluates to `None` if shutdown came first.
@@ -86,26 +87,27 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         .map_or_else(|| PathBuf::from(DEFAULT_KEY_FILE), PathBuf::from);
     let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
     info!(path = %key_path.display(), public_key = %key.public_key(), origin = ?origin, "WireGuard key");
-    let public_ip = crate::iface::public_ip(&args)?;
+    let public_ip = crate::node::iface::public_ip(&args)?;
     let mut shutdown = shutdown_on_signals()?;
     let health = Health::new(args.resync_period);
-    let snapshot = status::Shared::default();
+    let snapshot = snapshot::Shared::default();
     let metrics = Metrics::default();
     if args.healthz_port != 0 {
-        let endpoints = crate::health::Endpoints {
+        let endpoints = crate::observe::http::Endpoints {
             health: health.clone(),
             metrics: metrics.clone(),
             snapshot: snapshot.clone(),
         };
         let addr = std::net::SocketAddr::new(args.healthz_ip, args.healthz_port);
-        crate::health::serve(addr, endpoints).await?;
+        crate::observe::http::serve(addr, endpoints).await?;
     }
     let (rotate_tx, rotate_rx) = tokio::sync::mpsc::channel(4);
-    let control = crate::control::ControlState {
+    let control = crate::observe::control_socket::ControlState {
         snapshot: snapshot.clone(),
         rotate: rotate_tx.clone(),
     };
-    crate::control::serve(&crate::control::socket_path(), control).await?;
+    crate::observe::control_socket::serve(&crate::observe::control_socket::socket_path(), control)
+        .await?;
     let start = Start {
         key,
         key_path,
@@ -175,7 +177,7 @@ struct Start {
     key_path: PathBuf,
     public_ip: std::net::Ipv4Addr,
     health: Health,
-    snapshot: status::Shared,
+    snapshot: snapshot::Shared,
     metrics: Metrics,
     /// Rotation requests (control socket, registry) and where the loop receives them.
     rotate: (
@@ -236,7 +238,7 @@ async fn serve<R: Registry>(
     // With --public-ip naming another (external) address, the interface's own one is
     // the internal address peers in our zone use.
     let internal_ip = match args.public_ip {
-        Some(_) => crate::iface::local_ip(args)
+        Some(_) => crate::node::iface::local_ip(args)
             .ok()
             .filter(|ip| *ip != public_ip),
         None => None,
@@ -306,7 +308,7 @@ async fn serve<R: Registry>(
     };
     let registry_rotations =
         std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
-    let psk = crate::psk::PskSources {
+    let psk = crate::keys::psk::PskSources {
         dir: args.psk_dir.clone(),
         registry: handle.psk.clone(),
         state: None,

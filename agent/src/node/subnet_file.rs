@@ -2,30 +2,17 @@
 //! rename, fsync of the directory) so the CNI plugin never reads half a file; and read back
 //! at start for the node's previous subnet.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use ipnet::IpNet;
 use weft_backends::model::SubnetEnv;
+use weft_crypto::atomic_file::write_atomic;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{op} {}: {source}", path.display())]
-pub struct SubnetFileError {
-    op: &'static str,
-    path: PathBuf,
-    #[source]
-    source: io::Error,
-}
+pub use weft_crypto::atomic_file::AtomicWriteError as SubnetFileError;
 
 /// Writes `env` to `path`, replacing any previous file in one step. Returns whether the
 /// content changed (an unchanged file is not rewritten).
-fn err(op: &'static str, p: &Path) -> impl FnOnce(io::Error) -> SubnetFileError {
-    let path = p.to_path_buf();
-    move |source| SubnetFileError { op, path, source }
-}
-
 pub fn write(path: &Path, env: &SubnetEnv) -> Result<bool, SubnetFileError> {
     let text = env.render();
     if fs::read_to_string(path).is_ok_and(|old| old == text) {
@@ -35,28 +22,12 @@ pub fn write(path: &Path, env: &SubnetEnv) -> Result<bool, SubnetFileError> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(err("creating directory", dir))?;
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("subnet.env");
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
-        .map_err(err("writing", &tmp))
-        .and_then(|()| fs::rename(&tmp, path).map_err(err("renaming temporary file onto", path)));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(err("syncing directory", dir))?;
+    fs::create_dir_all(dir).map_err(|source| SubnetFileError {
+        op: "creating directory",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    write_atomic(path, text.as_bytes(), 0o644)?;
     Ok(true)
 }
 

@@ -13,8 +13,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tracing::{info, warn};
 
-use crate::rotation::RotateRequest;
-use crate::status::{Shared, Snapshot};
+use crate::keys::rotation::RotateRequest;
+use crate::observe::snapshot::{Shared, Snapshot};
 
 /// What the control socket answers from.
 #[derive(Clone)]

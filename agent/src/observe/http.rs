@@ -117,8 +117,8 @@ fn answer(result: Result<String, String>) -> (StatusCode, String) {
 #[derive(Clone)]
 pub struct Endpoints {
     pub health: Health,
-    pub metrics: crate::metrics::Metrics,
-    pub snapshot: crate::status::Shared,
+    pub metrics: crate::observe::metrics::Metrics,
+    pub snapshot: crate::observe::snapshot::Shared,
 }
 
 /// Binds `addr` (failing start-up with a clear error if it cannot) and serves the

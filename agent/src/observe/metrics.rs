@@ -21,7 +21,7 @@ use weft_backends::apply::wireguard::read::read_device;
 use weft_backends::model::ViewChange;
 use weft_crypto::PublicKey;
 
-use crate::status::Snapshot;
+use crate::observe::snapshot::Snapshot;
 
 type Labels = Vec<(&'static str, String)>;
 

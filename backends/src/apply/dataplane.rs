@@ -5,9 +5,10 @@
 
 use weft_crypto::PrivateKey;
 
-use super::wireguard::devices::{WgDevices, WgImpl};
+use super::wireguard::devices::WgImpl;
 use super::wireguard::diff::{apply_to, diff_device_keeping, PeerChange};
 use super::wireguard::process::{remove_device, UserspaceProcess};
+use super::wireguard::WgDevices;
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
 };

@@ -5,9 +5,9 @@
 //! left out and why. A bad peer is left out with a reason naming it; it never disturbs the
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
-mod direct;
 mod masquerade;
 mod peers;
+mod unencrypted;
 mod wireguard;
 
 use std::time::SystemTime;
@@ -17,7 +17,7 @@ use ipnet::IpNet;
 use crate::model::{DesiredState, Family, Lease, SubnetEnv};
 use crate::netconf::{Backend, NetConf};
 
-pub use direct::{vxlan_backend_data, vxlan_device, vxlan_mac};
+pub use unencrypted::{vxlan_backend_data, vxlan_device, vxlan_mac};
 pub use wireguard::{
     backend_data as wireguard_backend_data, WireguardData, DEVICE as WG_DEVICE,
     DEVICE_V6 as WG_DEVICE_V6,
@@ -108,8 +108,8 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
     let screened = peers::screen(input, &ours, kind);
     let mut state = match &input.config.backend {
         Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened)?,
-        Backend::Vxlan(conf) => direct::vxlan(input, &ours, conf, screened)?,
-        Backend::HostGw => direct::host_gw(input, &ours, screened)?,
+        Backend::Vxlan(conf) => unencrypted::vxlan(input, &ours, conf, screened)?,
+        Backend::HostGw => unencrypted::host_gw(input, &ours, screened)?,
     };
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
@@ -147,4 +147,4 @@ pub(crate) fn subnet_env(
 mod tests;
 
 #[cfg(test)]
-mod direct_tests;
+mod unencrypted_tests;

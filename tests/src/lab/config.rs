@@ -17,7 +17,8 @@ pub type AgentLauncher = Box<dyn Fn(&Node) -> anyhow::Result<Command>>;
 pub const ETCD_IP: &str = "198.51.100.250";
 pub const KUBE_API_PORT: u16 = 6443;
 pub const EXT_IP: &str = "198.51.100.200";
-pub(super) const PREFIX: &str = "/coreos.com/network";
+/// flannel's etcd prefix, the agents' default.
+pub const DEFAULT_ETCD_PREFIX: &str = "/coreos.com/network";
 
 pub struct LabConfig {
     pub nodes: usize,
@@ -48,6 +49,8 @@ pub struct LabConfig {
     pub zones: Vec<Option<String>>,
     /// Per node (by index), how its agent starts instead of the lab's own way.
     pub launchers: BTreeMap<usize, AgentLauncher>,
+    /// The etcd prefix of an etcd lab; agents get `--etcd-prefix` when it is not flannel's.
+    pub etcd_prefix: String,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -77,6 +80,7 @@ impl LabConfig {
             natted: Vec::new(),
             zones: Vec::new(),
             launchers: BTreeMap::new(),
+            etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
         }
     }
 

@@ -33,14 +33,13 @@ use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 
 pub use config::{
-    AgentLauncher, LabConfig, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV, KUBE_API_PORT, NAT_INSIDE_IP,
-    NAT_IP, ROUTER_IP, ROUTER_IP2,
+    AgentLauncher, LabConfig, DEFAULT_ETCD_PREFIX, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV,
+    KUBE_API_PORT, NAT_INSIDE_IP, NAT_IP, ROUTER_IP, ROUTER_IP2,
 };
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
 use crate::kube_api::KubeApi;
 use crate::Etcd;
-use config::PREFIX;
 use fabric::{attach, attach_to, Namespaces};
 
 pub struct Pod {
@@ -149,7 +148,7 @@ impl Lab {
         } else {
             let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
             etcd.launch()?;
-            etcd.etcdctl(&["put", &format!("{PREFIX}/config"), &cfg.net_conf])?;
+            etcd.etcdctl(&["put", &format!("{}/config", cfg.etcd_prefix), &cfg.net_conf])?;
             if !cfg.seed.is_empty() {
                 etcd.put_many(std::mem::take(&mut cfg.seed))
                     .context("seeding etcd")?;
@@ -306,7 +305,8 @@ impl Lab {
     pub fn lease_key(&self, i: usize) -> Option<String> {
         let s = self.nodes[i].subnet?;
         Some(format!(
-            "{PREFIX}/subnets/{}-{}",
+            "{}/subnets/{}-{}",
+            self.cfg.etcd_prefix,
             s.network(),
             s.prefix_len()
         ))
@@ -345,8 +345,13 @@ impl Lab {
                 dir.join("kubeconfig").display(),
                 dir.join("net-conf.json").display()
             )
-        } else {
+        } else if self.cfg.etcd_prefix == DEFAULT_ETCD_PREFIX {
             format!("--etcd-endpoints=http://{ETCD_IP}:2379")
+        } else {
+            format!(
+                "--etcd-endpoints=http://{ETCD_IP}:2379 --etcd-prefix={}",
+                self.cfg.etcd_prefix
+            )
         };
         let script = format!(
             "exec {weft} agent {registry} --public-ip={ip} {extra}",

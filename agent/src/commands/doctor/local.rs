@@ -11,7 +11,7 @@ use weft_backends::model::Family;
 use weft_crypto::PublicKey;
 
 use super::Check;
-use crate::status::Snapshot;
+use crate::observe::snapshot::Snapshot;
 
 pub fn published_key(snapshot: &Snapshot, device: &WgDevice) -> Check {
     const NAME: &str = "published key";

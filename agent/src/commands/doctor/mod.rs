@@ -16,7 +16,7 @@ use std::io::Write;
 
 use weft_backends::apply::wireguard::read::read_device;
 
-use crate::status::Snapshot;
+use crate::observe::snapshot::Snapshot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -149,7 +149,8 @@ pub fn render(checks: &[Check]) -> String {
 }
 
 pub fn run(args: &DoctorArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
-    let snapshot = crate::control::fetch(&crate::control::socket_path())?;
+    let snapshot =
+        crate::observe::control_socket::fetch(&crate::observe::control_socket::socket_path())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

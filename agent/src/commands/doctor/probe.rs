@@ -13,7 +13,7 @@ use weft_crypto::PublicKey;
 
 use super::Check;
 use crate::commands::status::HANDSHAKE_FRESH;
-use crate::status::{PeerInfo, Snapshot};
+use crate::observe::snapshot::{PeerInfo, Snapshot};
 
 /// Seconds since `peer`'s last handshake on the device, if it has had one.
 async fn ages(snapshot: &Snapshot) -> Vec<(String, Option<u64>)> {

@@ -117,7 +117,7 @@ async fn session(
     let mut updates_open = true;
     // An operator's `weft keys rotate --all` writes <prefix>/weft/rotate/<node>: read it
     // once (a request written while this agent was down), then watch it.
-    let rotate_key = format!("{}/weft/rotate/{ours}", reg.cfg.prefix);
+    let rotate_key = super::kv::rotate_request_key(&reg.cfg.prefix, &ours);
     let (request, mut rotate_stream) = read_and_watch(reg, &mut client, &rotate_key).await?;
     if let Some(value) = request {
         forward_rotation(reg, links, &value);

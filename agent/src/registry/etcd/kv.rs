@@ -8,6 +8,11 @@ pub fn subnet_key(subnet: &IpNet) -> String {
     format!("{}-{}", subnet.addr(), subnet.prefix_len())
 }
 
+/// `<prefix>/weft/rotate/<node>`: where `weft keys rotate --all` asks `node` to rotate.
+pub fn rotate_request_key(prefix: &str, node: &str) -> String {
+    format!("{}/weft/rotate/{node}", prefix.trim_end_matches('/'))
+}
+
 /// `10.244.3.0-24` → `10.244.3.0/24`.
 pub fn parse_subnet_key(name: &str) -> Option<IpNet> {
     let (addr, len) = name.rsplit_once('-')?;

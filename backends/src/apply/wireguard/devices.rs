@@ -1,37 +1,16 @@
-//! The two WireGuard implementations behind one trait: the kernel device, and the
-//! userspace device (boringtun in a process of its own). Both create the device under the
+//! The implementation a node runs, one of the two behind `WgDevices`: the kernel device,
+//! or the userspace device (boringtun in a process of its own). Both create the device under the
 //! same name, take the same per-peer changes and read back the same `WgDevice`; the
 //! data plane does not care which one runs.
-
-use std::future::Future;
 
 use weft_crypto::PrivateKey;
 
 use super::diff::DeviceChange;
 use super::kernel::{self, Kernel};
 use super::process::UserspaceProcess;
-use super::WgDevice;
+use super::{WgDevice, WgDevices};
 use crate::apply::{ApplyError, RtNetlink};
 use crate::netconf::Implementation;
-
-pub trait WgDevices {
-    /// Creates `device` unless this implementation already runs it (replacing whatever
-    /// else holds the name). Returns whether it was created.
-    fn ensure(
-        &mut self,
-        nl: &mut RtNetlink,
-        device: &str,
-    ) -> impl Future<Output = Result<bool, ApplyError>>;
-    fn get(&mut self, device: &str) -> impl Future<Output = Result<WgDevice, ApplyError>>;
-    fn apply(
-        &mut self,
-        device: &str,
-        change: &DeviceChange,
-        key: &PrivateKey,
-    ) -> impl Future<Output = Result<(), ApplyError>>;
-    /// Writes made so far.
-    fn writes(&self) -> u64;
-}
 
 /// The implementation a node runs, chosen once at start.
 pub enum WgImpl {

@@ -4,11 +4,10 @@
 
 use weft_crypto::PrivateKey;
 
-use super::devices::WgDevices;
 use super::diff::DeviceChange;
 use super::genl::Genl;
 use super::kernel_msg::{set_device_messages, MESSAGE_BUDGET};
-use super::WgDevice;
+use super::{WgDevice, WgDevices};
 use crate::apply::{ApplyError, Netlink, RtNetlink};
 
 /// The link type the kernel calls WireGuard.

@@ -15,11 +15,37 @@ pub mod uapi_socket;
 pub mod userspace;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use weft_crypto::{PresharedKey, PublicKey};
+use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
+
+use crate::apply::{ApplyError, RtNetlink};
+use diff::DeviceChange;
+
+/// What a WireGuard implementation does, whichever it is: the kernel device
+/// (`kernel::Kernel`) and the userspace device (`process::UserspaceProcess`) implement
+/// it, and `devices::WgImpl` is the one a node runs.
+pub trait WgDevices {
+    /// Creates `device` unless this implementation already runs it (replacing whatever
+    /// else holds the name). Returns whether it was created.
+    fn ensure(
+        &mut self,
+        nl: &mut RtNetlink,
+        device: &str,
+    ) -> impl Future<Output = Result<bool, ApplyError>>;
+    fn get(&mut self, device: &str) -> impl Future<Output = Result<WgDevice, ApplyError>>;
+    fn apply(
+        &mut self,
+        device: &str,
+        change: &DeviceChange,
+        key: &PrivateKey,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Writes made so far.
+    fn writes(&self) -> u64;
+}
 
 /// A WireGuard device as read back from the kernel or a userspace implementation.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use weft_crypto::PrivateKey;
 
-use super::devices::WgDevices;
 use super::diff::DeviceChange;
 use super::uapi::{self, encode_set};
 use super::uapi_socket::{socket_path, UapiClient};
-use super::WgDevice;
+use super::{WgDevice, WgDevices};
 use crate::apply::{ApplyError, Netlink, ObservedLink, RtNetlink};
 
 /// The link type of a TUN device, which a userspace device is.

@@ -1,0 +1,133 @@
+//! What a failure in a pass means (as kube-runtime's `error_policy` is to its
+//! reconciler): what the operator's views say, whether the node stays ready, what is
+//! logged. Every failure is logged here, once; nothing is retried here: the next event or
+//! the periodic resync runs the next pass, which re-reads everything.
+
+use std::time::Instant;
+
+use tracing::{error, info, warn};
+use weft_backends::apply::{ApplyError, DataplaneReport};
+use weft_backends::model::DesiredState;
+use weft_backends::plan::PlanError;
+
+use super::run_loop::LoopInputs;
+use super::subnet_file::SubnetFileError;
+use crate::observe::http::Readiness;
+
+/// A reconcile's bookkeeping, for its log line and metrics.
+pub(super) struct Outcome {
+    pub(super) pass: u64,
+    pub(super) full: bool,
+    pub(super) started: Instant,
+    pub(super) writes: u64,
+    pub(super) plan_ms: f64,
+}
+
+/// Records a reconcile's result; returns whether the data plane is programmed (errors on
+/// single objects, which the report lists, still count as programmed: the rest is in
+/// place and the next pass retries them).
+pub(super) fn reconciled(
+    inputs: &LoopInputs,
+    result: Result<DataplaneReport, ApplyError>,
+    o: &Outcome,
+) -> bool {
+    let took = o.started.elapsed().as_secs_f64();
+    match result {
+        Ok(r) => {
+            log_report(&r);
+            inputs.metrics.pass(took, !r.errors.is_empty());
+            inputs.snapshot.update(|s| {
+                s.passes += 1;
+                s.pass_errors += u64::from(!r.errors.is_empty());
+                s.last_errors = r.errors.clone();
+            });
+            inputs.health.set(Readiness::DataplaneProgrammed);
+            inputs
+                .ready
+                .send_if_modified(|ready| !std::mem::replace(ready, true));
+            info!(
+                pass = o.pass,
+                full = o.full,
+                changes = r.changes.len(),
+                errors = r.errors.len(),
+                writes = o.writes,
+                took_ms = took * 1e3,
+                plan_ms = o.plan_ms,
+                parts = ?r.timings,
+                "reconciled"
+            );
+            true
+        }
+        Err(e) => {
+            inputs.metrics.pass(took, true);
+            inputs.snapshot.update(|s| {
+                s.passes += 1;
+                s.pass_errors += 1;
+                s.last_errors = vec![e.to_string()];
+            });
+            inputs.health.unset(Readiness::DataplaneProgrammed);
+            warn!(error = %e, "reconcile failed; retrying on the next event or resync");
+            false
+        }
+    }
+}
+
+/// This node cannot be planned (its own lease or the config is unusable): the data plane
+/// stays as it is.
+pub(super) fn unplannable(e: &PlanError) {
+    error!(error = %e, "cannot plan this node");
+}
+
+/// subnet.env could not be written: the node is not ready (the CNI plugin reads it).
+pub(super) fn subnet_file_failed(e: &SubnetFileError) {
+    error!(error = %e, "writing the subnet file");
+}
+
+pub(super) fn log_report(report: &DataplaneReport) {
+    for change in &report.changes {
+        info!(change = %change, "data plane");
+    }
+    for error in &report.errors {
+        warn!(error = %error, "data plane");
+    }
+}
+
+/// Logs what changed in the plan: peers in and out, and each newly left-out peer's reason.
+pub(super) fn report_plan(before: Option<&DesiredState>, after: &DesiredState) {
+    if before == Some(after) {
+        return;
+    }
+    let peers = |s: Option<&DesiredState>| -> std::collections::BTreeSet<String> {
+        s.map(|s| {
+            let tunnels = s
+                .tunnels
+                .iter()
+                .flat_map(|t| t.peers.iter().map(|p| format!("{} {}", t.device, p.node)));
+            let vxlan = s
+                .vxlan
+                .iter()
+                .flat_map(|v| v.peers.iter().map(|p| format!("{} {}", v.device, p.node)));
+            tunnels.chain(vxlan).collect()
+        })
+        .unwrap_or_default()
+    };
+    let (old, new) = (peers(before), peers(Some(after)));
+    for p in new.difference(&old) {
+        info!(peer = %p, "peer planned");
+    }
+    for p in old.difference(&new) {
+        info!(peer = %p, "peer removed from plan");
+    }
+    for l in &after.left_out {
+        if !before.is_some_and(|b| b.left_out.contains(l)) {
+            warn!(node = %l.node, reason = %l.reason, "peer left out");
+        }
+    }
+    info!(
+        tunnels = after.tunnels.len(),
+        peers = new.len(),
+        routes = after.routes.len(),
+        left_out = after.left_out.len(),
+        "plan updated"
+    );
+}

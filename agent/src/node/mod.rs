@@ -1,0 +1,19 @@
+//! `weft agent`: this node's part of the mesh.
+//! - `start`: start-up (key, health and control endpoints, registry, config, lease, data
+//!   plane) and the wiring between them;
+//! - `run_loop`: the control loop, level-triggered, until shutdown: it chooses what woke
+//!   it; `pass` runs one pass; `error_policy` says what a failure means;
+//! - `backend_setup`: what each backend needs before the first plan;
+//! - `iface`: the address this node advertises;
+//! - `subnet_file`: `/run/flannel/subnet.env`.
+
+pub mod backend_setup;
+mod error_policy;
+pub mod iface;
+mod pass;
+mod run_loop;
+mod start;
+pub mod subnet_file;
+
+pub(crate) use start::init_tracing;
+pub use start::run;

@@ -1,0 +1,122 @@
+//! One pass of the control loop: read the latest view and our own lease, plan, tell the
+//! operator's views (snapshot, metrics), write subnet.env, reconcile the data plane. What
+//! a failure means is `error_policy`'s to say.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use tracing::{info, Instrument};
+use weft_backends::model::DesiredState;
+use weft_backends::plan::{plan, PlanInput};
+
+use super::error_policy::{self, report_plan};
+use super::run_loop::Controller;
+use super::subnet_file;
+use crate::keys::psk::effective_net;
+use crate::observe::http::Readiness;
+use crate::observe::snapshot;
+
+impl Controller<'_> {
+    /// Plans the node from the latest state and reconciles; `full` reads every WireGuard
+    /// device afresh instead of trusting what the last passes read.
+    pub(super) async fn pass(&mut self, full: bool) {
+        self.inputs.health.beat();
+        self.me = self.inputs.local.borrow_and_update().clone();
+        self.raw_view = self.inputs.views.borrow_and_update().clone();
+        if !Arc::ptr_eq(&self.seen_view, &self.raw_view) {
+            self.inputs
+                .metrics
+                .registry_changes(&self.seen_view.diff(&self.raw_view));
+            self.seen_view = self.raw_view.clone();
+        }
+        let t_plan = Instant::now();
+        let Some(state) = self.plan() else {
+            return;
+        };
+        let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
+        report_plan(self.last.as_ref(), &state);
+        self.write_subnet_file(&state);
+        self.passes += 1;
+        let pass = self.passes;
+        let span = tracing::info_span!("reconcile", pass);
+        let (started, writes) = (Instant::now(), self.dataplane.writes());
+        let result = if full {
+            self.dataplane
+                .reconcile(&state, &self.keys.key)
+                .instrument(span)
+                .await
+        } else {
+            self.dataplane
+                .reconcile_incremental(&state, &self.keys.key)
+                .instrument(span)
+                .await
+        };
+        let outcome = error_policy::Outcome {
+            pass,
+            full,
+            started,
+            writes: self.dataplane.writes() - writes,
+            plan_ms,
+        };
+        if error_policy::reconciled(&self.inputs, result, &outcome) {
+            self.keys.published_after_switch().await;
+        }
+        self.last = Some(state);
+    }
+
+    /// The plan for this node now (peers' announced keys taking over when they are in use,
+    /// see `switchover`); `None`, logged, when this node cannot be planned.
+    fn plan(&mut self) -> Option<DesiredState> {
+        let view = self.switchover.view(&self.raw_view, &self.me.node);
+        let now = SystemTime::now();
+        let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
+        let state = plan(&PlanInput {
+            local: &self.me,
+            view: &view,
+            config: &config,
+            options: self.options,
+            now,
+        });
+        let state = match state {
+            Ok(state) => state,
+            Err(e) => {
+                error_policy::unplannable(&e);
+                return None;
+            }
+        };
+        let (generation, rotating) = (
+            self.keys.rotation.generation(),
+            self.keys.rotation.pending().cloned(),
+        );
+        self.inputs.snapshot.update(|s| {
+            snapshot::from_plan(&self.me, &view, &state, s);
+            s.key_generation = generation;
+            s.rotating = rotating;
+        });
+        let peer_keys: Vec<(String, String)> = state
+            .tunnels
+            .iter()
+            .flat_map(|t| &t.peers)
+            .map(|p| (p.node.clone(), p.public_key.to_string()))
+            .collect();
+        self.inputs
+            .metrics
+            .peer_keys(peer_keys.iter().map(|(n, k)| (n.as_str(), k.as_str())));
+        Some(state)
+    }
+
+    fn write_subnet_file(&mut self, state: &DesiredState) {
+        match subnet_file::write(&self.args.subnet_file, &state.subnet_env) {
+            Ok(written) => {
+                if written {
+                    info!(path = %self.args.subnet_file.display(), "wrote subnet file");
+                }
+                self.inputs.health.set(Readiness::SubnetFileWritten);
+            }
+            Err(e) => {
+                self.inputs.health.unset(Readiness::SubnetFileWritten);
+                error_policy::subnet_file_failed(&e);
+            }
+        }
+    }
+}
