@@ -106,6 +106,7 @@ impl Member {
         let me = self.handle.local.borrow().clone();
         let view = self.handle.views.borrow().clone();
         plan(&PlanInput {
+            observed: &Default::default(),
             local: &me,
             view: &view,
             config: &self.net,

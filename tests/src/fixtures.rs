@@ -50,6 +50,7 @@ pub fn plan_with(conf: &str, me: &Lease, peers: Vec<Lease>, options: &PlanOption
         view.insert(l);
     }
     plan(&PlanInput {
+        observed: &Default::default(),
         local: me,
         view: &view,
         config: &config,

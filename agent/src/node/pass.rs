@@ -64,17 +64,19 @@ impl Controller<'_> {
         self.last = Some(state);
     }
 
-    /// The plan for this node now (peers' announced keys taking over when they are in use,
-    /// see `switchover`); `None`, logged, when this node cannot be planned.
+    /// The plan for this node now, from the latest view and what the device showed (peers'
+    /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
+    /// planned.
     fn plan(&mut self) -> Option<DesiredState> {
-        let view = self.switchover.view(&self.raw_view, &self.me.node);
+        let view = &self.raw_view;
         let now = SystemTime::now();
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
         let state = plan(&PlanInput {
             local: &self.me,
-            view: &view,
+            view,
             config: &config,
             options: self.options,
+            observed: self.switchover.observed(view, &self.me.node),
             now,
         });
         let state = match state {
@@ -89,7 +91,7 @@ impl Controller<'_> {
             self.keys.rotation.pending().cloned(),
         );
         self.inputs.snapshot.update(|s| {
-            snapshot::from_plan(&self.me, &view, &state, s);
+            snapshot::from_plan(&self.me, view, &state, s);
             s.key_generation = generation;
             s.rotating = rotating;
         });

@@ -162,9 +162,8 @@ impl Controller<'_> {
                 .state
                 .as_ref()
                 .and_then(|p| p.next_switch(SystemTime::now()));
-            let peer_switch_poll =
-                self.switchover
-                    .poll_at(&self.raw_view, &self.me.node, SystemTime::now());
+            let watch = self.last.as_ref().and_then(|s| s.key_watch.as_ref());
+            let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
             tokio::select! {
                 _ = self.inputs.views.changed() => return Wake::Pass { full: false },
@@ -246,18 +245,16 @@ impl Controller<'_> {
         }
     }
 
-    /// Whether a peer's announced next key has handshaken (then it takes over now).
+    /// Whether a watched announced key has handshaken (then the plan switches to it).
     async fn peer_key_in_use(&mut self) -> bool {
-        let device = self
-            .last
-            .as_ref()
-            .and_then(|s| s.tunnels.first())
-            .map(|t| t.device.clone());
-        let Some(device) = device else {
+        let Some(state) = self.last.as_ref() else {
             return false;
         };
-        match self.dataplane.handshakes(&device).await {
-            Ok(h) => self.switchover.observe(&self.raw_view, &self.me.node, &h),
+        let (Some(watch), Some(tunnel)) = (state.key_watch.as_ref(), state.tunnels.first()) else {
+            return false;
+        };
+        match self.dataplane.handshakes(&tunnel.device).await {
+            Ok(h) => self.switchover.observe(watch, &h, SystemTime::now()),
             Err(e) => {
                 warn!(error = %e, "reading handshakes for a key switch");
                 false

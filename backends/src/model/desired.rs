@@ -23,9 +23,11 @@ pub struct DesiredState {
     pub subnet_env: SubnetEnv,
     /// Peers not in the plan, each with the reason.
     pub left_out: Vec<LeftOut>,
-    /// The earliest moment a peer's announced key takes over: the plan changes then,
-    /// so the agent plans again at that moment.
+    /// The earliest moment a peer's announced key takes over by the clock: the plan
+    /// changes then, so the agent plans again at that moment.
     pub next_switch: Option<std::time::SystemTime>,
+    /// Announced keys whose first handshake the agent watches for (see `Observed`).
+    pub key_watch: Option<super::KeyWatch>,
 }
 
 /// One WireGuard device and its peers.

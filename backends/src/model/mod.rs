@@ -6,6 +6,7 @@ pub mod annotations;
 mod desired;
 mod lease;
 pub mod net;
+mod observed;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use desired::{
@@ -15,3 +16,4 @@ pub use desired::{
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;
+pub use observed::{KeyWatch, Observed, HANDSHAKE_POLL, SWITCH_GRACE, WATCH_BEFORE};

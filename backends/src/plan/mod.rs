@@ -42,6 +42,8 @@ pub struct PlanInput<'a> {
     pub view: &'a crate::model::ClusterView,
     pub config: &'a NetConf,
     pub options: &'a PlanOptions,
+    /// What this node's devices reported (announced keys in use).
+    pub observed: &'a crate::model::Observed,
     pub now: SystemTime,
 }
 

@@ -68,6 +68,7 @@ fn run_as(
         underlay_networks: vec![],
     };
     plan(&PlanInput {
+        observed: &Default::default(),
         local: &me,
         view: &view,
         config: &config,
@@ -137,48 +138,132 @@ fn a_peer_in_our_zone_is_reached_on_its_internal_address() {
     );
 }
 
-#[test]
-fn an_announced_key_is_staged_then_takes_over_at_its_moment() {
-    let switch_ms = (NOW + std::time::Duration::from_secs(3)).as_millis() as u64;
-    let mut b = good_peer();
-    b.next_key = Some(crate::model::NextKey {
-        public_key: key(22).to_string(),
-        switch_at_ms: switch_ms,
-        generation: 2,
-    });
-    let before = run(CONF, vec![b.clone()], false).unwrap();
-    let peers: Vec<(String, Vec<String>)> = before.tunnels[0]
+fn run_observed(peers: Vec<Lease>, observed: &crate::model::Observed) -> DesiredState {
+    let me = local();
+    let config = parse(CONF).unwrap();
+    let mut view = ClusterView::default();
+    view.insert(me.clone());
+    for p in peers {
+        view.insert(p);
+    }
+    let options = PlanOptions {
+        ip_masq: false,
+        underlay_mtu: 1500,
+        underlay_device: None,
+        underlay_networks: vec![],
+    };
+    plan(&PlanInput {
+        observed,
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &options,
+        now: SystemTime::UNIX_EPOCH + NOW,
+    })
+    .unwrap()
+}
+
+/// Each peer's (key, AllowedIPs) in the plan.
+fn peer_keys(state: &DesiredState) -> Vec<(weft_crypto::PublicKey, usize)> {
+    state.tunnels[0]
         .peers
         .iter()
-        .map(|p| {
-            (
-                p.public_key.to_string(),
-                p.allowed_ips.iter().map(ToString::to_string).collect(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        peers,
-        [
-            (key(22).to_string(), vec![]),
-            (key(2).to_string(), vec!["10.244.2.0/24".to_string()])
-        ]
-    );
-    assert_eq!(
-        before.next_switch,
-        Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(switch_ms))
-    );
-    // At the moment: one peer, the new key, with the subnet; nothing left to wait for.
-    b.next_key.as_mut().unwrap().switch_at_ms = NOW.as_millis() as u64;
-    let after = run(CONF, vec![b.clone()], false).unwrap();
-    assert_eq!(after.tunnels[0].peers.len(), 1);
-    assert_eq!(after.tunnels[0].peers[0].public_key, key(22));
-    assert_eq!(after.tunnels[0].peers[0].allowed_ips.len(), 1);
-    assert_eq!(after.next_switch, None);
-    // An announced key that does not parse is ignored.
-    b.next_key.as_mut().unwrap().public_key = "junk".into();
-    let ignored = run(CONF, vec![b], false).unwrap();
-    assert_eq!(ignored.tunnels[0].peers[0].public_key, key(2));
+        .map(|p| (p.public_key, p.allowed_ips.len()))
+        .collect()
+}
+
+#[test]
+fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grace() {
+    use crate::model::{KeyWatch, Observed, SWITCH_GRACE, WATCH_BEFORE};
+    let at = |offset_ms: i64| (NOW.as_millis() as i64 + offset_ms) as u64;
+    let announced = |switch_at_ms: u64, public_key: String| {
+        let mut b = good_peer();
+        b.next_key = Some(crate::model::NextKey {
+            public_key,
+            switch_at_ms,
+            generation: 2,
+        });
+        b
+    };
+    let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    let in_use = Observed {
+        next_keys_in_use: [key(22)].into(),
+    };
+    let none = Observed::default();
+    let (staged, switched) = (vec![(key(22), 0), (key(2), 1)], vec![(key(22), 1)]);
+    // (switch moment relative to now, what the device showed, expected peers, clock
+    // switch, watch window)
+    let grace = SWITCH_GRACE.as_millis() as i64;
+    let cases: Vec<(
+        &str,
+        i64,
+        &Observed,
+        Vec<(weft_crypto::PublicKey, usize)>,
+        bool,
+    )> = vec![
+        (
+            "3 s ahead, not in use: staged beside the old key",
+            3_000,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "3 s ahead, handshaken: switched at once",
+            3_000,
+            &in_use,
+            switched.clone(),
+            false,
+        ),
+        (
+            "at its moment, not in use: still staged (the grace)",
+            0,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "within the grace, not in use",
+            -grace + 1,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "at the end of the grace: the clock switches it",
+            -grace,
+            &none,
+            switched.clone(),
+            false,
+        ),
+        ("long past", -60_000, &none, switched.clone(), false),
+    ];
+    for (what, offset, observed, want, watching) in cases {
+        let state = run_observed(vec![announced(at(offset), key(22).to_string())], observed);
+        assert_eq!(peer_keys(&state), want, "{what}");
+        let switch = moment(at(offset)) + SWITCH_GRACE;
+        if watching {
+            assert_eq!(state.next_switch, Some(switch), "{what}");
+            assert_eq!(
+                state.key_watch,
+                Some(KeyWatch {
+                    keys: vec![key(22)],
+                    from: moment(at(offset)) - WATCH_BEFORE,
+                    until: switch,
+                }),
+                "{what}"
+            );
+        } else {
+            assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
+        }
+    }
+    // An announced key that does not parse is ignored; so is one equal to ours or to the
+    // peer's current key.
+    for junk in ["junk".to_string(), key(1).to_string(), key(2).to_string()] {
+        let state = run_observed(vec![announced(at(3_000), junk.clone())], &in_use);
+        assert_eq!(peer_keys(&state), vec![(key(2), 1)], "{junk}");
+        assert_eq!(state.key_watch, None, "{junk}");
+    }
 }
 
 #[test]
@@ -459,6 +544,7 @@ fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
         underlay_networks: vec![],
     };
     plan(&PlanInput {
+        observed: &Default::default(),
         local: &me,
         view: &view,
         config: &config,
@@ -548,6 +634,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     let mut me = local();
     me.subnet = Some("10.9.0.0/24".parse().unwrap());
     let err = plan(&PlanInput {
+        observed: &Default::default(),
         local: &me,
         view: &view,
         config: &config,
@@ -559,6 +646,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     let mut me = local();
     me.backend_data = None;
     let err = plan(&PlanInput {
+        observed: &Default::default(),
         local: &me,
         view: &view,
         config: &config,

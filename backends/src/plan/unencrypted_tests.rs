@@ -51,6 +51,7 @@ fn run(conf: &str, me: Lease, peers: Vec<Lease>) -> Result<DesiredState, PlanErr
         underlay_networks: vec!["198.51.100.0/24".parse().unwrap()],
     };
     plan(&PlanInput {
+        observed: &Default::default(),
         local: &me,
         view: &view,
         config: &config,

@@ -12,7 +12,8 @@ use weft_crypto::PublicKey;
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{
-    DesiredState, Family, Lease, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec, TunnelSpec,
+    DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec,
+    TunnelSpec, SWITCH_GRACE,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -180,13 +181,17 @@ pub(crate) fn plan(
                     // A rotation announced by the peer: before its moment the next key is
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
                     // from then on it is the peer's key.
-                    let (p, staged) = rotated(p, c.lease, own_key, input.now);
-                    if let Some(s) = staged {
-                        let at = c.lease.next_key.as_ref().map(|n| n.switch_at());
-                        state.next_switch = match (state.next_switch, at) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
+                    let (p, staged) = rotated(p, c.lease, own_key, input);
+                    if let Some((s, at)) = staged {
+                        // The clock switches it at `at` at the latest; its first handshake
+                        // switches it earlier, so the agent watches for that.
+                        state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
+                        KeyWatch::merge(
+                            &mut state.key_watch,
+                            s.public_key,
+                            at - SWITCH_GRACE,
+                            input.now,
+                        );
                         peers.push(s);
                     }
                     peers.push(p);
@@ -304,14 +309,17 @@ fn peer(
     })
 }
 
-/// `p` as the peer's announced rotation makes it at `now`: switched to the next key once
-/// its moment has come, or with the next key staged beside it (returned second) before.
+/// `p` as the peer's announced rotation makes it now: switched to the next key once that
+/// key is in use (it has handshaken on our device) or `SWITCH_GRACE` after its announced
+/// moment, whichever comes first; before that, with the next key staged beside it
+/// (returned second, with the moment the clock switches it). Switching on the handshake
+/// rather than on the clock means no packet goes to a key not yet in use.
 fn rotated(
     mut p: PeerSpec,
     lease: &Lease,
     own_key: PublicKey,
-    now: std::time::SystemTime,
-) -> (PeerSpec, Option<PeerSpec>) {
+    input: &PlanInput<'_>,
+) -> (PeerSpec, Option<(PeerSpec, std::time::SystemTime)>) {
     let Some(next) = &lease.next_key else {
         return (p, None);
     };
@@ -321,7 +329,8 @@ fn rotated(
     if key == p.public_key || key == own_key {
         return (p, None);
     }
-    if now >= next.switch_at() {
+    let at = next.switch_at() + SWITCH_GRACE;
+    if input.now >= at || input.observed.next_keys_in_use.contains(&key) {
         p.public_key = key;
         return (p, None);
     }
@@ -331,7 +340,7 @@ fn rotated(
         allowed_ips: Vec::new(),
         ..p.clone()
     };
-    (p, Some(staged))
+    (p, Some((staged, at)))
 }
 
 /// One key, one peer: when two nodes publish the same key neither can be told apart on

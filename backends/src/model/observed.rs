@@ -1,0 +1,98 @@
+//! What this node's devices have reported, handed to `plan()` as an input like the clock:
+//! every decision made from it (a peer's announced key taking over when it handshakes) is
+//! planner code with table tests. Kept by the agent between passes; no I/O here.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use weft_crypto::PublicKey;
+
+/// How long after a peer's announced moment its next key takes over even if it has not
+/// handshaken (the rotating node is late, or down: it switches when it returns).
+pub const SWITCH_GRACE: Duration = Duration::from_secs(2);
+/// How often the device is read while a switch is near.
+pub const HANDSHAKE_POLL: Duration = Duration::from_millis(20);
+/// How long before an announced moment the watching starts.
+pub const WATCH_BEFORE: Duration = Duration::from_millis(300);
+
+/// The devices' reports that the plan depends on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Peers' announced next keys that have handshaken on this node's device: each is in
+    /// use, so it takes over at once.
+    pub next_keys_in_use: BTreeSet<PublicKey>,
+}
+
+/// When the agent should read its device for announced keys' first handshakes: every
+/// `HANDSHAKE_POLL` from `from` until `until`, looking for `keys` (after `until` the
+/// clock switches them anyway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyWatch {
+    pub keys: Vec<PublicKey>,
+    pub from: SystemTime,
+    pub until: SystemTime,
+}
+
+impl KeyWatch {
+    /// When to read the device next, after reading it at `last` (if at all); `None` once
+    /// the watch is over at `now`.
+    pub fn next_poll(&self, last: Option<SystemTime>, now: SystemTime) -> Option<SystemTime> {
+        if now >= self.until {
+            return None;
+        }
+        let after_last = last.map_or(self.from, |t| t + HANDSHAKE_POLL);
+        Some(self.from.max(after_last))
+    }
+
+    /// Adds `key`'s watch, announced to switch at `at`, unless it is already over at `now`.
+    pub(crate) fn merge(
+        watch: &mut Option<KeyWatch>,
+        key: PublicKey,
+        at: SystemTime,
+        now: SystemTime,
+    ) {
+        let until = at + SWITCH_GRACE;
+        if now >= until {
+            return;
+        }
+        let from = at.checked_sub(WATCH_BEFORE).unwrap_or(at);
+        match watch {
+            Some(w) => {
+                w.keys.push(key);
+                w.from = w.from.min(from);
+                w.until = w.until.max(until);
+            }
+            None => {
+                *watch = Some(KeyWatch {
+                    keys: vec![key],
+                    from,
+                    until,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_polls_from_its_start_every_poll_until_its_end() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let key = weft_crypto::PrivateKey::from_bytes([9; 32]).public_key();
+        let mut w = None;
+        KeyWatch::merge(&mut w, key, t, t - Duration::from_secs(10));
+        let w = w.unwrap();
+        assert_eq!((w.from, w.until), (t - WATCH_BEFORE, t + SWITCH_GRACE));
+        assert_eq!(
+            w.next_poll(None, t - Duration::from_secs(10)),
+            Some(t - WATCH_BEFORE)
+        );
+        assert_eq!(w.next_poll(Some(t), t), Some(t + HANDSHAKE_POLL));
+        assert_eq!(w.next_poll(Some(t), t + SWITCH_GRACE), None);
+        let mut over = None;
+        KeyWatch::merge(&mut over, key, t, t + SWITCH_GRACE);
+        assert_eq!(over, None, "past the grace: the clock decides");
+    }
+}
