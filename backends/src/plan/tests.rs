@@ -194,13 +194,14 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
     // (switch moment relative to now, what the device showed, expected peers, clock
     // switch, watch window)
     let grace = SWITCH_GRACE.as_millis() as i64;
-    let cases: Vec<(
-        &str,
+    type Case<'a> = (
+        &'a str,
         i64,
-        &Observed,
+        &'a Observed,
         Vec<(weft_crypto::PublicKey, usize)>,
         bool,
-    )> = vec![
+    );
+    let cases: Vec<Case> = vec![
         (
             "3 s ahead, not in use: staged beside the old key",
             3_000,
