@@ -4,6 +4,7 @@
 //! - `run_loop`: the control loop, level-triggered, until shutdown: it chooses what woke
 //!   it; `pass` runs one pass; `error_policy` says what a failure means;
 //! - `backend_setup`: what each backend needs before the first plan;
+//! - `roaming`: what the loop remembers of its peers' endpoints, for the plan;
 //! - `iface`: the address this node advertises;
 //! - `subnet_file`: `/run/flannel/subnet.env`.
 
@@ -11,6 +12,7 @@ pub mod backend_setup;
 mod error_policy;
 pub mod iface;
 mod pass;
+mod roaming;
 mod run_loop;
 mod start;
 pub mod subnet_file;

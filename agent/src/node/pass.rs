@@ -1,12 +1,15 @@
-//! One pass of the control loop: read the latest view and our own lease, plan, tell the
-//! operator's views (snapshot, metrics), write subnet.env, reconcile the data plane. What
+//! One pass of the control loop: read the latest view, our own lease and what the devices
+//! hold, plan, tell the operator's views (snapshot, metrics), write subnet.env, reconcile
+//! the data plane. What
 //! a failure means is `error_policy`'s to say.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use tracing::{info, Instrument};
-use weft_backends::model::DesiredState;
+use tracing::{info, warn, Instrument};
+use weft_backends::apply::wireguard::WgPeer;
+use weft_backends::model::{DesiredState, Observed};
 use weft_backends::plan::{plan, PlanInput};
 
 use super::error_policy::{self, report_plan};
@@ -15,6 +18,7 @@ use super::subnet_file;
 use crate::keys::psk::effective_net;
 use crate::observe::http::Readiness;
 use crate::observe::snapshot;
+use weft_crypto::PublicKey;
 
 impl Controller<'_> {
     /// Plans the node from the latest state and reconciles; `full` reads every WireGuard
@@ -29,8 +33,16 @@ impl Controller<'_> {
                 .registry_changes(&self.seen_view.diff(&self.raw_view));
             self.seen_view = self.raw_view.clone();
         }
+        // What the devices hold (read afresh for a full pass, which then uses this read).
+        let device = match self.dataplane.observe(full).await {
+            Ok(peers) => peers,
+            Err(e) => {
+                warn!(error = %e, "reading the WireGuard devices for the plan");
+                Default::default()
+            }
+        };
         let t_plan = Instant::now();
-        let Some(state) = self.plan() else {
+        let Some(state) = self.plan(device) else {
             return;
         };
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
@@ -58,6 +70,10 @@ impl Controller<'_> {
             writes: self.dataplane.writes() - writes,
             plan_ms,
         };
+        if let Ok(report) = &result {
+            self.roaming
+                .passed(&state, &report.endpoints_set, SystemTime::now());
+        }
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
         }
@@ -67,16 +83,20 @@ impl Controller<'_> {
     /// The plan for this node now, from the latest view and what the device showed (peers'
     /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
     /// planned.
-    fn plan(&mut self) -> Option<DesiredState> {
+    fn plan(&mut self, device: BTreeMap<PublicKey, WgPeer>) -> Option<DesiredState> {
         let view = &self.raw_view;
         let now = SystemTime::now();
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
+        let observed = Observed {
+            peers: self.roaming.observed(device),
+            ..self.switchover.observed(view, &self.me.node).clone()
+        };
         let state = plan(&PlanInput {
             local: &self.me,
             view,
             config: &config,
             options: self.options,
-            observed: self.switchover.observed(view, &self.me.node),
+            observed: &observed,
             now,
         });
         let state = match state {

@@ -6,7 +6,7 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::WgImpl;
-use super::wireguard::diff::{apply_to, diff_device_keeping, PeerChange};
+use super::wireguard::diff::{apply_to, diff_device, PeerChange};
 use super::wireguard::process::{remove_device, UserspaceProcess};
 use super::wireguard::WgDevices;
 use super::{
@@ -23,6 +23,8 @@ pub struct DataplaneReport {
     pub errors: Vec<String>,
     /// Milliseconds spent per part of the pass: routing, wireguard, vxlan, nftables.
     pub timings: Vec<(&'static str, f64)>,
+    /// The WireGuard peers whose endpoint this pass set (added peers among them).
+    pub endpoints_set: Vec<weft_crypto::PublicKey>,
 }
 
 fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::Instant) {
@@ -43,11 +45,9 @@ pub struct Dataplane {
     /// The rule set last found in place; an incremental pass leaves nftables alone when
     /// the plan's is the same (the 2 s check and every full pass still look).
     nft_seen: Option<Vec<crate::model::MasqueradeTable>>,
-    /// The endpoint last planned for each peer: a roamed endpoint is kept only while the
-    /// plan's stays the same (see `keep_roamed`).
-    planned_endpoints: std::collections::HashMap<weft_crypto::PublicKey, std::net::SocketAddr>,
-    /// When this agent last set (or first saw) each peer's endpoint.
-    endpoint_set: std::collections::HashMap<weft_crypto::PublicKey, std::time::Instant>,
+    /// Devices read afresh by `observe` for the pass about to run: a full pass uses that
+    /// read instead of reading them again.
+    fresh: std::collections::HashSet<String>,
 }
 
 /// A peer just added to a device gets one empty datagram into the tunnel, to its device
@@ -112,8 +112,7 @@ impl Dataplane {
             wg,
             wg_seen: Default::default(),
             nft_seen: None,
-            planned_endpoints: Default::default(),
-            endpoint_set: Default::default(),
+            fresh: Default::default(),
         };
         Ok((dataplane, why))
     }
@@ -134,6 +133,38 @@ impl Dataplane {
             .into_iter()
             .filter_map(|(k, p)| Some((k, p.last_handshake.filter(|t| !t.is_zero())?)))
             .collect())
+    }
+
+    /// The peers of this node's WireGuard devices, for the plan (`Observed`): read afresh
+    /// when `full` (the full pass that follows uses this read), else as last read plus
+    /// this agent's changes since. A device that does not exist has no peers.
+    pub async fn observe(
+        &mut self,
+        full: bool,
+    ) -> Result<
+        std::collections::BTreeMap<weft_crypto::PublicKey, super::wireguard::WgPeer>,
+        ApplyError,
+    > {
+        self.fresh.clear();
+        let mut peers = std::collections::BTreeMap::new();
+        let Some(wg) = self.wg.as_mut() else {
+            return Ok(peers);
+        };
+        for name in [WG_DEVICE, WG_DEVICE_V6] {
+            if full {
+                if self.nl.link(name).await?.is_none() {
+                    self.wg_seen.remove(name);
+                    continue;
+                }
+                let device = wg.get(name).await?;
+                self.wg_seen.insert(name.to_string(), device);
+                self.fresh.insert(name.to_string());
+            }
+            if let Some(device) = self.wg_seen.get(name) {
+                peers.extend(device.peers.iter().map(|(k, p)| (*k, p.clone())));
+            }
+        }
+        Ok(peers)
     }
 
     /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
@@ -184,7 +215,7 @@ impl Dataplane {
         Ok(DataplaneReport {
             changes: nft.applied,
             errors: nft.failed.iter().map(ToString::to_string).collect(),
-            timings: Vec::new(),
+            ..DataplaneReport::default()
         })
     }
 
@@ -242,29 +273,15 @@ impl Dataplane {
                 started = true;
             }
             let observed = match self.wg_seen.get(&t.device) {
-                Some(seen) if !full && !created => seen.clone(),
+                Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen.clone(),
                 _ => wg.get(&t.device).await?,
             };
-            let now = std::time::SystemTime::now();
-            let instant = std::time::Instant::now();
-            for p in &t.peers {
-                self.endpoint_set.entry(p.public_key).or_insert(instant);
-            }
-            let (planned, set) = (&self.planned_endpoints, &self.endpoint_set);
-            let keep = |want: &PeerSpec, have: &super::wireguard::WgPeer| {
-                let since_set = set
-                    .get(&want.public_key)
-                    .map_or(std::time::Duration::ZERO, |t| instant.duration_since(*t));
-                keep_roamed(planned.get(&want.public_key), want, have, now, since_set)
-            };
-            let mut change = diff_device_keeping(t, &key.public_key(), &observed, &keep);
+            let mut change = diff_device(t, &key.public_key(), &observed);
             for c in &change.peers {
                 match c {
-                    PeerChange::Add(p) => {
-                        self.endpoint_set.insert(p.public_key, instant);
-                    }
+                    PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
                     PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
-                        self.endpoint_set.insert(spec.public_key, instant);
+                        report.endpoints_set.push(spec.public_key)
                     }
                     _ => {}
                 }
@@ -278,9 +295,6 @@ impl Dataplane {
                     .map(|k| PeerChange::Remove { key: *k })
                     .chain(t.peers.iter().cloned().map(PeerChange::Add))
                     .collect();
-            }
-            for p in &t.peers {
-                self.planned_endpoints.insert(p.public_key, p.endpoint);
             }
             if change.is_empty() {
                 self.wg_seen.insert(t.device.clone(), observed);
@@ -381,90 +395,5 @@ impl Dataplane {
             .errors
             .extend(nft.failed.iter().map(ToString::to_string));
         Ok(report)
-    }
-}
-
-/// How long after its last handshake a peer's session counts as alive (WireGuard's
-/// REJECT_AFTER_TIME: past it, the session is dropped).
-pub const SESSION_FRESH: std::time::Duration = std::time::Duration::from_secs(180);
-
-/// Whether to leave a peer's endpoint as the device has it. WireGuard learned it from the
-/// peer's own authenticated packets (roaming, a NAT rebinding the peer's port), and it is
-/// kept while the plan still names the endpoint it named before (an operator or the peer
-/// moving it is followed at once) and either the session is fresh or this agent set the
-/// endpoint less than a session's lifetime ago: a peer behind a NAT is learned from its
-/// handshake initiation, before that handshake completes, and must not be put back then.
-/// After a restart there is no "before": a fresh session keeps its endpoint.
-pub fn keep_roamed(
-    planned_before: Option<&std::net::SocketAddr>,
-    want: &PeerSpec,
-    have: &super::wireguard::WgPeer,
-    now: std::time::SystemTime,
-    since_set: std::time::Duration,
-) -> bool {
-    let plan_unchanged = planned_before.is_none_or(|before| *before == want.endpoint);
-    let fresh = have.last_handshake.is_some_and(|t| {
-        !t.is_zero()
-            && now
-                .duration_since(std::time::UNIX_EPOCH)
-                .is_ok_and(|n| n.saturating_sub(t) <= SESSION_FRESH)
-    });
-    have.endpoint.is_some() && (fresh || since_set < SESSION_FRESH) && plan_unchanged
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, UNIX_EPOCH};
-
-    use super::*;
-    use crate::apply::wireguard::WgPeer;
-
-    #[test]
-    fn a_roamed_endpoint_is_kept_while_fresh_and_the_plan_is_unchanged() {
-        let want = PeerSpec {
-            node: "n2".into(),
-            public_key: weft_crypto::PrivateKey::from_bytes([2; 32]).public_key(),
-            endpoint: "198.51.100.253:51820".parse().unwrap(),
-            allowed_ips: vec![],
-            keepalive: 25,
-            psk: None,
-        };
-        let now = UNIX_EPOCH + Duration::from_secs(100_000);
-        let roamed = WgPeer {
-            endpoint: "198.51.100.253:40123".parse().ok(),
-            last_handshake: Some(Duration::from_secs(100_000 - 30)),
-            ..WgPeer::default()
-        };
-        let same = Some(&want.endpoint);
-        let long = Duration::from_secs(3600);
-        assert!(keep_roamed(same, &want, &roamed, now, long));
-        assert!(
-            keep_roamed(None, &want, &roamed, now, long),
-            "after a restart"
-        );
-        let stale = WgPeer {
-            last_handshake: Some(Duration::from_secs(100_000 - 200)),
-            ..roamed.clone()
-        };
-        assert!(!keep_roamed(same, &want, &stale, now, long));
-        let never = WgPeer {
-            last_handshake: None,
-            ..roamed.clone()
-        };
-        assert!(!keep_roamed(same, &want, &never, now, long));
-        // Learned from a handshake initiation that has not completed yet, just after the
-        // peer was added: kept.
-        assert!(keep_roamed(
-            same,
-            &want,
-            &never,
-            now,
-            Duration::from_millis(70)
-        ));
-        let moved: std::net::SocketAddr = "203.0.113.9:51820".parse().unwrap();
-        assert!(
-            !keep_roamed(Some(&moved), &want, &roamed, now, long),
-            "the plan moved it"
-        );
     }
 }

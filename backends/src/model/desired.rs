@@ -28,6 +28,9 @@ pub struct DesiredState {
     pub next_switch: Option<std::time::SystemTime>,
     /// Announced keys whose first handshake the agent watches for (see `Observed`).
     pub key_watch: Option<super::KeyWatch>,
+    /// The endpoint the registry gives each WireGuard peer, before a roamed one is kept:
+    /// the agent remembers it (`PeerObserved::planned_before`).
+    pub planned_endpoints: std::collections::BTreeMap<PublicKey, SocketAddr>,
 }
 
 /// One WireGuard device and its peers.

@@ -16,4 +16,4 @@ pub use desired::{
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;
-pub use observed::{KeyWatch, Observed, HANDSHAKE_POLL, SWITCH_GRACE, WATCH_BEFORE};
+pub use observed::{KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SWITCH_GRACE, WATCH_BEFORE};

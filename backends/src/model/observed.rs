@@ -1,8 +1,10 @@
 //! What this node's devices have reported, handed to `plan()` as an input like the clock:
-//! every decision made from it (a peer's announced key taking over when it handshakes) is
-//! planner code with table tests. Kept by the agent between passes; no I/O here.
+//! every decision made from it (a peer's announced key taking over when it handshakes, an
+//! endpoint learned by roaming kept) is planner code with table tests. Kept by the agent
+//! between passes; no I/O here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
 use weft_crypto::PublicKey;
@@ -21,6 +23,24 @@ pub struct Observed {
     /// Peers' announced next keys that have handshaken on this node's device: each is in
     /// use, so it takes over at once.
     pub next_keys_in_use: BTreeSet<PublicKey>,
+    /// Each peer on this node's WireGuard devices, by key: what the device holds, and
+    /// what this agent did to it.
+    pub peers: BTreeMap<PublicKey, PeerObserved>,
+}
+
+/// One peer as the device reports it, with the agent's memory of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerObserved {
+    /// The endpoint the device holds: WireGuard learns it from the peer's own
+    /// authenticated packets (roaming, a NAT rebinding the peer's port).
+    pub endpoint: Option<SocketAddr>,
+    /// The last handshake, as time since the Unix epoch; `None` or zero: never.
+    pub last_handshake: Option<Duration>,
+    /// The endpoint the previous plans named for this peer (before a roamed one was kept);
+    /// `None` after a restart.
+    pub planned_before: Option<SocketAddr>,
+    /// When this agent last set the peer's endpoint (or first saw the peer); `None`: now.
+    pub endpoint_set: Option<SystemTime>,
 }
 
 /// When the agent should read its device for announced keys' first handshakes: every

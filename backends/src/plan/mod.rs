@@ -7,6 +7,7 @@
 
 mod masquerade;
 mod peers;
+pub mod roaming;
 mod unencrypted;
 mod wireguard;
 

@@ -188,6 +188,7 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
     let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
     let in_use = Observed {
         next_keys_in_use: [key(22)].into(),
+        ..Observed::default()
     };
     let none = Observed::default();
     let (staged, switched) = (vec![(key(22), 0), (key(2), 1)], vec![(key(22), 1)]);

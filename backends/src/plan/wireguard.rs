@@ -202,6 +202,12 @@ pub(crate) fn plan(
                 }),
             }
         }
+        super::roaming::keep_roamed(
+            &mut peers,
+            input.observed,
+            input.now,
+            &mut state.planned_endpoints,
+        );
         drop_duplicate_keys(&mut peers, &mut left_out);
         let mut addresses = Vec::new();
         for (carries, subnet, network) in [
