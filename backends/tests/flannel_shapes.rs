@@ -112,7 +112,7 @@ fn annotations_overwrite_unmanaged_nodes_and_bad_values() {
 
     let mut bad = a.clone();
     bad.insert(format!("{p}/backend-data"), "{not json".into());
-    let err = read(p, "node-b", &[], &bad).unwrap_err();
+    let err = read(p, "node-b", &[], &bad).unwrap_err().to_string();
     assert!(
         err.starts_with(
             "node node-b: annotation flannel.alpha.coreos.com/backend-data is not JSON"
@@ -122,6 +122,6 @@ fn annotations_overwrite_unmanaged_nodes_and_bad_values() {
     let mut bad = a;
     bad.insert(format!("{p}/public-ip"), "nope".into());
     bad.remove(&format!("{p}/public-ip-overwrite"));
-    let err = read(p, "node-b", &[], &bad).unwrap_err();
+    let err = read(p, "node-b", &[], &bad).unwrap_err().to_string();
     assert!(err.contains("\"nope\" is not an IPv4 address"), "{err}");
 }

@@ -12,12 +12,9 @@ use crate::observe::control_socket::{fetch, request, socket_path};
 
 fn published_key(snapshot: &crate::observe::snapshot::Snapshot) -> String {
     snapshot
-        .published
-        .as_ref()
-        .and_then(|d| d.get("PublicKey"))
-        .and_then(|k| k.as_str())
+        .published_key()
+        .map(|k| k.to_string())
         .unwrap_or_default()
-        .to_string()
 }
 
 /// This node: asks the local agent, then waits until it publishes the new key.

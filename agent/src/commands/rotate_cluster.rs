@@ -41,11 +41,9 @@ fn seen(lease: &Lease) -> Option<Seen> {
     if lease.backend_type != "wireguard" {
         return None;
     }
-    let key = lease
-        .backend_data
-        .as_ref()?
-        .get("PublicKey")?
-        .as_str()?
+    let key = weft_backends::plan::WireguardData::decode(lease.backend_data.as_ref())
+        .ok()?
+        .public_key
         .to_string();
     Some(Seen {
         key,

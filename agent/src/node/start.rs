@@ -2,7 +2,7 @@
 //! data plane; then the control loop (`run_loop`) until shutdown.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use tokio::sync::watch;
@@ -171,6 +171,83 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// A rotation a previous run left unfinished goes on: its key was announced, so peers may
+/// already use it; if its moment has passed, the switch happens now.
+fn resume_rotation(key: PrivateKey, key_path: &Path) -> anyhow::Result<(PrivateKey, Rotation)> {
+    let mut rotation = Rotation::load(key_path);
+    let mut key = key;
+    if let Some(next) = rotation.pending().cloned() {
+        if std::time::SystemTime::now() >= next.switch_at() {
+            key = rotation
+                .promote()
+                .context("finishing an interrupted key rotation")?;
+            info!(public_key = %key.public_key(), "an interrupted key rotation was due: switched to its key");
+        } else {
+            info!(next = %next.public_key, switch_at_ms = next.switch_at_ms, "resuming an interrupted key rotation");
+        }
+    }
+    Ok((key, rotation))
+}
+
+/// What this node publishes.
+fn local_attrs(
+    args: &AgentArgs,
+    net: &weft_backends::netconf::NetConf,
+    public_ip: std::net::Ipv4Addr,
+    setup: &backend_setup::BackendSetup,
+    rotation: &Rotation,
+) -> LocalAttrs {
+    // With --public-ip naming another (external) address, the interface's own one is
+    // the internal address peers in our zone use.
+    let internal_ip = match args.public_ip {
+        Some(_) => crate::node::iface::local_ip(args)
+            .ok()
+            .filter(|ip| *ip != public_ip),
+        None => None,
+    };
+    LocalAttrs {
+        public_ip: Some(public_ip),
+        internal_ip,
+        public_ipv6: None,
+        backend: net.backend.kind(),
+        backend_data: setup.backend_data.clone(),
+        backend_v6_data: None,
+        next_key: rotation.pending().cloned(),
+    }
+}
+
+/// The node-local facts the plan needs: the external interface (the one holding the
+/// public IP), its MTU and networks.
+async fn plan_options(
+    args: &AgentArgs,
+    setup: &backend_setup::BackendSetup,
+    dataplane: &mut Dataplane,
+    public_ip: std::net::Ipv4Addr,
+) -> anyhow::Result<PlanOptions> {
+    let underlay = dataplane
+        .underlay_of(IpAddr::V4(public_ip))
+        .await
+        .context("finding the external interface")?;
+    match &underlay {
+        Some(u) => {
+            info!(device = %u.device, mtu = u.mtu, networks = ?u.networks, "external interface")
+        }
+        None => {
+            warn!(%public_ip, "no interface holds the public IP: host-gw and DirectRouting cannot tell on-link peers, and the underlay MTU is taken as 1500")
+        }
+    }
+    let underlay_mtu = setup
+        .config_mtu
+        .or(underlay.as_ref().map(|u| u.mtu))
+        .unwrap_or(1500);
+    Ok(PlanOptions {
+        ip_masq: args.ip_masq,
+        underlay_mtu,
+        underlay_device: underlay.as_ref().map(|u| u.device.clone()),
+        underlay_networks: underlay.map(|u| u.networks).unwrap_or_default(),
+    })
+}
+
 /// What the agent has before it knows its registry.
 struct Start {
     key: PrivateKey,
@@ -203,20 +280,7 @@ async fn serve<R: Registry>(
         metrics,
         rotate,
     } = start;
-    // A rotation a previous run left unfinished goes on: its key was announced, so peers
-    // may already use it; if its moment has passed, the switch happens now.
-    let mut rotation = Rotation::load(&key_path);
-    let mut key = key;
-    if let Some(next) = rotation.pending().cloned() {
-        if std::time::SystemTime::now() >= next.switch_at() {
-            key = rotation
-                .promote()
-                .context("finishing an interrupted key rotation")?;
-            info!(public_key = %key.public_key(), "an interrupted key rotation was due: switched to its key");
-        } else {
-            info!(next = %next.public_key, switch_at_ms = next.switch_at_ms, "resuming an interrupted key rotation");
-        }
-    }
+    let (key, rotation) = resume_rotation(key, &key_path)?;
     let Some(net) = retry!(
         "reading the network config",
         &mut shutdown,
@@ -235,26 +299,9 @@ async fn serve<R: Registry>(
         &state_dir,
     )
     .await?;
-    // With --public-ip naming another (external) address, the interface's own one is
-    // the internal address peers in our zone use.
-    let internal_ip = match args.public_ip {
-        Some(_) => crate::node::iface::local_ip(args)
-            .ok()
-            .filter(|ip| *ip != public_ip),
-        None => None,
-    };
-    let attrs = LocalAttrs {
-        public_ip: Some(public_ip),
-        internal_ip,
-        public_ipv6: None,
-        backend: net.backend.kind(),
-        backend_data: setup.backend_data.clone(),
-        backend_v6_data: None,
-        next_key: rotation.pending().cloned(),
-    };
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
     let request = AcquireRequest {
-        attrs,
+        attrs: local_attrs(args, &net, public_ip, &setup, &rotation),
         previous,
         previous_v6,
     };
@@ -280,32 +327,11 @@ async fn serve<R: Registry>(
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let mut handle = registry::spawn(registry, lease);
-    let underlay = dataplane
-        .underlay_of(IpAddr::V4(public_ip))
-        .await
-        .context("finding the external interface")?;
-    match &underlay {
-        Some(u) => {
-            info!(device = %u.device, mtu = u.mtu, networks = ?u.networks, "external interface")
-        }
-        None => {
-            warn!(%public_ip, "no interface holds the public IP: host-gw and DirectRouting cannot tell on-link peers, and the underlay MTU is taken as 1500")
-        }
-    }
-    let underlay_mtu = setup
-        .config_mtu
-        .or(underlay.as_ref().map(|u| u.mtu))
-        .unwrap_or(1500);
+    let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {
         s.implementation = dataplane.implementation().to_string();
-        s.underlay_mtu = underlay_mtu;
+        s.underlay_mtu = options.underlay_mtu;
     });
-    let options = PlanOptions {
-        ip_masq: args.ip_masq,
-        underlay_mtu,
-        underlay_device: underlay.as_ref().map(|u| u.device.clone()),
-        underlay_networks: underlay.map(|u| u.networks).unwrap_or_default(),
-    };
     let registry_rotations =
         std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
     let psk = crate::keys::psk::PskSources {

@@ -84,6 +84,15 @@ pub struct RegistryEntry {
 #[derive(Clone, Default)]
 pub struct Shared(Arc<RwLock<Snapshot>>);
 
+impl Snapshot {
+    /// The WireGuard key this node publishes, decoded as its peers decode it.
+    pub fn published_key(&self) -> Option<weft_crypto::PublicKey> {
+        weft_backends::plan::WireguardData::decode(self.published.as_ref())
+            .ok()
+            .map(|d| d.public_key)
+    }
+}
+
 impl Shared {
     pub fn get(&self) -> Snapshot {
         self.0.read().map(|s| s.clone()).unwrap_or_default()

@@ -6,13 +6,13 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::WgImpl;
-use super::wireguard::diff::{apply_to, diff_device, PeerChange};
+use super::wireguard::diff::{apply_to, diff_device, DeviceChange, PeerChange};
 use super::wireguard::process::{remove_device, UserspaceProcess};
-use super::wireguard::WgDevices;
+use super::wireguard::{WgDevice, WgDevices};
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
 };
-use crate::model::{DesiredState, PeerSpec};
+use crate::model::{DesiredState, PeerSpec, TunnelSpec};
 use crate::netconf::Implementation;
 use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 
@@ -85,6 +85,79 @@ fn prime_handshakes(added: &[PeerSpec], report: &mut DataplaneReport) {
 
 /// The discard port: the datagram only exists to start a handshake.
 const DISCARD_PORT: u16 = 9;
+
+/// What device `t` needs, against `observed`; notes in `report` the peers whose endpoint
+/// it sets.
+fn device_change(
+    t: &TunnelSpec,
+    key: &PrivateKey,
+    observed: &WgDevice,
+    report: &mut DataplaneReport,
+) -> DeviceChange {
+    let mut change = diff_device(t, &key.public_key(), observed);
+    for c in &change.peers {
+        match c {
+            PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
+            PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
+                report.endpoints_set.push(spec.public_key)
+            }
+            _ => {}
+        }
+    }
+    if change.set_private_key && !observed.peers.is_empty() {
+        // A new key ends every session: the peers are re-added with it, so each starts a
+        // fresh handshake instead of carrying state made for the old key.
+        change.peers = observed
+            .peers
+            .keys()
+            .map(|k| PeerChange::Remove { key: *k })
+            .chain(t.peers.iter().cloned().map(PeerChange::Add))
+            .collect();
+    }
+    change
+}
+
+/// Reports an applied `change` to device `t`; returns the peers that get a handshake
+/// started at once: added peers, peers whose AllowedIPs or PSK changed (a rotated peer's
+/// key taking over: a userspace device re-adds such a peer, losing its session), and after
+/// a new private key every peer (it ends every session).
+fn applied(t: &TunnelSpec, change: &DeviceChange, report: &mut DataplaneReport) -> Vec<PeerSpec> {
+    if change.set_private_key {
+        report
+            .changes
+            .push(format!("{}: private key set", t.device));
+    }
+    if let Some(port) = change.listen_port {
+        report
+            .changes
+            .push(format!("{}: listen port {port}", t.device));
+    }
+    report
+        .changes
+        .extend(change.peers.iter().map(|p| format!("{}: {p}", t.device)));
+    let mut handshake: Vec<PeerSpec> = change
+        .peers
+        .iter()
+        .filter_map(|c| match c {
+            PeerChange::Add(p) => Some(p.clone()),
+            PeerChange::Update { spec, fields }
+                if fields.allowed_ips.is_some() || fields.psk.is_some() =>
+            {
+                Some(spec.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    if change.set_private_key {
+        handshake.extend(
+            t.peers
+                .iter()
+                .filter(|p| !p.allowed_ips.is_empty())
+                .cloned(),
+        );
+    }
+    handshake
+}
 
 impl Dataplane {
     /// Opens the kernel connections and, for the wireguard backend (`wanted` is set),
@@ -255,118 +328,12 @@ impl Dataplane {
         lap(&mut report, "routing", &mut t);
         let mut started = false;
         let mut added: Vec<PeerSpec> = Vec::new();
-        for t in &state.tunnels {
-            let Some(wg) = self.wg.as_mut() else {
-                report.errors.push(format!(
-                    "{}: planned, but this agent runs no WireGuard implementation",
-                    t.device
-                ));
-                continue;
-            };
-            let created = wg.ensure(&mut self.nl, &t.device).await?;
-            if created {
-                report.changes.push(format!(
-                    "created {} WireGuard device {}",
-                    wg.name(),
-                    t.device
-                ));
-                started = true;
-            }
-            let observed = match self.wg_seen.get(&t.device) {
-                Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen.clone(),
-                _ => wg.get(&t.device).await?,
-            };
-            let mut change = diff_device(t, &key.public_key(), &observed);
-            for c in &change.peers {
-                match c {
-                    PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
-                    PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
-                        report.endpoints_set.push(spec.public_key)
-                    }
-                    _ => {}
-                }
-            }
-            if change.set_private_key && !observed.peers.is_empty() {
-                // A new key ends every session: the peers are re-added with it, so each
-                // starts a fresh handshake instead of carrying state made for the old key.
-                change.peers = observed
-                    .peers
-                    .keys()
-                    .map(|k| PeerChange::Remove { key: *k })
-                    .chain(t.peers.iter().cloned().map(PeerChange::Add))
-                    .collect();
-            }
-            if change.is_empty() {
-                self.wg_seen.insert(t.device.clone(), observed);
-                continue;
-            }
-            let lines: Vec<String> = change
-                .peers
-                .iter()
-                .map(|p| format!("{}: {p}", t.device))
-                .collect();
-            // Added peers, and peers whose AllowedIPs changed (a rotated peer's key taking
-            // over: a userspace device re-adds such a peer, losing its session), get a
-            // handshake started at once.
-            let new_peers = change.peers.iter().filter_map(|c| match c {
-                PeerChange::Add(p) => Some(p.clone()),
-                PeerChange::Update { spec, fields }
-                    if fields.allowed_ips.is_some() || fields.psk.is_some() =>
-                {
-                    Some(spec.clone())
-                }
-                _ => None,
-            });
-            let new_peers: Vec<PeerSpec> = new_peers.collect();
-            match wg.apply(&t.device, &change, key).await {
-                Ok(()) => {
-                    let mut now = observed;
-                    apply_to(&mut now, &change, &key.public_key());
-                    self.wg_seen.insert(t.device.clone(), now);
-                    if change.set_private_key {
-                        report
-                            .changes
-                            .push(format!("{}: private key set", t.device));
-                    }
-                    if let Some(port) = change.listen_port {
-                        report
-                            .changes
-                            .push(format!("{}: listen port {port}", t.device));
-                    }
-                    report.changes.extend(lines);
-                    added.extend(new_peers);
-                    if change.set_private_key {
-                        // A new key ends every session: start the handshakes now rather
-                        // than at the next packet.
-                        added.extend(
-                            t.peers
-                                .iter()
-                                .filter(|p| !p.allowed_ips.is_empty())
-                                .cloned(),
-                        );
-                    }
-                }
-                Err(e) => {
-                    // What the device holds now is unknown: the next pass reads it.
-                    self.wg_seen.remove(&t.device);
-                    report.errors.push(e.to_string());
-                }
-            }
+        for tunnel in &state.tunnels {
+            let (created, new_peers) = self.tunnel(tunnel, key, full, &mut report).await?;
+            started |= created;
+            added.extend(new_peers);
         }
-        for name in [WG_DEVICE, WG_DEVICE_V6] {
-            if state.tunnels.iter().any(|t| t.device == name) {
-                continue;
-            }
-            self.wg_seen.remove(name);
-            if let Some(link) = self.nl.link(name).await? {
-                match remove_device(&mut self.nl, &link).await {
-                    Ok(()) => report
-                        .changes
-                        .push(format!("removed WireGuard device {name}: not in the plan")),
-                    Err(e) => report.errors.push(e.to_string()),
-                }
-            }
-        }
+        self.remove_unplanned_devices(state, &mut report).await?;
         lap(&mut report, "wireguard", &mut t);
         match reconcile_vxlan(
             &mut self.nl,
@@ -395,5 +362,77 @@ impl Dataplane {
             .errors
             .extend(nft.failed.iter().map(ToString::to_string));
         Ok(report)
+    }
+
+    /// One WireGuard device brought in line with its spec. Returns whether the device was
+    /// created, and the peers that should get a handshake started at once.
+    async fn tunnel(
+        &mut self,
+        t: &TunnelSpec,
+        key: &PrivateKey,
+        full: bool,
+        report: &mut DataplaneReport,
+    ) -> Result<(bool, Vec<PeerSpec>), ApplyError> {
+        let Some(wg) = self.wg.as_mut() else {
+            report.errors.push(format!(
+                "{}: planned, but this agent runs no WireGuard implementation",
+                t.device
+            ));
+            return Ok((false, Vec::new()));
+        };
+        let created = wg.ensure(&mut self.nl, &t.device).await?;
+        if created {
+            report.changes.push(format!(
+                "created {} WireGuard device {}",
+                wg.name(),
+                t.device
+            ));
+        }
+        let observed = match self.wg_seen.get(&t.device) {
+            Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen.clone(),
+            _ => wg.get(&t.device).await?,
+        };
+        let change = device_change(t, key, &observed, report);
+        if change.is_empty() {
+            self.wg_seen.insert(t.device.clone(), observed);
+            return Ok((created, Vec::new()));
+        }
+        match wg.apply(&t.device, &change, key).await {
+            Ok(()) => {
+                let mut now = observed;
+                apply_to(&mut now, &change, &key.public_key());
+                self.wg_seen.insert(t.device.clone(), now);
+                Ok((created, applied(t, &change, report)))
+            }
+            Err(e) => {
+                // What the device holds now is unknown: the next pass reads it.
+                self.wg_seen.remove(&t.device);
+                report.errors.push(e.to_string());
+                Ok((created, Vec::new()))
+            }
+        }
+    }
+
+    /// WireGuard devices weft owns that the plan no longer has (a backend or mode change).
+    async fn remove_unplanned_devices(
+        &mut self,
+        state: &DesiredState,
+        report: &mut DataplaneReport,
+    ) -> Result<(), ApplyError> {
+        for name in [WG_DEVICE, WG_DEVICE_V6] {
+            if state.tunnels.iter().any(|t| t.device == name) {
+                continue;
+            }
+            self.wg_seen.remove(name);
+            if let Some(link) = self.nl.link(name).await? {
+                match remove_device(&mut self.nl, &link).await {
+                    Ok(()) => report
+                        .changes
+                        .push(format!("removed WireGuard device {name}: not in the plan")),
+                    Err(e) => report.errors.push(e.to_string()),
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -4,9 +4,13 @@
 //! next pass tries again.
 
 mod dataplane;
+#[cfg(test)]
+mod fake;
 pub mod monitor;
 mod netlink;
 mod nft;
+#[cfg(test)]
+mod reconcile_tests;
 mod routing;
 mod rtnl;
 mod underlay;
@@ -29,8 +33,17 @@ use crate::model::{DesiredState, Family};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
+    /// A netlink request: the operation names the object.
     #[error("{op}: {source}")]
     Netlink {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Anything else the data plane does that is not netlink: starting or talking to a
+    /// process (`nft`, the userspace device), a UAPI socket, a file.
+    #[error("{op}: {source}")]
+    Io {
         op: String,
         #[source]
         source: std::io::Error,

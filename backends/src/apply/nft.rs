@@ -43,7 +43,7 @@ async fn run_nft(
     stdin: Option<String>,
     what: &str,
 ) -> Result<std::process::Output, ApplyError> {
-    let io = |source| ApplyError::Netlink {
+    let io = |source| ApplyError::Io {
         op: format!("{what}: running nft"),
         source,
     };

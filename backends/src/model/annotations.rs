@@ -36,22 +36,44 @@ pub fn publish(prefix: &str, attrs: &LeaseAttrs) -> BTreeMap<String, String> {
 /// A peer's lease from its Node: `Ok(None)` if it is not managed by flannel/weft (no
 /// `kube-subnet-manager: "true"`); an error naming the node and the annotation otherwise.
 /// `public-ip-overwrite` wins over `public-ip`.
+/// A Node annotation weft cannot read: names the node, the annotation and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadAnnotation {
+    #[error("node {node}: annotation {annotation} is not JSON: {detail}")]
+    NotJson {
+        node: String,
+        annotation: String,
+        detail: String,
+    },
+    #[error("node {node}: annotation {annotation} {value:?} is not an {family} address")]
+    NotAnAddress {
+        node: String,
+        annotation: String,
+        value: String,
+        family: &'static str,
+    },
+}
+
 pub fn read(
     prefix: &str,
     node: &str,
     pod_cidrs: &[IpNet],
     annotations: &BTreeMap<String, String>,
-) -> Result<Option<Lease>, String> {
+) -> Result<Option<Lease>, BadAnnotation> {
     let get = |name: &str| annotations.get(&format!("{prefix}/{name}"));
     if get("kube-subnet-manager").map(String::as_str) != Some("true") {
         return Ok(None);
     }
-    let parse_json = |name: &str| -> Result<Option<Value>, String> {
+    let parse_json = |name: &str| -> Result<Option<Value>, BadAnnotation> {
         match get(name) {
             None => Ok(None),
             Some(text) => serde_json::from_str::<Value>(text)
                 .map(|v| (!v.is_null()).then_some(v))
-                .map_err(|e| format!("node {node}: annotation {prefix}/{name} is not JSON: {e}")),
+                .map_err(|e| BadAnnotation::NotJson {
+                    node: node.to_string(),
+                    annotation: format!("{prefix}/{name}"),
+                    detail: e.to_string(),
+                }),
         }
     };
     let ip4 = |name: &str| address::<Ipv4Addr>(prefix, node, name, get(name), "IPv4");
@@ -93,12 +115,15 @@ fn address<T: std::str::FromStr>(
     node: &str,
     name: &str,
     value: Option<&String>,
-    family: &str,
-) -> Result<Option<T>, String> {
+    family: &'static str,
+) -> Result<Option<T>, BadAnnotation> {
     value
         .map(|t| {
-            t.parse().map_err(|_| {
-                format!("node {node}: annotation {prefix}/{name} {t:?} is not an {family} address")
+            t.parse().map_err(|_| BadAnnotation::NotAnAddress {
+                node: node.to_string(),
+                annotation: format!("{prefix}/{name}"),
+                value: t.clone(),
+                family,
             })
         })
         .transpose()

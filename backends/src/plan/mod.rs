@@ -63,8 +63,10 @@ pub enum PlanError {
     },
     #[error("this node's ({node}) published backend data is unusable: {detail}")]
     LocalBackendData { node: String, detail: String },
-    #[error("{0}")]
-    Unsupported(String),
+    #[error("IPv6 with the {backend} backend is not implemented yet; use wireguard")]
+    Ipv6Unsupported { backend: &'static str },
+    #[error("the {backend} backend needs the external interface, which is unknown; give --public-ip or --iface")]
+    NoUnderlay { backend: &'static str },
 }
 
 /// This node's subnets, checked against the config.

@@ -70,21 +70,19 @@ fn leave(node: &str, reason: LeaveReason) -> LeftOut {
     }
 }
 
-fn only_ipv4(input: &PlanInput<'_>, backend: &str) -> Result<(), PlanError> {
+fn only_ipv4(input: &PlanInput<'_>, backend: &'static str) -> Result<(), PlanError> {
     if input.config.ipv6.is_some() {
-        return Err(PlanError::Unsupported(format!(
-            "IPv6 with the {backend} backend is not implemented yet; use wireguard"
-        )));
+        return Err(PlanError::Ipv6Unsupported { backend });
     }
     Ok(())
 }
 
-fn underlay_device(input: &PlanInput<'_>) -> Result<String, PlanError> {
-    input.options.underlay_device.clone().ok_or_else(|| {
-        PlanError::Unsupported(
-            "the external interface is unknown (give --public-ip or --iface)".into(),
-        )
-    })
+fn underlay_device(input: &PlanInput<'_>, backend: &'static str) -> Result<String, PlanError> {
+    input
+        .options
+        .underlay_device
+        .clone()
+        .ok_or(PlanError::NoUnderlay { backend })
 }
 
 fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> RouteSpec {
@@ -114,7 +112,7 @@ pub(crate) fn host_gw(
     screened: Screened<'_>,
 ) -> Result<DesiredState, PlanError> {
     only_ipv4(input, "host-gw")?;
-    let device = underlay_device(input)?;
+    let device = underlay_device(input, "host-gw")?;
     let Screened {
         candidates,
         mut left_out,
@@ -138,6 +136,38 @@ pub(crate) fn host_gw(
         input.options.ip_masq,
     );
     Ok(state)
+}
+
+/// A peer left out for its `backend-data`.
+fn bad_data(node: &str, detail: String) -> LeftOut {
+    leave(
+        node,
+        LeaveReason::BadBackendData {
+            field: "backend-data",
+            detail,
+        },
+    )
+}
+
+/// The peers that published a VTEP MAC another node also published leave the plan, with
+/// their routes: the FDB cannot tell them apart.
+fn drop_mac_clashes(
+    clashes: &[String],
+    peers: &mut Vec<VxlanPeer>,
+    routes: &mut Vec<RouteSpec>,
+    left_out: &mut Vec<LeftOut>,
+) {
+    for node in clashes {
+        if let Some(p) = peers.iter().position(|p| &p.node == node) {
+            let p = peers.remove(p);
+            routes.retain(|r| r.role != RouteRole::Peer(p.node.clone()));
+            let detail = format!(
+                "VtepMAC {} is also published by another node",
+                format_mac(&p.mac)
+            );
+            left_out.push(bad_data(node, detail));
+        }
+    }
 }
 
 pub(crate) fn vxlan(
@@ -189,13 +219,7 @@ pub(crate) fn vxlan(
         let mac = match vxlan_mac(c.lease.backend_data.as_ref()) {
             Ok(mac) => mac,
             Err(detail) => {
-                left_out.push(leave(
-                    &c.lease.node,
-                    LeaveReason::BadBackendData {
-                        field: "backend-data",
-                        detail,
-                    },
-                ));
+                left_out.push(bad_data(&c.lease.node, detail));
                 continue;
             }
         };
@@ -205,16 +229,11 @@ pub(crate) fn vxlan(
             if other != input.local.node {
                 clashes.push(other.clone());
             }
-            left_out.push(leave(
-                &c.lease.node,
-                LeaveReason::BadBackendData {
-                    field: "backend-data",
-                    detail: format!(
-                        "VtepMAC {} is also published by node {other}",
-                        format_mac(&mac)
-                    ),
-                },
-            ));
+            let detail = format!(
+                "VtepMAC {} is also published by node {other}",
+                format_mac(&mac)
+            );
+            left_out.push(bad_data(&c.lease.node, detail));
             continue;
         }
         peers.push(VxlanPeer {
@@ -231,24 +250,7 @@ pub(crate) fn vxlan(
             role: RouteRole::Peer(c.lease.node.clone()),
         });
     }
-    for node in &clashes {
-        if let Some(p) = peers.iter().position(|p| &p.node == node) {
-            let p = peers.remove(p);
-            state
-                .routes
-                .retain(|r| r.role != RouteRole::Peer(p.node.clone()));
-            left_out.push(leave(
-                node,
-                LeaveReason::BadBackendData {
-                    field: "backend-data",
-                    detail: format!(
-                        "VtepMAC {} is also published by another node",
-                        format_mac(&p.mac)
-                    ),
-                },
-            ));
-        }
-    }
+    drop_mac_clashes(&clashes, &mut peers, &mut state.routes, &mut left_out);
     peers.sort_by(|a, b| a.node.cmp(&b.node));
     let addresses = ours
         .v4

@@ -16,10 +16,8 @@ use crate::observe::snapshot::Snapshot;
 pub fn published_key(snapshot: &Snapshot, device: &WgDevice) -> Check {
     const NAME: &str = "published key";
     let published = snapshot
-        .published
-        .as_ref()
-        .and_then(|d| d.get("PublicKey"))
-        .and_then(Value::as_str)
+        .published_key()
+        .map(|k| k.to_string())
         .unwrap_or_default();
     let dev = snapshot.device.as_deref().unwrap_or("the device");
     match device.public_key.map(|k| k.to_string()) {

@@ -77,6 +77,48 @@ fn forward_rotation(reg: &mut EtcdRegistry, links: &FollowLinks, value: &[u8]) {
     }
 }
 
+/// The PSK key's value (`None`: deleted) to the loop, if it changed.
+fn publish_psk(links: &FollowLinks, value: Option<&[u8]>) {
+    let value = value.map(|v| String::from_utf8_lossy(v).into_owned());
+    links
+        .psk
+        .send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
+}
+
+/// `view` after the watch's lease `events`; and whether this node's own lease (`ours`) was
+/// deleted. An unreadable lease is logged and leaves the view.
+fn apply_lease_events(
+    view: &ClusterView,
+    events: &[etcd_client::Event],
+    dir: &str,
+    ours: &str,
+) -> (ClusterView, bool) {
+    let mut next = view.clone();
+    let mut lost_ours = false;
+    for event in events {
+        let Some(kv) = event.kv() else { continue };
+        let name = String::from_utf8_lossy(kv.key())
+            .trim_start_matches(dir)
+            .to_string();
+        match event.event_type() {
+            EventType::Put => match parse_lease(dir, kv.key(), kv.value()) {
+                Ok(lease) => {
+                    next.insert(lease);
+                }
+                Err(e) => {
+                    warn!(error = %e, "skipping unreadable lease");
+                    next.remove(&name);
+                }
+            },
+            EventType::Delete => {
+                lost_ours |= name == ours;
+                next.remove(&name);
+            }
+        }
+    }
+    (next, lost_ours)
+}
+
 async fn session(
     reg: &mut EtcdRegistry,
     links: &mut FollowLinks,
@@ -125,10 +167,7 @@ async fn session(
     // The cluster's PSK, with an announced next one (agent::psk).
     let psk_key = format!("{}/weft/psk", reg.cfg.prefix);
     let (psk, mut psk_stream) = read_and_watch(reg, &mut client, &psk_key).await?;
-    let value = psk.map(|v| String::from_utf8_lossy(&v).into_owned());
-    links
-        .psk
-        .send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
+    publish_psk(links, psk.as_deref());
     loop {
         tokio::select! {
             _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
@@ -137,10 +176,10 @@ async fn session(
                 let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the PSK watch")) };
                 for event in resp.events() {
                     let value = match (event.event_type(), event.kv()) {
-                        (EventType::Put, Some(kv)) => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+                        (EventType::Put, Some(kv)) => Some(kv.value()),
                         _ => None,
                     };
-                    links.psk.send_if_modified(|v| std::mem::replace(v, value.clone()) != value);
+                    publish_psk(links, value);
                 }
             },
             message = rotate_stream.message() => {
@@ -176,25 +215,7 @@ async fn session(
                 if resp.canceled() || resp.compact_revision() > 0 {
                     return Ok(Ended::Relist("the watch was compacted or cancelled"));
                 }
-                let mut next = view.clone();
-                let mut lost_ours = false;
-                for event in resp.events() {
-                    let Some(kv) = event.kv() else { continue };
-                    let name = String::from_utf8_lossy(kv.key()).trim_start_matches(dir.as_str()).to_string();
-                    match event.event_type() {
-                        EventType::Put => match parse_lease(&dir, kv.key(), kv.value()) {
-                            Ok(lease) => { next.insert(lease); }
-                            Err(e) => {
-                                warn!(error = %e, "skipping unreadable lease");
-                                next.remove(&name);
-                            }
-                        },
-                        EventType::Delete => {
-                            lost_ours |= name == ours;
-                            next.remove(&name);
-                        }
-                    }
-                }
+                let (next, lost_ours) = apply_lease_events(view, resp.events(), &dir, &ours);
                 publish_view(view, next, links, false);
                 if lost_ours {
                     return Ok(Ended::Relist("this node's lease was deleted"));

@@ -18,7 +18,7 @@ use kube::{Api, Client, Config};
 use weft_backends::model::Lease;
 use weft_backends::netconf::{self, ConfigErrors, NetConf};
 
-pub use node::SlimNode;
+pub use node::{BadNode, SlimNode};
 
 use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
@@ -70,8 +70,8 @@ pub enum KubeError {
     },
     #[error("the network config {path} is invalid: {errors}")]
     BadConfig { path: PathBuf, errors: ConfigErrors },
-    #[error("{0}")]
-    BadNode(String),
+    #[error(transparent)]
+    BadNode(#[from] node::BadNode),
     #[error("node {node} has no {family} pod CIDR (spec.podCIDRs) but the config enables {family}: is the controller manager running with --allocate-node-cidrs and a {family} --cluster-cidr?")]
     NoPodCidr { node: String, family: &'static str },
     #[error("node {node}: pod CIDR {cidr} lies outside the config's {field} {network}; the controller manager's --cluster-cidr and net-conf.json must agree")]

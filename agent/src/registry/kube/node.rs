@@ -21,6 +21,19 @@ pub const ENDPOINTS_ANNOTATION: &str = "weft.dev/endpoints";
 pub const ZONE_ANNOTATION: &str = "weft.dev/zone";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
+/// A Node whose data weft cannot use; it names the node and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadNode {
+    #[error("node {node}: {field} {value:?} is not a CIDR")]
+    PodCidr {
+        node: String,
+        field: &'static str,
+        value: String,
+    },
+    #[error(transparent)]
+    Annotation(#[from] annotations::BadAnnotation),
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct SlimNode {
     #[serde(default)]
@@ -75,7 +88,7 @@ impl SlimNode {
 
     /// `spec.podCIDRs`, falling back to `spec.podCIDR`; an error names the node and the
     /// value that is not a CIDR.
-    pub fn pod_cidrs(&self) -> Result<Vec<IpNet>, String> {
+    pub fn pod_cidrs(&self) -> Result<Vec<IpNet>, BadNode> {
         let (field, values): (&str, Vec<&String>) = match &self.spec.pod_cidrs {
             Some(list) if !list.is_empty() => ("spec.podCIDRs", list.iter().collect()),
             _ => ("spec.podCIDR", self.spec.pod_cidr.iter().collect()),
@@ -85,7 +98,11 @@ impl SlimNode {
             .map(|v| {
                 v.parse::<IpNet>()
                     .map(|n| n.trunc())
-                    .map_err(|_| format!("node {}: {field} {v:?} is not a CIDR", self.name()))
+                    .map_err(|_| BadNode::PodCidr {
+                        node: self.name().to_string(),
+                        field,
+                        value: v.clone(),
+                    })
             })
             .collect()
     }
@@ -93,7 +110,7 @@ impl SlimNode {
     /// The node's lease as a peer sees it: `Ok(None)` for a node weft/flannel does not
     /// manage (no `kube-subnet-manager: "true"`), an error naming the node and the field
     /// that is bad.
-    pub fn lease(&self, prefix: &str) -> Result<Option<Lease>, String> {
+    pub fn lease(&self, prefix: &str) -> Result<Option<Lease>, BadNode> {
         let annotations = self.annotations();
         if annotations
             .get(&format!("{prefix}/kube-subnet-manager"))

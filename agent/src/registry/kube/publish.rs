@@ -179,7 +179,7 @@ pub(super) fn subnets(
     node: &SlimNode,
     net: &NetConf,
 ) -> Result<(Option<IpNet>, Option<IpNet>), KubeError> {
-    let cidrs = node.pod_cidrs().map_err(KubeError::BadNode)?;
+    let cidrs = node.pod_cidrs()?;
     let pick = |v6: bool, family: &'static str, field: &'static str| {
         let Some(pod) = net.network(v6) else {
             return Ok(None);

@@ -31,7 +31,7 @@ pub struct UserspaceProcess {
 }
 
 fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
-    move |source| ApplyError::Netlink { op, source }
+    move |source| ApplyError::Io { op, source }
 }
 
 /// Kills the process serving `device`'s UAPI socket, if one answers, and removes the

@@ -64,7 +64,7 @@ pub struct Userspace {
 }
 
 fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
-    move |source| ApplyError::Netlink { op, source }
+    move |source| ApplyError::Io { op, source }
 }
 
 async fn exchange_on(control: &Control, request: &str) -> std::io::Result<String> {
@@ -193,11 +193,11 @@ impl Userspace {
             .spawn(move || DeviceHandle::new(&name, config).map_err(|e| e.to_string()))
             .map_err(err(op.clone()))?
             .join()
-            .map_err(|_| ApplyError::Netlink {
+            .map_err(|_| ApplyError::Io {
                 op: op.clone(),
                 source: std::io::Error::other("the starting thread panicked"),
             })?
-            .map_err(|e| ApplyError::Netlink {
+            .map_err(|e| ApplyError::Io {
                 op: op.clone(),
                 source: std::io::Error::other(e),
             })?;
@@ -232,13 +232,10 @@ impl Userspace {
 
     async fn exchange(&self, device: &str, request: &str) -> Result<String, ApplyError> {
         let op = format!("talking to userspace WireGuard device {device}");
-        let running = self
-            .devices
-            .get(device)
-            .ok_or_else(|| ApplyError::Netlink {
-                op: op.clone(),
-                source: std::io::Error::other("not running"),
-            })?;
+        let running = self.devices.get(device).ok_or_else(|| ApplyError::Io {
+            op: op.clone(),
+            source: std::io::Error::other("not running"),
+        })?;
         exchange_on(&running.control, request)
             .await
             .map_err(err(op))
@@ -320,7 +317,7 @@ fn interface_exists(name: &str) -> bool {
 }
 
 fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
-    ApplyError::Netlink {
+    ApplyError::Io {
         op: format!("{what} WireGuard device {device}"),
         source: std::io::Error::other(e.to_string()),
     }

@@ -1,0 +1,174 @@
+//! The routing and nftables reconcilers against in-memory kernels (`fake`): what a pass
+//! writes, that a second pass writes nothing, that whatever is deleted behind the agent's
+//! back comes back in one pass and nothing else is touched, and that the fail-closed
+//! blackhole goes in before the device exists. No root needed; the lab runs the same
+//! reconcilers against real kernels.
+
+use std::net::Ipv4Addr;
+use std::time::SystemTime;
+
+use ipnet::IpNet;
+
+use super::fake::{FakeNetlink, FakeNft};
+use super::{reconcile_nft, reconcile_routing, Netlink, Nft, ObservedRoute};
+use crate::model::{ClusterView, DesiredState, Lease, FAIL_CLOSED_METRIC};
+use crate::netconf::parse;
+use crate::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions, WG_DEVICE};
+
+fn lease(node: &str, subnet: &str, ip: u8) -> Lease {
+    Lease {
+        node: node.into(),
+        subnet: Some(subnet.parse().unwrap()),
+        subnet_v6: None,
+        public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
+        public_ipv6: None,
+        backend_type: "wireguard".into(),
+        backend_data: Some(wireguard_backend_data(
+            &weft_crypto::PrivateKey::from_bytes([ip; 32]).public_key(),
+            51820,
+        )),
+        backend_v6_data: None,
+        expires: None,
+        reach: Default::default(),
+        next_key: None,
+    }
+}
+
+/// Node 1's plan in a mesh of `peers` + 1 nodes, with masquerading.
+fn desired(peers: u8) -> DesiredState {
+    let me = lease("n1", "10.244.1.0/24", 1);
+    let mut view = ClusterView::default();
+    view.insert(me.clone());
+    for i in 2..=peers + 1 {
+        view.insert(lease(&format!("n{i}"), &format!("10.244.{i}.0/24"), i));
+    }
+    let config =
+        parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#).unwrap();
+    plan(&PlanInput {
+        local: &me,
+        view: &view,
+        config: &config,
+        options: &PlanOptions {
+            ip_masq: true,
+            underlay_mtu: 1500,
+            underlay_device: None,
+            underlay_networks: vec![],
+        },
+        observed: &Default::default(),
+        now: SystemTime::UNIX_EPOCH,
+    })
+    .unwrap()
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+/// Runs one routing pass; returns the writes it made.
+fn routing_pass(nl: &mut FakeNetlink, state: &DesiredState) -> u64 {
+    let before = nl.writes();
+    let report = block_on(reconcile_routing(nl, state)).unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    nl.writes() - before
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn routing_fails_closed_converges_and_heals() {
+    let state = desired(2);
+    let mut nl = FakeNetlink::default();
+    // Before the device exists: only the blackhole, so nothing leaves in clear.
+    assert_eq!(routing_pass(&mut nl, &state), 1);
+    let hole = &nl.routes[&(net("10.244.0.0/16"), FAIL_CLOSED_METRIC)];
+    assert!(hole.blackhole);
+    assert_eq!(nl.routes.len(), 1);
+
+    // The device appears: it is set up, gets its address, the covering and peer routes.
+    let index = nl.add_link(WG_DEVICE, "wireguard");
+    let first = routing_pass(&mut nl, &state);
+    assert_eq!(first, 1 + 1 + 3, "link, address, three routes");
+    let link = &nl.links[WG_DEVICE];
+    assert!(link.up);
+    assert_eq!(link.mtu, 1420);
+    assert_eq!(nl.addresses[&index], vec![net("10.244.1.0/32")]);
+    for dst in ["10.244.0.0/16", "10.244.2.0/24", "10.244.3.0/24"] {
+        assert_eq!(nl.routes[&(net(dst), 0)].oif, Some(index), "{dst}");
+    }
+    // Steady state: nothing to write.
+    assert_eq!(routing_pass(&mut nl, &state), 0);
+
+    // A peer route deleted and the address removed behind the agent's back: exactly
+    // those come back. A route of another protocol is never touched.
+    let foreign = ObservedRoute {
+        dst: net("10.244.2.0/24"),
+        oif: Some(index),
+        gateway: None,
+        protocol: 4,
+        blackhole: false,
+        metric: 100,
+    };
+    nl.routes.insert((foreign.dst, 100), foreign.clone());
+    nl.routes.remove(&(net("10.244.3.0/24"), 0));
+    nl.addresses.get_mut(&index).unwrap().clear();
+    assert_eq!(routing_pass(&mut nl, &state), 2);
+    assert!(nl.routes.contains_key(&(net("10.244.3.0/24"), 0)));
+    assert_eq!(nl.routes[&(foreign.dst, 100)], foreign);
+
+    // A peer leaves: its route goes, the rest stays.
+    let smaller = desired(1);
+    assert_eq!(routing_pass(&mut nl, &smaller), 1);
+    assert!(!nl.routes.contains_key(&(net("10.244.3.0/24"), 0)));
+
+    // The device deleted: its routes go with it (the foreign one too), the blackhole
+    // stays; once it is back (the device reconciler recreates it), one pass restores
+    // everything.
+    nl.delete_link(WG_DEVICE);
+    assert_eq!(nl.routes.len(), 1, "only the blackhole");
+    assert!(nl.routes[&(net("10.244.0.0/16"), FAIL_CLOSED_METRIC)].blackhole);
+    assert_eq!(routing_pass(&mut nl, &smaller), 0);
+    nl.add_link(WG_DEVICE, "wireguard");
+    assert_eq!(routing_pass(&mut nl, &smaller), 1 + 1 + 2);
+    assert_eq!(routing_pass(&mut nl, &smaller), 0);
+}
+
+#[test]
+fn nftables_are_replaced_only_when_they_differ() {
+    let state = desired(2);
+    let mut nft = FakeNft::default();
+    let pass = |nft: &mut FakeNft, tables| {
+        let before = nft.writes();
+        let report = block_on(reconcile_nft(nft, tables)).unwrap();
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        (nft.writes() - before, report.applied)
+    };
+    let (writes, applied) = pass(&mut nft, &state.masquerade);
+    assert_eq!(writes, 1);
+    assert_eq!(applied, ["replace nftables table ip flannel-ipv4"]);
+    assert_eq!(pass(&mut nft, &state.masquerade).0, 0, "steady state");
+
+    // A rule deleted behind the agent's back: the table is replaced, once.
+    let key = ("ip".to_string(), "flannel-ipv4".to_string());
+    let listing = nft.tables.get_mut(&key).unwrap();
+    listing["nftables"].as_array_mut().unwrap().pop();
+    assert_eq!(pass(&mut nft, &state.masquerade).0, 1);
+    assert_eq!(pass(&mut nft, &state.masquerade).0, 0);
+    // The whole table flushed: back in one pass.
+    nft.tables.clear();
+    assert_eq!(pass(&mut nft, &state.masquerade).0, 1);
+
+    // Masquerading turned off: weft's table is deleted, nothing else.
+    let other = ("ip".to_string(), "filter".to_string());
+    nft.tables
+        .insert(other.clone(), serde_json::json!({"nftables": []}));
+    let (writes, applied) = pass(&mut nft, &[]);
+    assert_eq!((writes, applied.len()), (1, 1));
+    assert!(!nft.tables.contains_key(&key));
+    assert!(nft.tables.contains_key(&other));
+    assert_eq!(pass(&mut nft, &[]).0, 0);
+}
