@@ -131,7 +131,18 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
         &format!("missing from flannel-wg: {}", name(&lab, 1)),
     );
     lab.stop_agent(0, "TERM").unwrap();
+    // The restarted agent's snapshot (what the doctor reads) is filled by its first pass;
+    // the peer may already be back before that (the old agent's resync).
+    let log = lab.nodes[0].agent_log();
+    let passes = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("reconciled pass=")
+            .count()
+    };
+    let before = passes();
     lab.start_agent(0).unwrap();
+    wait_for("the restarted agent's first pass", || passes() > before);
     wait_for("the peer back", || {
         lab.on_node(0, "wg show flannel-wg peers")
             .unwrap()
