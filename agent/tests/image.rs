@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use weft_lab::lab::capture::{leaks, wireguard_packets, UnderlayCapture};
+use weft_lab::lab::capture::{assert_tunnelled, UnderlayCapture};
 use weft_lab::lab::{run, Lab, LabConfig, Node};
 use weft_lab::netns::http_get;
 
@@ -318,18 +318,7 @@ fn a_node_runs_the_daemonset_from_the_image_and_meshes_with_host_agents() {
     assert!(link.split_whitespace().any(|w| w == "tun"), "{link}");
     let capture = UnderlayCapture::start(&lab).unwrap();
     assert_eq!(lab.assert_all_pairs(), 24);
-    let text = capture.finish().unwrap();
-    let leaks = leaks(&text);
-    assert!(
-        leaks.is_empty(),
-        "pod addresses in clear:\n{}",
-        leaks.join("\n")
-    );
-    let wireguard = wireguard_packets(&text);
-    assert!(
-        wireguard > 24,
-        "only {wireguard} WireGuard packets:\n{text}"
-    );
+    assert_tunnelled(&capture.finish().unwrap(), 24);
 
     // Ready on the DaemonSet's probe port; the operator's tools work inside the container.
     let (code, body) = http_get(&node.ns, &format!("{}:10267", node.ip), "/readyz");

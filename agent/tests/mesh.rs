@@ -4,7 +4,7 @@
 //! underlay during that traffic shows only WireGuard's UDP: no packet carries a pod
 //! address in clear.
 
-use weft_lab::lab::capture::{leaks, wireguard_packets, UnderlayCapture};
+use weft_lab::lab::capture::{assert_tunnelled, UnderlayCapture};
 use weft_lab::lab::{Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -17,17 +17,7 @@ fn three_nodes_every_pod_reaches_every_pod_and_nothing_leaks() {
     assert_eq!(lab.assert_all_pairs(), 24);
 
     let text = capture.finish().unwrap();
-    let leaks = leaks(&text);
-    assert!(
-        leaks.is_empty(),
-        "pod addresses seen in clear on the underlay:\n{}",
-        leaks.join("\n")
-    );
-    let wireguard = wireguard_packets(&text);
-    assert!(
-        wireguard > 24,
-        "expected WireGuard traffic on the underlay, saw {wireguard} packets:\n{text}"
-    );
+    assert_tunnelled(&text, 24);
     // Everything on the wire is WireGuard, etcd (the registry) or ARP.
     let other: Vec<&str> = text
         .lines()

@@ -152,4 +152,6 @@ pub(crate) fn subnet_env(
 mod tests;
 
 #[cfg(test)]
+mod switchover_tests;
+#[cfg(test)]
 mod unencrypted_tests;

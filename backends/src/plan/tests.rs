@@ -11,9 +11,9 @@ use super::*;
 use crate::model::{ClusterView, Lease, RouteRole};
 use crate::netconf::parse;
 
-const NOW: Duration = Duration::from_secs(1_800_000_000);
+pub(super) const NOW: Duration = Duration::from_secs(1_800_000_000);
 
-fn key(seed: u8) -> weft_crypto::PublicKey {
+pub(super) fn key(seed: u8) -> weft_crypto::PublicKey {
     PrivateKey::from_bytes([seed; 32]).public_key()
 }
 
@@ -37,11 +37,11 @@ fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 51, 100, last)
 }
 
-fn local() -> Lease {
+pub(super) fn local() -> Lease {
     lease("node-a", "10.244.1.0/24", ip(1), 1)
 }
 
-fn good_peer() -> Lease {
+pub(super) fn good_peer() -> Lease {
     lease("node-b", "10.244.2.0/24", ip(2), 2)
 }
 
@@ -54,6 +54,17 @@ fn run_as(
     config: &str,
     peers: Vec<Lease>,
     ip_masq: bool,
+) -> Result<DesiredState, PlanError> {
+    run_observing(me, config, peers, ip_masq, &Default::default())
+}
+
+/// `run_as`, with what the devices reported.
+pub(super) fn run_observing(
+    me: Lease,
+    config: &str,
+    peers: Vec<Lease>,
+    ip_masq: bool,
+    observed: &crate::model::Observed,
 ) -> Result<DesiredState, PlanError> {
     let config = parse(config).unwrap();
     let mut view = ClusterView::default();
@@ -68,7 +79,7 @@ fn run_as(
         underlay_networks: vec![],
     };
     plan(&PlanInput {
-        observed: &Default::default(),
+        observed,
         local: &me,
         view: &view,
         config: &config,
@@ -77,7 +88,7 @@ fn run_as(
     })
 }
 
-const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
+pub(super) const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
 
 #[test]
 fn a_peer_in_our_zone_is_reached_on_its_internal_address() {
@@ -136,136 +147,6 @@ fn a_peer_in_our_zone_is_reached_on_its_internal_address() {
             "198.51.100.4:51820"
         ]
     );
-}
-
-fn run_observed(peers: Vec<Lease>, observed: &crate::model::Observed) -> DesiredState {
-    let me = local();
-    let config = parse(CONF).unwrap();
-    let mut view = ClusterView::default();
-    view.insert(me.clone());
-    for p in peers {
-        view.insert(p);
-    }
-    let options = PlanOptions {
-        ip_masq: false,
-        underlay_mtu: 1500,
-        underlay_device: None,
-        underlay_networks: vec![],
-    };
-    plan(&PlanInput {
-        observed,
-        local: &me,
-        view: &view,
-        config: &config,
-        options: &options,
-        now: SystemTime::UNIX_EPOCH + NOW,
-    })
-    .unwrap()
-}
-
-/// Each peer's (key, AllowedIPs) in the plan.
-fn peer_keys(state: &DesiredState) -> Vec<(weft_crypto::PublicKey, usize)> {
-    state.tunnels[0]
-        .peers
-        .iter()
-        .map(|p| (p.public_key, p.allowed_ips.len()))
-        .collect()
-}
-
-#[test]
-fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grace() {
-    use crate::model::{KeyWatch, Observed, SWITCH_GRACE, WATCH_BEFORE};
-    let at = |offset_ms: i64| (NOW.as_millis() as i64 + offset_ms) as u64;
-    let announced = |switch_at_ms: u64, public_key: String| {
-        let mut b = good_peer();
-        b.next_key = Some(crate::model::NextKey {
-            public_key,
-            switch_at_ms,
-            generation: 2,
-        });
-        b
-    };
-    let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-    let in_use = Observed {
-        next_keys_in_use: [key(22)].into(),
-        ..Observed::default()
-    };
-    let none = Observed::default();
-    let (staged, switched) = (vec![(key(22), 0), (key(2), 1)], vec![(key(22), 1)]);
-    // (switch moment relative to now, what the device showed, expected peers, clock
-    // switch, watch window)
-    let grace = SWITCH_GRACE.as_millis() as i64;
-    type Case<'a> = (
-        &'a str,
-        i64,
-        &'a Observed,
-        Vec<(weft_crypto::PublicKey, usize)>,
-        bool,
-    );
-    let cases: Vec<Case> = vec![
-        (
-            "3 s ahead, not in use: staged beside the old key",
-            3_000,
-            &none,
-            staged.clone(),
-            true,
-        ),
-        (
-            "3 s ahead, handshaken: switched at once",
-            3_000,
-            &in_use,
-            switched.clone(),
-            false,
-        ),
-        (
-            "at its moment, not in use: still staged (the grace)",
-            0,
-            &none,
-            staged.clone(),
-            true,
-        ),
-        (
-            "within the grace, not in use",
-            -grace + 1,
-            &none,
-            staged.clone(),
-            true,
-        ),
-        (
-            "at the end of the grace: the clock switches it",
-            -grace,
-            &none,
-            switched.clone(),
-            false,
-        ),
-        ("long past", -60_000, &none, switched.clone(), false),
-    ];
-    for (what, offset, observed, want, watching) in cases {
-        let state = run_observed(vec![announced(at(offset), key(22).to_string())], observed);
-        assert_eq!(peer_keys(&state), want, "{what}");
-        let switch = moment(at(offset)) + SWITCH_GRACE;
-        if watching {
-            assert_eq!(state.next_switch, Some(switch), "{what}");
-            assert_eq!(
-                state.key_watch,
-                Some(KeyWatch {
-                    keys: vec![key(22)],
-                    from: moment(at(offset)) - WATCH_BEFORE,
-                    until: switch,
-                }),
-                "{what}"
-            );
-        } else {
-            assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
-        }
-    }
-    // An announced key that does not parse is ignored; so is one equal to ours or to the
-    // peer's current key.
-    for junk in ["junk".to_string(), key(1).to_string(), key(2).to_string()] {
-        let state = run_observed(vec![announced(at(3_000), junk.clone())], &in_use);
-        assert_eq!(peer_keys(&state), vec![(key(2), 1)], "{junk}");
-        assert_eq!(state.key_watch, None, "{junk}");
-    }
 }
 
 #[test]

@@ -209,34 +209,7 @@ pub(crate) fn plan(
             &mut state.planned_endpoints,
         );
         drop_duplicate_keys(&mut peers, &mut left_out);
-        let mut addresses = Vec::new();
-        for (carries, subnet, network) in [
-            (
-                dev.carries_v4,
-                ours.v4,
-                input.config.ipv4.map(|n| n.network),
-            ),
-            (
-                dev.carries_v6,
-                ours.v6,
-                input.config.ipv6.map(|n| n.network),
-            ),
-        ] {
-            let (true, Some(subnet), Some(network)) = (carries, subnet, network) else {
-                continue;
-            };
-            addresses.push(IpNet::new(subnet.network(), subnet.max_prefix_len()).unwrap_or(subnet));
-            state.routes.push(RouteSpec {
-                dst: network,
-                device: dev.name.into(),
-                via: None,
-                onlink: false,
-                role: RouteRole::Covering,
-            });
-            if !state.fail_closed.contains(&network) {
-                state.fail_closed.push(network);
-            }
-        }
+        let addresses = device_addresses(input, ours, &dev, &mut state);
         for p in &peers {
             for dst in &p.allowed_ips {
                 state.routes.push(RouteSpec {
@@ -259,6 +232,45 @@ pub(crate) fn plan(
     state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
     state.left_out = left_out;
     Ok(state)
+}
+
+/// The device's own addresses (this node's subnet network addresses, one per family it
+/// carries), with the covering route and fail-closed blackhole of each pod network.
+fn device_addresses(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    dev: &DevicePlan,
+    state: &mut DesiredState,
+) -> Vec<IpNet> {
+    let mut addresses = Vec::new();
+    for (carries, subnet, network) in [
+        (
+            dev.carries_v4,
+            ours.v4,
+            input.config.ipv4.map(|n| n.network),
+        ),
+        (
+            dev.carries_v6,
+            ours.v6,
+            input.config.ipv6.map(|n| n.network),
+        ),
+    ] {
+        let (true, Some(subnet), Some(network)) = (carries, subnet, network) else {
+            continue;
+        };
+        addresses.push(IpNet::new(subnet.network(), subnet.max_prefix_len()).unwrap_or(subnet));
+        state.routes.push(RouteSpec {
+            dst: network,
+            device: dev.name.into(),
+            via: None,
+            onlink: false,
+            role: RouteRole::Covering,
+        });
+        if !state.fail_closed.contains(&network) {
+            state.fail_closed.push(network);
+        }
+    }
+    addresses
 }
 
 fn peer(

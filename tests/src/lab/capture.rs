@@ -59,6 +59,22 @@ impl UnderlayCapture {
     }
 }
 
+/// Fails unless the capture shows no pod address in clear and more than `min` WireGuard
+/// packets (traffic went through the tunnels, and was seen).
+pub fn assert_tunnelled(text: &str, min: usize) {
+    let leaks = leaks(text);
+    assert!(
+        leaks.is_empty(),
+        "pod addresses seen in clear on the underlay:\n{}",
+        leaks.join("\n")
+    );
+    let wireguard = wireguard_packets(text);
+    assert!(
+        wireguard > min,
+        "expected WireGuard traffic on the underlay, saw {wireguard} packets:\n{text}"
+    );
+}
+
 /// The captured packets that show a pod address in clear.
 pub fn leaks(text: &str) -> Vec<&str> {
     text.lines().filter(|l| l.contains("10.244.")).collect()

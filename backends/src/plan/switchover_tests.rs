@@ -1,0 +1,117 @@
+//! Table tests for a peer's announced key in `plan`: staged beside the current key, taking
+//! over on its first handshake (an `Observed` input) or at the end of the grace, and the
+//! device watch the plan asks for meanwhile.
+
+use std::time::{Duration, SystemTime};
+
+use super::tests::{good_peer, key, local, run_observing, CONF, NOW};
+use super::DesiredState;
+use crate::model::{KeyWatch, Lease, Observed, SWITCH_GRACE, WATCH_BEFORE};
+
+fn run_observed(peers: Vec<Lease>, observed: &Observed) -> DesiredState {
+    run_observing(local(), CONF, peers, false, observed).unwrap()
+}
+
+/// Each peer's (key, AllowedIPs) in the plan.
+fn peer_keys(state: &DesiredState) -> Vec<(weft_crypto::PublicKey, usize)> {
+    state.tunnels[0]
+        .peers
+        .iter()
+        .map(|p| (p.public_key, p.allowed_ips.len()))
+        .collect()
+}
+
+#[test]
+fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grace() {
+    let at = |offset_ms: i64| (NOW.as_millis() as i64 + offset_ms) as u64;
+    let announced = |switch_at_ms: u64, public_key: String| {
+        let mut b = good_peer();
+        b.next_key = Some(crate::model::NextKey {
+            public_key,
+            switch_at_ms,
+            generation: 2,
+        });
+        b
+    };
+    let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    let in_use = Observed {
+        next_keys_in_use: [key(22)].into(),
+        ..Observed::default()
+    };
+    let none = Observed::default();
+    let (staged, switched) = (vec![(key(22), 0), (key(2), 1)], vec![(key(22), 1)]);
+    // (switch moment relative to now, what the device showed, expected peers, clock
+    // switch, watch window)
+    let grace = SWITCH_GRACE.as_millis() as i64;
+    type Case<'a> = (
+        &'a str,
+        i64,
+        &'a Observed,
+        Vec<(weft_crypto::PublicKey, usize)>,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "3 s ahead, not in use: staged beside the old key",
+            3_000,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "3 s ahead, handshaken: switched at once",
+            3_000,
+            &in_use,
+            switched.clone(),
+            false,
+        ),
+        (
+            "at its moment, not in use: still staged (the grace)",
+            0,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "within the grace, not in use",
+            -grace + 1,
+            &none,
+            staged.clone(),
+            true,
+        ),
+        (
+            "at the end of the grace: the clock switches it",
+            -grace,
+            &none,
+            switched.clone(),
+            false,
+        ),
+        ("long past", -60_000, &none, switched.clone(), false),
+    ];
+    for (what, offset, observed, want, watching) in cases {
+        let state = run_observed(vec![announced(at(offset), key(22).to_string())], observed);
+        assert_eq!(peer_keys(&state), want, "{what}");
+        let switch = moment(at(offset)) + SWITCH_GRACE;
+        if watching {
+            assert_eq!(state.next_switch, Some(switch), "{what}");
+            assert_eq!(
+                state.key_watch,
+                Some(KeyWatch {
+                    keys: vec![key(22)],
+                    from: moment(at(offset)) - WATCH_BEFORE,
+                    until: switch,
+                }),
+                "{what}"
+            );
+        } else {
+            assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
+        }
+    }
+    // An announced key that does not parse is ignored; so is one equal to ours or to the
+    // peer's current key.
+    for junk in ["junk".to_string(), key(1).to_string(), key(2).to_string()] {
+        let state = run_observed(vec![announced(at(3_000), junk.clone())], &in_use);
+        assert_eq!(peer_keys(&state), vec![(key(2), 1)], "{junk}");
+        assert_eq!(state.key_watch, None, "{junk}");
+    }
+}
