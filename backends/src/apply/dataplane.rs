@@ -6,11 +6,13 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::WgImpl;
-use super::wireguard::diff::{apply_to, diff_device, DeviceChange, PeerChange};
-use super::wireguard::process::{remove_device, UserspaceProcess};
-use super::wireguard::{WgDevice, WgDevices};
+use super::wireguard::diff::apply_to;
+use super::wireguard::pass::{applied, device_change};
+use super::wireguard::process::UserspaceProcess;
+use super::wireguard::WgDevices;
 use super::{
-    reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Netlink, Nft, NftCli, RtNetlink,
+    reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
+    VxlanNetlink,
 };
 use crate::model::{DesiredState, PeerSpec, TunnelSpec};
 use crate::netconf::Implementation;
@@ -34,11 +36,14 @@ fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::
     *since = std::time::Instant::now();
 }
 
-pub struct Dataplane {
-    nl: RtNetlink,
-    nft: NftCli,
+/// Generic over its kernel interfaces: links, routes and vxlan entries (`N`), nftables
+/// (`F`) and WireGuard devices (`W`). A node runs the real ones (the defaults, opened by
+/// `connect`); the reconcile tests run in-memory ones.
+pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl> {
+    nl: N,
+    nft: F,
     /// `None` for the unencrypted backends: no WireGuard implementation is probed.
-    wg: Option<WgImpl>,
+    wg: Option<W>,
     /// Each device as last read, with this agent's changes since applied: an incremental
     /// pass diffs against it instead of dumping thousands of peers again.
     wg_seen: std::collections::HashMap<String, super::wireguard::WgDevice>,
@@ -48,115 +53,6 @@ pub struct Dataplane {
     /// Devices read afresh by `observe` for the pass about to run: a full pass uses that
     /// read instead of reading them again.
     fresh: std::collections::HashSet<String>,
-}
-
-/// A peer just added to a device gets one empty datagram into the tunnel, to its device
-/// address (its subnet's network address), so the device handshakes now. This matters
-/// after a device (re)starts: its peers still hold sessions with the device that is gone,
-/// keep encrypting with keys nobody has, and would wait for WireGuard's rekey timers (15 s
-/// or more) before handshaking again. Every peer of a fresh device is an added peer. Runs
-/// after the routing pass, so the peer's route exists.
-fn prime_handshakes(added: &[PeerSpec], report: &mut DataplaneReport) {
-    if added.is_empty() {
-        return;
-    }
-    let Ok(v4) = std::net::UdpSocket::bind("0.0.0.0:0") else {
-        return;
-    };
-    let v6 = std::net::UdpSocket::bind("[::]:0").ok();
-    for peer in added {
-        for net in &peer.allowed_ips {
-            let target = std::net::SocketAddr::new(net.network(), DISCARD_PORT);
-            let sent = match target {
-                std::net::SocketAddr::V4(_) => v4.send_to(&[], target),
-                std::net::SocketAddr::V6(_) => {
-                    v6.as_ref().map_or(Ok(0), |s| s.send_to(&[], target))
-                }
-            };
-            if let Err(e) = sent {
-                report.errors.push(format!(
-                    "priming a handshake with {} via {target}: {e}",
-                    peer.node
-                ));
-            }
-        }
-    }
-}
-
-/// The discard port: the datagram only exists to start a handshake.
-const DISCARD_PORT: u16 = 9;
-
-/// What device `t` needs, against `observed`; notes in `report` the peers whose endpoint
-/// it sets.
-fn device_change(
-    t: &TunnelSpec,
-    key: &PrivateKey,
-    observed: &WgDevice,
-    report: &mut DataplaneReport,
-) -> DeviceChange {
-    let mut change = diff_device(t, &key.public_key(), observed);
-    for c in &change.peers {
-        match c {
-            PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
-            PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
-                report.endpoints_set.push(spec.public_key)
-            }
-            _ => {}
-        }
-    }
-    if change.set_private_key && !observed.peers.is_empty() {
-        // A new key ends every session: the peers are re-added with it, so each starts a
-        // fresh handshake instead of carrying state made for the old key.
-        change.peers = observed
-            .peers
-            .keys()
-            .map(|k| PeerChange::Remove { key: *k })
-            .chain(t.peers.iter().cloned().map(PeerChange::Add))
-            .collect();
-    }
-    change
-}
-
-/// Reports an applied `change` to device `t`; returns the peers that get a handshake
-/// started at once: added peers, peers whose AllowedIPs or PSK changed (a rotated peer's
-/// key taking over: a userspace device re-adds such a peer, losing its session), and after
-/// a new private key every peer (it ends every session).
-fn applied(t: &TunnelSpec, change: &DeviceChange, report: &mut DataplaneReport) -> Vec<PeerSpec> {
-    if change.set_private_key {
-        report
-            .changes
-            .push(format!("{}: private key set", t.device));
-    }
-    if let Some(port) = change.listen_port {
-        report
-            .changes
-            .push(format!("{}: listen port {port}", t.device));
-    }
-    report
-        .changes
-        .extend(change.peers.iter().map(|p| format!("{}: {p}", t.device)));
-    let mut handshake: Vec<PeerSpec> = change
-        .peers
-        .iter()
-        .filter_map(|c| match c {
-            PeerChange::Add(p) => Some(p.clone()),
-            PeerChange::Update { spec, fields }
-                if fields.allowed_ips.is_some() || fields.psk.is_some() =>
-            {
-                Some(spec.clone())
-            }
-            _ => None,
-        })
-        .collect();
-    if change.set_private_key {
-        handshake.extend(
-            t.peers
-                .iter()
-                .filter(|p| !p.allowed_ips.is_empty())
-                .cloned(),
-        );
-    }
-    handshake
 }
 
 impl Dataplane {
@@ -179,15 +75,35 @@ impl Dataplane {
                 "no WireGuard: the backend does not encrypt".to_string(),
             ),
         };
-        let dataplane = Dataplane {
+        Ok((Dataplane::new(nl, NftCli::default(), wg), why))
+    }
+
+    /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
+    pub async fn underlay_of(
+        &mut self,
+        ip: std::net::IpAddr,
+    ) -> Result<Option<super::Underlay>, ApplyError> {
+        self.nl.underlay_of(ip).await
+    }
+}
+
+impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
+    /// A data plane over these kernel interfaces; `wg` is `None` for the unencrypted
+    /// backends.
+    #[cfg(test)]
+    pub(crate) fn kernel(&mut self) -> (&mut N, &mut F, Option<&mut W>) {
+        (&mut self.nl, &mut self.nft, self.wg.as_mut())
+    }
+
+    pub fn new(nl: N, nft: F, wg: Option<W>) -> Self {
+        Dataplane {
             nl,
-            nft: NftCli::default(),
+            nft,
             wg,
             wg_seen: Default::default(),
             nft_seen: None,
             fresh: Default::default(),
-        };
-        Ok((dataplane, why))
+        }
     }
 
     /// The last handshake of every peer on WireGuard device `device` (read now), for the
@@ -240,17 +156,9 @@ impl Dataplane {
         Ok(peers)
     }
 
-    /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
-    pub async fn underlay_of(
-        &mut self,
-        ip: std::net::IpAddr,
-    ) -> Result<Option<super::Underlay>, ApplyError> {
-        self.nl.underlay_of(ip).await
-    }
-
     /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
-        self.wg.as_ref().map_or("none", WgImpl::name)
+        self.wg.as_ref().map_or("none", W::name)
     }
 
     /// Writes made so far, all kinds together.
@@ -260,7 +168,7 @@ impl Dataplane {
 
     /// Writes to WireGuard devices alone: for the kernel, generic netlink messages.
     pub fn wireguard_writes(&self) -> u64 {
-        self.wg.as_ref().map_or(0, WgImpl::writes)
+        self.wg.as_ref().map_or(0, W::writes)
     }
 
     async fn routing(
@@ -350,7 +258,9 @@ impl Dataplane {
             self.routing(state, &mut report).await?;
         }
         lap(&mut report, "vxlan", &mut t);
-        prime_handshakes(&added, &mut report);
+        if let Some(wg) = self.wg.as_mut() {
+            report.errors.extend(wg.start_handshakes(&added));
+        }
         if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
             return Ok(report);
         }
@@ -425,7 +335,7 @@ impl Dataplane {
             }
             self.wg_seen.remove(name);
             if let Some(link) = self.nl.link(name).await? {
-                match remove_device(&mut self.nl, &link).await {
+                match W::remove(&mut self.nl, &link).await {
                     Ok(()) => report
                         .changes
                         .push(format!("removed WireGuard device {name}: not in the plan")),

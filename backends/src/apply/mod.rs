@@ -5,6 +5,8 @@
 
 mod dataplane;
 #[cfg(test)]
+mod dataplane_tests;
+#[cfg(test)]
 mod fake;
 pub mod monitor;
 mod netlink;
@@ -13,6 +15,7 @@ mod nft;
 mod reconcile_tests;
 mod routing;
 mod rtnl;
+mod rtnl_vxlan;
 mod underlay;
 mod vxlan;
 pub mod wireguard;
@@ -20,7 +23,10 @@ pub mod wireguard;
 use std::collections::BTreeMap;
 
 pub use dataplane::{Dataplane, DataplaneReport};
-pub use netlink::{Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo, RTPROT_WEFT};
+pub use netlink::{
+    NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo, VxlanNetlink,
+    RTPROT_WEFT,
+};
 pub use nft::{
     expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
 };

@@ -97,6 +97,64 @@ pub trait Netlink {
     /// Adds a `blackhole` route for `dst` at the fail-closed metric, stamped `RTPROT_WEFT`.
     fn put_blackhole(&mut self, dst: IpNet) -> impl Future<Output = Result<(), ApplyError>>;
     fn del_route(&mut self, route: &ObservedRoute) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Deletes a link; one already gone is not an error.
+    fn del_link(&mut self, link: &ObservedLink) -> impl Future<Output = Result<(), ApplyError>>;
     /// Writes made so far (for the "steady state makes zero writes" guarantee).
     fn writes(&self) -> u64;
+}
+
+/// A neighbour (`bridge` false: subnet address -> VTEP MAC) or FDB entry (`bridge` true:
+/// VTEP MAC -> public IP) as the kernel holds it. `raw` is whatever the implementation
+/// needs to delete exactly this entry.
+#[derive(Debug, Clone)]
+pub struct NeighbourEntry<R> {
+    pub ip: Option<IpAddr>,
+    pub mac: Vec<u8>,
+    pub raw: R,
+}
+
+/// What the vxlan reconciler needs beyond links and routes: the vxlan device itself, and
+/// the neighbour and FDB entries on it.
+pub trait VxlanNetlink: Netlink {
+    type Raw: Clone;
+    /// Every link (for finding stale vxlan devices).
+    fn all_links(&mut self) -> impl Future<Output = Result<Vec<ObservedLink>, ApplyError>>;
+    /// Creates the vxlan device `spec.device` with the settings `info` and `spec`'s MAC
+    /// and MTU.
+    fn create_vxlan(
+        &mut self,
+        spec: &crate::model::VxlanSpec,
+        info: &VxlanInfo,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    fn set_mac(
+        &mut self,
+        link: &ObservedLink,
+        mac: &[u8; 6],
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// The link's FDB entries (`bridge`), or its permanent neighbour entries.
+    fn entries(
+        &mut self,
+        link: &ObservedLink,
+        bridge: bool,
+    ) -> impl Future<Output = Result<Vec<NeighbourEntry<Self::Raw>>, ApplyError>>;
+    /// Adds or replaces the permanent neighbour `ip` -> `mac`.
+    fn put_neighbour(
+        &mut self,
+        link: &ObservedLink,
+        ip: IpAddr,
+        mac: &[u8; 6],
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Adds or replaces the permanent FDB entry `mac` -> `dst`.
+    fn put_fdb(
+        &mut self,
+        link: &ObservedLink,
+        mac: &[u8; 6],
+        dst: IpAddr,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Deletes one entry; `what` names it for the error.
+    fn delete_entry(
+        &mut self,
+        entry: &NeighbourEntry<Self::Raw>,
+        what: &str,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
 }

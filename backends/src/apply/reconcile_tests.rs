@@ -13,20 +13,28 @@ use super::fake::{FakeNetlink, FakeNft};
 use super::{reconcile_nft, reconcile_routing, Netlink, Nft, ObservedRoute};
 use crate::model::{ClusterView, DesiredState, Lease, FAIL_CLOSED_METRIC};
 use crate::netconf::parse;
-use crate::plan::{plan, wireguard_backend_data, PlanInput, PlanOptions, WG_DEVICE};
+use crate::plan::{
+    plan, vxlan_backend_data, wireguard_backend_data, PlanInput, PlanOptions, WG_DEVICE,
+};
 
-fn lease(node: &str, subnet: &str, ip: u8) -> Lease {
+/// Node `n<ip>`'s lease on `backend` (`wireguard` or `vxlan`), its key and VTEP MAC
+/// derived from `ip`.
+pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease {
+    let backend_data = match backend {
+        "vxlan" => vxlan_backend_data(1, &[0x0a, 0, 0, 0, 0, ip]),
+        _ => wireguard_backend_data(
+            &weft_crypto::PrivateKey::from_bytes([ip; 32]).public_key(),
+            51820,
+        ),
+    };
     Lease {
         node: node.into(),
         subnet: Some(subnet.parse().unwrap()),
         subnet_v6: None,
         public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
         public_ipv6: None,
-        backend_type: "wireguard".into(),
-        backend_data: Some(wireguard_backend_data(
-            &weft_crypto::PrivateKey::from_bytes([ip; 32]).public_key(),
-            51820,
-        )),
+        backend_type: backend.into(),
+        backend_data: Some(backend_data),
         backend_v6_data: None,
         expires: None,
         reach: Default::default(),
@@ -34,16 +42,34 @@ fn lease(node: &str, subnet: &str, ip: u8) -> Lease {
     }
 }
 
-/// Node 1's plan in a mesh of `peers` + 1 nodes, with masquerading.
-fn desired(peers: u8) -> DesiredState {
-    let me = lease("n1", "10.244.1.0/24", 1);
+/// Node 1's plan in a wireguard mesh of `peers` + 1 nodes, with masquerading.
+pub(super) fn desired(peers: u8) -> DesiredState {
+    mesh("wireguard", peers)
+}
+
+/// Node 1's plan in a mesh of `peers` + 1 nodes on `backend`, with masquerading.
+pub(super) fn mesh(backend: &str, peers: u8) -> DesiredState {
     let mut view = ClusterView::default();
-    view.insert(me.clone());
     for i in 2..=peers + 1 {
-        view.insert(lease(&format!("n{i}"), &format!("10.244.{i}.0/24"), i));
+        view.insert(lease_on(
+            backend,
+            &format!("n{i}"),
+            &format!("10.244.{i}.0/24"),
+            i,
+        ));
     }
-    let config =
-        parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#).unwrap();
+    plan_for(backend, &view)
+}
+
+/// Node 1's plan on `backend` among the peers in `view`.
+pub(super) fn plan_for(backend: &str, view: &ClusterView) -> DesiredState {
+    let me = lease_on(backend, "n1", "10.244.1.0/24", 1);
+    let mut view = view.clone();
+    view.insert(me.clone());
+    let config = parse(&format!(
+        r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"}}}}"#
+    ))
+    .unwrap();
     plan(&PlanInput {
         local: &me,
         view: &view,
@@ -60,7 +86,7 @@ fn desired(peers: u8) -> DesiredState {
     .unwrap()
 }
 
-fn net(s: &str) -> IpNet {
+pub(super) fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
@@ -72,7 +98,7 @@ fn routing_pass(nl: &mut FakeNetlink, state: &DesiredState) -> u64 {
     nl.writes() - before
 }
 
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
+pub(super) fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap()

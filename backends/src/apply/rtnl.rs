@@ -32,7 +32,7 @@ fn io_of(e: rtnetlink::Error) -> io::Error {
     }
 }
 
-fn fail(op: String) -> impl FnOnce(rtnetlink::Error) -> ApplyError {
+pub(super) fn fail(op: String) -> impl FnOnce(rtnetlink::Error) -> ApplyError {
     move |e| ApplyError::Netlink {
         op,
         source: io_of(e),
@@ -66,14 +66,6 @@ impl RtNetlink {
             .map_err(fail(format!("creating WireGuard link {name}")))
     }
 
-    pub async fn del_link(&mut self, link: &ObservedLink) -> Result<(), ApplyError> {
-        self.writes += 1;
-        match self.handle.link().del(link.index).execute().await {
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc::ENODEV => Ok(()),
-            other => other.map_err(fail(format!("deleting link {}", link.name))),
-        }
-    }
-
     pub(super) fn parse_link(msg: &LinkMessage) -> ObservedLink {
         let mut link = ObservedLink {
             index: msg.header.index,
@@ -94,7 +86,7 @@ impl RtNetlink {
                         match info {
                             LinkInfo::Kind(kind) => link.kind = Some(kind.to_string()),
                             LinkInfo::Data(InfoData::Vxlan(attrs)) => {
-                                link.vxlan = Some(super::vxlan::info_of(attrs))
+                                link.vxlan = Some(super::rtnl_vxlan::info_of(attrs))
                             }
                             _ => {}
                         }
@@ -235,6 +227,14 @@ fn route_message(
 }
 
 impl Netlink for RtNetlink {
+    async fn del_link(&mut self, link: &ObservedLink) -> Result<(), ApplyError> {
+        self.writes += 1;
+        match self.handle.link().del(link.index).execute().await {
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == libc::ENODEV => Ok(()),
+            other => other.map_err(fail(format!("deleting link {}", link.name))),
+        }
+    }
+
     async fn link(&mut self, name: &str) -> Result<Option<ObservedLink>, ApplyError> {
         let found = self
             .handle

@@ -8,34 +8,9 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use futures::TryStreamExt;
-use netlink_packet_route::link::InfoVxlan;
-use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
-};
-use netlink_packet_route::AddressFamily;
-use rtnetlink::{LinkUnspec, LinkVxlan};
-
-use super::netlink::{Netlink, ObservedLink, VxlanInfo};
-use super::{ApplyError, RtNetlink};
+use super::netlink::{NeighbourEntry, ObservedLink, VxlanInfo, VxlanNetlink};
+use super::ApplyError;
 use crate::model::{format_mac, VxlanSpec};
-
-pub(super) fn info_of(attrs: &[InfoVxlan]) -> VxlanInfo {
-    let mut info = VxlanInfo::default();
-    for a in attrs {
-        match a {
-            InfoVxlan::Id(v) => info.vni = *v,
-            InfoVxlan::Port(p) => info.port = *p,
-            InfoVxlan::Local(ip) => info.local = Some(IpAddr::V4(*ip)),
-            InfoVxlan::Local6(ip) => info.local = Some(IpAddr::V6(*ip)),
-            InfoVxlan::Link(i) => info.underlay_index = Some(*i),
-            InfoVxlan::Learning(l) => info.learning = *l,
-            InfoVxlan::Gbp => info.gbp = true,
-            _ => {}
-        }
-    }
-    info
-}
 
 /// The kernel's vxlan port when none is configured (Linux's default, as flannel relies on).
 const KERNEL_DEFAULT_PORT: u16 = 8472;
@@ -55,160 +30,22 @@ fn wanted_info(spec: &VxlanSpec, underlay_index: Option<u32>) -> VxlanInfo {
     }
 }
 
-/// A neighbour or FDB entry as the kernel holds it.
-#[derive(Debug, Clone)]
-struct Entry {
-    message: NeighbourMessage,
-    ip: Option<IpAddr>,
-    mac: Vec<u8>,
-}
-
-fn fail(op: String) -> impl FnOnce(rtnetlink::Error) -> ApplyError {
-    move |e| ApplyError::Netlink {
-        op,
-        source: match e {
-            rtnetlink::Error::NetlinkError(m) => m.to_io(),
-            other => std::io::Error::other(other.to_string()),
-        },
-    }
-}
-
-fn entry_of(msg: NeighbourMessage) -> Entry {
-    let mut ip = None;
-    let mut mac = Vec::new();
-    for a in &msg.attributes {
-        match a {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => {
-                ip = Some(IpAddr::V4(*v4))
-            }
-            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => {
-                ip = Some(IpAddr::V6(*v6))
-            }
-            // FDB entries (family bridge) carry their destination as raw bytes.
-            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
-                ip = match b.len() {
-                    4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
-                    16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
-                    _ => None,
-                }
-            }
-            NeighbourAttribute::LinkLayerAddress(m) => mac = m.clone(),
-            _ => {}
-        }
-    }
-    Entry {
-        message: msg,
-        ip,
-        mac,
-    }
-}
-
-impl RtNetlink {
-    async fn entries(&self, link: &ObservedLink, bridge: bool) -> Result<Vec<Entry>, ApplyError> {
-        let mut req = self.handle.neighbours().get();
-        req = if bridge {
-            req.set_address_family(AddressFamily::Bridge)
-        } else {
-            req.set_address_family(AddressFamily::Inet)
-        };
-        let what = if bridge { "FDB" } else { "neighbour" };
-        let all: Vec<NeighbourMessage> = req
-            .execute()
-            .try_collect()
-            .await
-            .map_err(fail(format!("listing {what} entries of {}", link.name)))?;
-        Ok(all
-            .into_iter()
-            .filter(|m| m.header.ifindex == link.index)
-            .filter(|m| bridge || m.header.state == NeighbourState::Permanent)
-            .map(entry_of)
-            .collect())
-    }
-
-    async fn delete_entry(&mut self, entry: &Entry, what: &str) -> Result<(), ApplyError> {
-        self.writes += 1;
-        self.handle
-            .neighbours()
-            .del(entry.message.clone())
-            .execute()
-            .await
-            .map_err(fail(format!("removing {what}")))
-    }
-
-    async fn create_vxlan(
-        &mut self,
-        spec: &VxlanSpec,
-        underlay: Option<u32>,
-    ) -> Result<(), ApplyError> {
-        let IpAddr::V4(local) = spec.local else {
-            return Err(ApplyError::Netlink {
-                op: format!("creating {}", spec.device),
-                source: std::io::Error::other("an IPv6 underlay is not supported"),
-            });
-        };
-        let mut b = LinkVxlan::new(&spec.device, spec.vni)
-            .local(local)
-            .port(wanted_info(spec, underlay).port)
-            .learning(spec.learning);
-        if let Some(index) = underlay {
-            b = b.dev(index);
-        }
-        if spec.gbp {
-            b = b.gbp();
-        }
-        let msg = b.address(spec.mac.to_vec()).mtu(spec.mtu).build();
-        self.writes += 1;
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(fail(format!("creating vxlan device {}", spec.device)))
-    }
-
-    async fn set_mac(&mut self, link: &ObservedLink, mac: &[u8; 6]) -> Result<(), ApplyError> {
-        self.writes += 1;
-        let msg = LinkUnspec::new_with_index(link.index)
-            .address(mac.to_vec())
-            .build();
-        self.handle
-            .link()
-            .set(msg)
-            .execute()
-            .await
-            .map_err(fail(format!("setting the MAC of {}", link.name)))
-    }
-}
-
-/// All links (for finding stale `flannel.*` vxlan devices).
-async fn vxlan_links(nl: &mut RtNetlink) -> Result<Vec<ObservedLink>, ApplyError> {
-    let all: Vec<_> = nl
-        .handle
-        .link()
-        .get()
-        .execute()
-        .try_collect()
-        .await
-        .map_err(fail("listing links".into()))?;
-    Ok(all
-        .iter()
-        .map(RtNetlink::parse_link)
-        .filter(|l| l.kind.as_deref() == Some("vxlan") && l.name.starts_with("flannel."))
-        .collect())
-}
-
 /// Brings the vxlan device in line with `spec`. With `sweep`, also removes weft's other
 /// vxlan devices (another VNI, or a previous backend's): that needs every link listed, so
 /// it is done in full passes only (a backend or VNI changes only across a restart, whose
 /// first pass is full). Returns one line per change, and whether the device was created.
-pub async fn reconcile_vxlan(
-    nl: &mut RtNetlink,
+pub async fn reconcile_vxlan<N: VxlanNetlink>(
+    nl: &mut N,
     spec: Option<&VxlanSpec>,
     sweep: bool,
     changes: &mut Vec<String>,
 ) -> Result<bool, ApplyError> {
     if sweep {
-        for stale in vxlan_links(nl).await? {
+        let links = nl.all_links().await?;
+        let vxlan = links
+            .into_iter()
+            .filter(|l| l.kind.as_deref() == Some("vxlan") && l.name.starts_with("flannel."));
+        for stale in vxlan {
             if spec.is_none_or(|s| s.device != stale.name) {
                 nl.del_link(&stale).await?;
                 changes.push(format!(
@@ -234,7 +71,7 @@ pub async fn reconcile_vxlan(
                 nl.del_link(&l).await?;
                 changes.push(format!("removed {}: its settings differ", l.name));
             }
-            nl.create_vxlan(spec, underlay).await?;
+            nl.create_vxlan(spec, &want).await?;
             created = true;
             changes.push(format!(
                 "created vxlan device {} vni {} port {} local {} vtep {}",
@@ -261,13 +98,13 @@ pub async fn reconcile_vxlan(
     Ok(created)
 }
 
-async fn neighbours(
-    nl: &mut RtNetlink,
+async fn neighbours<N: VxlanNetlink>(
+    nl: &mut N,
     link: &ObservedLink,
     spec: &VxlanSpec,
     changes: &mut Vec<String>,
 ) -> Result<(), ApplyError> {
-    let have: BTreeMap<IpAddr, Entry> = nl
+    let have: BTreeMap<IpAddr, NeighbourEntry<N::Raw>> = nl
         .entries(link, false)
         .await?
         .into_iter()
@@ -277,19 +114,7 @@ async fn neighbours(
         if have.get(&p.gateway).is_some_and(|e| e.mac == p.mac) {
             continue;
         }
-        nl.writes += 1;
-        nl.handle
-            .neighbours()
-            .add(link.index, p.gateway)
-            .link_layer_address(&p.mac)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(fail(format!(
-                "adding neighbour {} on {}",
-                p.gateway, link.name
-            )))?;
+        nl.put_neighbour(link, p.gateway, &p.mac).await?;
         changes.push(format!(
             "neighbour {} lladdr {} dev {} ({})",
             p.gateway,
@@ -308,14 +133,14 @@ async fn neighbours(
     Ok(())
 }
 
-async fn fdb(
-    nl: &mut RtNetlink,
+async fn fdb<N: VxlanNetlink>(
+    nl: &mut N,
     link: &ObservedLink,
     spec: &VxlanSpec,
     changes: &mut Vec<String>,
 ) -> Result<(), ApplyError> {
     // Entries with a remote destination; the device's own MAC and learned ones aside.
-    let have: Vec<Entry> = nl
+    let have: Vec<NeighbourEntry<N::Raw>> = nl
         .entries(link, true)
         .await?
         .into_iter()
@@ -336,22 +161,7 @@ async fn fdb(
             )
             .await?;
         }
-        nl.writes += 1;
-        nl.handle
-            .neighbours()
-            .add_bridge(link.index, &p.mac)
-            .destination(p.public_ip)
-            .flags(NeighbourFlags::Own)
-            .state(NeighbourState::Permanent)
-            .replace()
-            .execute()
-            .await
-            .map_err(fail(format!(
-                "adding FDB entry {} dst {} on {}",
-                format_mac(&p.mac),
-                p.public_ip,
-                link.name
-            )))?;
+        nl.put_fdb(link, &p.mac, p.public_ip).await?;
         changes.push(format!(
             "fdb {} dst {} dev {} ({})",
             format_mac(&p.mac),

@@ -9,7 +9,7 @@ use super::diff::DeviceChange;
 use super::kernel::{self, Kernel};
 use super::process::UserspaceProcess;
 use super::{WgDevice, WgDevices};
-use crate::apply::{ApplyError, RtNetlink};
+use crate::apply::{ApplyError, ObservedLink, RtNetlink};
 use crate::netconf::Implementation;
 
 /// The implementation a node runs, chosen once at start.
@@ -19,14 +19,6 @@ pub enum WgImpl {
 }
 
 impl WgImpl {
-    /// `kernel` or `userspace`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            WgImpl::Kernel(_) => "kernel",
-            WgImpl::Userspace(_) => "userspace",
-        }
-    }
-
     /// Picks the implementation for `wanted`, saying why: `auto` takes the kernel's when
     /// the kernel accepts a `wireguard` link and falls back to userspace when it refuses;
     /// `kernel` without kernel support is an error naming the kernel's answer.
@@ -70,6 +62,19 @@ impl WgImpl {
 }
 
 impl WgDevices for WgImpl {
+    type Nl = RtNetlink;
+
+    fn name(&self) -> &'static str {
+        match self {
+            WgImpl::Kernel(k) => k.name(),
+            WgImpl::Userspace(u) => u.name(),
+        }
+    }
+
+    async fn remove(nl: &mut RtNetlink, link: &ObservedLink) -> Result<(), ApplyError> {
+        super::process::remove_device(nl, link).await
+    }
+
     async fn ensure(&mut self, nl: &mut RtNetlink, device: &str) -> Result<bool, ApplyError> {
         match self {
             WgImpl::Kernel(k) => k.ensure(nl, device).await,

@@ -8,7 +8,7 @@ use super::diff::DeviceChange;
 use super::genl::Genl;
 use super::kernel_msg::{set_device_messages, MESSAGE_BUDGET};
 use super::{WgDevice, WgDevices};
-use crate::apply::{ApplyError, Netlink, RtNetlink};
+use crate::apply::{ApplyError, Netlink, ObservedLink, RtNetlink};
 
 /// The link type the kernel calls WireGuard.
 pub const KIND: &str = "wireguard";
@@ -30,6 +30,16 @@ impl Kernel {
 }
 
 impl WgDevices for Kernel {
+    type Nl = RtNetlink;
+
+    fn name(&self) -> &'static str {
+        "kernel"
+    }
+
+    async fn remove(nl: &mut RtNetlink, link: &ObservedLink) -> Result<(), ApplyError> {
+        super::process::remove_device(nl, link).await
+    }
+
     /// Creates `device` unless a kernel WireGuard link of that name exists; a link of
     /// another type under the name (a userspace device left by an earlier run) is replaced.
     /// Returns whether the device was created.

@@ -8,6 +8,7 @@ pub mod diff;
 pub mod genl;
 pub mod kernel;
 pub mod kernel_msg;
+pub(crate) mod pass;
 pub mod process;
 pub mod read;
 pub mod uapi;
@@ -22,20 +23,31 @@ use std::time::Duration;
 use ipnet::IpNet;
 use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
 
-use crate::apply::{ApplyError, RtNetlink};
+use crate::apply::{ApplyError, Netlink, ObservedLink};
+use crate::model::PeerSpec;
 use diff::DeviceChange;
 
 /// What a WireGuard implementation does, whichever it is: the kernel device
 /// (`kernel::Kernel`) and the userspace device (`process::UserspaceProcess`) implement
 /// it, and `devices::WgImpl` is the one a node runs.
 pub trait WgDevices {
+    /// The links this implementation creates its devices through.
+    type Nl: Netlink;
     /// Creates `device` unless this implementation already runs it (replacing whatever
     /// else holds the name). Returns whether it was created.
     fn ensure(
         &mut self,
-        nl: &mut RtNetlink,
+        nl: &mut Self::Nl,
         device: &str,
     ) -> impl Future<Output = Result<bool, ApplyError>>;
+    /// `kernel`, `userspace`, …: which implementation this is.
+    fn name(&self) -> &'static str;
+    /// Removes a WireGuard device of either kind (a backend or mode change), whether or not
+    /// this node runs an implementation.
+    fn remove(
+        nl: &mut Self::Nl,
+        link: &ObservedLink,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
     fn get(&mut self, device: &str) -> impl Future<Output = Result<WgDevice, ApplyError>>;
     fn apply(
         &mut self,
@@ -45,6 +57,11 @@ pub trait WgDevices {
     ) -> impl Future<Output = Result<(), ApplyError>>;
     /// Writes made so far.
     fn writes(&self) -> u64;
+    /// Starts a handshake with each of `peers` now (see `pass::prime_handshakes`), once
+    /// their routes exist; returns one line per failure.
+    fn start_handshakes(&mut self, peers: &[PeerSpec]) -> Vec<String> {
+        pass::prime_handshakes(peers)
+    }
 }
 
 /// A WireGuard device as read back from the kernel or a userspace implementation.

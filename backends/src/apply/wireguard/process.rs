@@ -108,6 +108,16 @@ impl UserspaceProcess {
 }
 
 impl WgDevices for UserspaceProcess {
+    type Nl = RtNetlink;
+
+    fn name(&self) -> &'static str {
+        "userspace"
+    }
+
+    async fn remove(nl: &mut RtNetlink, link: &ObservedLink) -> Result<(), ApplyError> {
+        remove_device(nl, link).await
+    }
+
     /// Starts a device process for `device` unless one runs; whatever else holds the name
     /// (a kernel device, a TUN without its process, a process whose link was deleted) is
     /// removed first. Returns whether a process was started.

@@ -1,17 +1,37 @@
-//! In-memory kernels for the reconcilers' tests: `FakeNetlink` holds links, addresses and
-//! routes as the kernel would (a route is keyed by destination and metric, so the
-//! fail-closed blackhole sits beside the unicast route to the same network); `FakeNft`
-//! holds nftables tables as `nft -j list table` prints them. Both count writes, and a test
+//! In-memory kernels for the reconcilers' tests: `FakeNetlink` holds links, addresses,
+//! routes and vxlan neighbour and FDB entries as the kernel would (a route is keyed by
+//! destination and metric, so the fail-closed blackhole sits beside the unicast route to
+//! the same network); `FakeNft` holds nftables tables as `nft -j list table` prints them;
+//! `FakeWg` holds WireGuard devices, each tied to its link. All count writes, and a test
 //! can delete or change anything behind the reconciler's back, as an operator would. No
 //! root, no kernel: the real ones are exercised by the lab.
 
+mod nft;
+mod wg;
+
+pub use nft::FakeNft;
+pub use wg::FakeWg;
+
 use std::collections::BTreeMap;
 
-use ipnet::IpNet;
-use serde_json::{json, Value};
+use std::net::IpAddr;
 
-use super::{ApplyError, Netlink, Nft, ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
-use crate::model::{Family, FAIL_CLOSED_METRIC};
+use ipnet::IpNet;
+
+use super::{
+    ApplyError, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo,
+    VxlanNetlink, RTPROT_WEFT,
+};
+use crate::model::{Family, VxlanSpec, FAIL_CLOSED_METRIC};
+
+/// A neighbour (`bridge` false) or FDB entry (`bridge` true) on link `index`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeEntry {
+    pub index: u32,
+    pub bridge: bool,
+    pub ip: Option<IpAddr>,
+    pub mac: Vec<u8>,
+}
 
 #[derive(Debug, Default)]
 pub struct FakeNetlink {
@@ -19,6 +39,7 @@ pub struct FakeNetlink {
     pub addresses: BTreeMap<u32, Vec<IpNet>>,
     /// By (destination, metric).
     pub routes: BTreeMap<(IpNet, u32), ObservedRoute>,
+    pub entries: Vec<FakeEntry>,
     writes: u64,
 }
 
@@ -47,6 +68,7 @@ impl FakeNetlink {
         if let Some(l) = self.links.remove(name) {
             self.addresses.remove(&l.index);
             self.routes.retain(|_, r| r.oif != Some(l.index));
+            self.entries.retain(|e| e.index != l.index);
         }
     }
 
@@ -159,73 +181,130 @@ impl Netlink for FakeNetlink {
         Ok(())
     }
 
-    fn writes(&self) -> u64 {
-        self.writes
-    }
-}
-
-/// nftables tables, as `nft -j list table` prints them. A batch replaces the tables it
-/// names (weft's batches delete and recreate a table in one transaction).
-#[derive(Debug, Default)]
-pub struct FakeNft {
-    /// By (family, table): the table's listing.
-    pub tables: BTreeMap<(String, String), Value>,
-    writes: u64,
-}
-
-impl Nft for FakeNft {
-    async fn list(&mut self, family: Family, table: &str) -> Result<Option<Value>, ApplyError> {
-        Ok(self
-            .tables
-            .get(&(family.nft().to_string(), table.to_string()))
-            .cloned())
-    }
-
-    async fn apply(&mut self, _what: &str, batch: Value) -> Result<(), ApplyError> {
+    async fn del_link(&mut self, link: &ObservedLink) -> Result<(), ApplyError> {
         self.writes += 1;
-        let commands = batch["nftables"].as_array().cloned().unwrap_or_default();
-        // The objects each table ends up with, in the order added.
-        let mut built: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
-        for command in commands {
-            let Some((verb, body)) = command.as_object().and_then(|o| o.iter().next()) else {
-                continue;
-            };
-            let Some((kind, object)) = body.as_object().and_then(|o| o.iter().next()) else {
-                continue;
-            };
-            let family = object["family"].as_str().unwrap_or_default().to_string();
-            let table = match kind.as_str() {
-                "table" => object["name"].as_str(),
-                _ => object["table"].as_str(),
-            }
-            .unwrap_or_default()
-            .to_string();
-            let key = (family, table);
-            match (verb.as_str(), kind.as_str()) {
-                ("delete", "table") => {
-                    self.tables.remove(&key);
-                    built.remove(&key);
-                }
-                ("add", _) => built
-                    .entry(key)
-                    .or_default()
-                    .push(json!({ kind.clone(): object })),
-                _ => {}
-            }
-        }
-        for ((family, table), objects) in built {
-            let listing = self
-                .tables
-                .entry((family.clone(), table.clone()))
-                .or_insert_with(|| json!({"nftables": [{"metainfo": {}}]}));
-            if let Some(list) = listing["nftables"].as_array_mut() {
-                list.extend(objects);
-            }
-        }
+        self.delete_link(&link.name);
         Ok(())
     }
 
     fn writes(&self) -> u64 {
         self.writes
+    }
+}
+
+impl VxlanNetlink for FakeNetlink {
+    /// The entry itself.
+    type Raw = FakeEntry;
+
+    async fn all_links(&mut self) -> Result<Vec<ObservedLink>, ApplyError> {
+        Ok(self.links.values().cloned().collect())
+    }
+
+    async fn create_vxlan(&mut self, spec: &VxlanSpec, info: &VxlanInfo) -> Result<(), ApplyError> {
+        self.writes += 1;
+        if self.links.contains_key(&spec.device) {
+            return Err(ApplyError::Netlink {
+                op: format!("creating vxlan device {}", spec.device),
+                source: std::io::Error::from_raw_os_error(17),
+            });
+        }
+        self.add_link(&spec.device, "vxlan");
+        if let Some(l) = self.links.get_mut(&spec.device) {
+            l.mtu = spec.mtu;
+            l.mac = spec.mac.to_vec();
+            l.vxlan = Some(info.clone());
+        }
+        Ok(())
+    }
+
+    async fn set_mac(&mut self, link: &ObservedLink, mac: &[u8; 6]) -> Result<(), ApplyError> {
+        self.writes += 1;
+        let l = self
+            .links
+            .get_mut(&link.name)
+            .ok_or_else(|| Self::unknown("setting the MAC of", &link.name))?;
+        l.mac = mac.to_vec();
+        Ok(())
+    }
+
+    async fn entries(
+        &mut self,
+        link: &ObservedLink,
+        bridge: bool,
+    ) -> Result<Vec<NeighbourEntry<FakeEntry>>, ApplyError> {
+        Ok(self
+            .entries
+            .iter()
+            .filter(|e| e.index == link.index && e.bridge == bridge)
+            .map(|e| NeighbourEntry {
+                ip: e.ip,
+                mac: e.mac.clone(),
+                raw: e.clone(),
+            })
+            .collect())
+    }
+
+    async fn put_neighbour(
+        &mut self,
+        link: &ObservedLink,
+        ip: IpAddr,
+        mac: &[u8; 6],
+    ) -> Result<(), ApplyError> {
+        self.put_entry(link, false, ip, mac)
+    }
+
+    async fn put_fdb(
+        &mut self,
+        link: &ObservedLink,
+        mac: &[u8; 6],
+        dst: IpAddr,
+    ) -> Result<(), ApplyError> {
+        self.put_entry(link, true, dst, mac)
+    }
+
+    async fn delete_entry(
+        &mut self,
+        entry: &NeighbourEntry<FakeEntry>,
+        what: &str,
+    ) -> Result<(), ApplyError> {
+        self.writes += 1;
+        let before = self.entries.len();
+        self.entries.retain(|e| *e != entry.raw);
+        if self.entries.len() == before {
+            return Err(Self::unknown("removing", what));
+        }
+        Ok(())
+    }
+}
+
+impl FakeNetlink {
+    /// Adds or replaces an entry: a neighbour is keyed by its IP, an FDB entry by its MAC
+    /// (as `replace` does on a vxlan device).
+    fn put_entry(
+        &mut self,
+        link: &ObservedLink,
+        bridge: bool,
+        ip: IpAddr,
+        mac: &[u8; 6],
+    ) -> Result<(), ApplyError> {
+        self.writes += 1;
+        if !self.links.values().any(|l| l.index == link.index) {
+            return Err(Self::unknown("adding an entry on", &link.name));
+        }
+        self.entries.retain(|e| {
+            let same_key = if bridge {
+                e.mac == mac
+            } else {
+                e.ip == Some(ip)
+            };
+            !(e.index == link.index && e.bridge == bridge && same_key)
+        });
+        self.entries.push(FakeEntry {
+            index: link.index,
+            bridge,
+            ip: Some(ip),
+            mac: mac.to_vec(),
+        });
+        Ok(())
     }
 }

@@ -1,0 +1,125 @@
+//! The WireGuard part of a data-plane pass that is not I/O on the device: what a device
+//! needs against what it holds (`device_change`), what an applied change reports and which
+//! peers it starts handshakes with (`applied`), and starting those handshakes.
+
+use weft_crypto::PrivateKey;
+
+use super::diff::{diff_device, DeviceChange, PeerChange};
+use super::WgDevice;
+use crate::apply::DataplaneReport;
+use crate::model::{PeerSpec, TunnelSpec};
+
+/// A peer just added to a device gets one empty datagram into the tunnel, to its device
+/// address (its subnet's network address), so the device handshakes now. This matters
+/// after a device (re)starts: its peers still hold sessions with the device that is gone,
+/// keep encrypting with keys nobody has, and would wait for WireGuard's rekey timers (15 s
+/// or more) before handshaking again. Every peer of a fresh device is an added peer. Runs
+/// after the routing pass, so the peer's route exists.
+/// Returns one line per datagram that could not be sent.
+pub(crate) fn prime_handshakes(added: &[PeerSpec]) -> Vec<String> {
+    let mut errors = Vec::new();
+    if added.is_empty() {
+        return errors;
+    }
+    let Ok(v4) = std::net::UdpSocket::bind("0.0.0.0:0") else {
+        return errors;
+    };
+    let v6 = std::net::UdpSocket::bind("[::]:0").ok();
+    for peer in added {
+        for net in &peer.allowed_ips {
+            let target = std::net::SocketAddr::new(net.network(), DISCARD_PORT);
+            let sent = match target {
+                std::net::SocketAddr::V4(_) => v4.send_to(&[], target),
+                std::net::SocketAddr::V6(_) => {
+                    v6.as_ref().map_or(Ok(0), |s| s.send_to(&[], target))
+                }
+            };
+            if let Err(e) = sent {
+                errors.push(format!(
+                    "priming a handshake with {} via {target}: {e}",
+                    peer.node
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// The discard port: the datagram only exists to start a handshake.
+const DISCARD_PORT: u16 = 9;
+
+/// What device `t` needs, against `observed`; notes in `report` the peers whose endpoint
+/// it sets.
+pub(crate) fn device_change(
+    t: &TunnelSpec,
+    key: &PrivateKey,
+    observed: &WgDevice,
+    report: &mut DataplaneReport,
+) -> DeviceChange {
+    let mut change = diff_device(t, &key.public_key(), observed);
+    for c in &change.peers {
+        match c {
+            PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
+            PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
+                report.endpoints_set.push(spec.public_key)
+            }
+            _ => {}
+        }
+    }
+    if change.set_private_key && !observed.peers.is_empty() {
+        // A new key ends every session: the peers are re-added with it, so each starts a
+        // fresh handshake instead of carrying state made for the old key.
+        change.peers = observed
+            .peers
+            .keys()
+            .map(|k| PeerChange::Remove { key: *k })
+            .chain(t.peers.iter().cloned().map(PeerChange::Add))
+            .collect();
+    }
+    change
+}
+
+/// Reports an applied `change` to device `t`; returns the peers that get a handshake
+/// started at once: added peers, peers whose AllowedIPs or PSK changed (a rotated peer's
+/// key taking over: a userspace device re-adds such a peer, losing its session), and after
+/// a new private key every peer (it ends every session).
+pub(crate) fn applied(
+    t: &TunnelSpec,
+    change: &DeviceChange,
+    report: &mut DataplaneReport,
+) -> Vec<PeerSpec> {
+    if change.set_private_key {
+        report
+            .changes
+            .push(format!("{}: private key set", t.device));
+    }
+    if let Some(port) = change.listen_port {
+        report
+            .changes
+            .push(format!("{}: listen port {port}", t.device));
+    }
+    report
+        .changes
+        .extend(change.peers.iter().map(|p| format!("{}: {p}", t.device)));
+    if change.set_private_key {
+        return t
+            .peers
+            .iter()
+            .filter(|p| !p.allowed_ips.is_empty())
+            .cloned()
+            .collect();
+    }
+    change
+        .peers
+        .iter()
+        .filter_map(|c| match c {
+            PeerChange::Add(p) => Some(p.clone()),
+            PeerChange::Update { spec, fields }
+                if fields.allowed_ips.is_some() || fields.psk.is_some() =>
+            {
+                Some(spec.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
