@@ -108,7 +108,7 @@ impl SubnetEnv {
         Self::parse(&text).map_err(|e| CniError::config(format!("{}: {e}", path.display())))
     }
 
-    pub fn parse(text: &str) -> Result<SubnetEnv, String> {
+    pub fn parse(text: &str) -> Result<SubnetEnv, SubnetEnvError> {
         let mut env = SubnetEnv {
             networks: vec![],
             subnet: None,
@@ -117,20 +117,20 @@ impl SubnetEnv {
             mtu: 0,
             ipmasq: false,
         };
-        let nets = |k: &str, v: &str| -> Result<Vec<IpNet>, String> {
+        let nets = |k: &str, v: &str| -> Result<Vec<IpNet>, SubnetEnvError> {
             v.split(',')
                 .filter(|s| !s.is_empty())
                 .map(|s| {
                     s.trim()
                         .parse()
-                        .map_err(|_| format!("{k}={v:?} is not a CIDR list"))
+                        .map_err(|_| SubnetEnvError::bad(k, v, "a CIDR list"))
                 })
                 .collect()
         };
-        let net = |k: &str, v: &str| -> Result<IpNet, String> {
+        let net = |k: &str, v: &str| -> Result<IpNet, SubnetEnvError> {
             v.trim()
                 .parse()
-                .map_err(|_| format!("{k}={v:?} is not a CIDR"))
+                .map_err(|_| SubnetEnvError::bad(k, v, "a CIDR"))
         };
         for line in text.lines() {
             let Some((k, v)) = line.split_once('=') else {
@@ -145,27 +145,54 @@ impl SubnetEnv {
                     env.mtu = v
                         .trim()
                         .parse()
-                        .map_err(|_| format!("FLANNEL_MTU={v:?} is not a number"))?
+                        .map_err(|_| SubnetEnvError::bad(k, v, "a number"))?
                 }
                 "FLANNEL_IPMASQ" => {
                     env.ipmasq = v
                         .trim()
                         .parse()
-                        .map_err(|_| format!("FLANNEL_IPMASQ={v:?} is not true or false"))?
+                        .map_err(|_| SubnetEnvError::bad(k, v, "true or false"))?
                 }
                 _ => {}
             }
         }
         if env.subnet.is_none() && env.ipv6_subnet.is_none() {
-            return Err("no FLANNEL_SUBNET or FLANNEL_IPV6_SUBNET".into());
+            return Err(SubnetEnvError::NoSubnet);
         }
         if env.subnet.is_some() && env.networks.is_empty() {
-            return Err("FLANNEL_SUBNET without FLANNEL_NETWORK".into());
+            return Err(SubnetEnvError::SubnetWithoutNetwork);
         }
         if env.mtu == 0 {
-            return Err("no FLANNEL_MTU".into());
+            return Err(SubnetEnvError::NoMtu);
         }
         Ok(env)
+    }
+}
+
+/// What is wrong with `subnet.env`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubnetEnvError {
+    #[error("{key}={value:?} is not {expected}")]
+    BadValue {
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("no FLANNEL_SUBNET or FLANNEL_IPV6_SUBNET")]
+    NoSubnet,
+    #[error("FLANNEL_SUBNET without FLANNEL_NETWORK")]
+    SubnetWithoutNetwork,
+    #[error("no FLANNEL_MTU")]
+    NoMtu,
+}
+
+impl SubnetEnvError {
+    fn bad(key: &str, value: &str, expected: &'static str) -> Self {
+        SubnetEnvError::BadValue {
+            key: key.to_string(),
+            value: value.to_string(),
+            expected,
+        }
     }
 }
 
@@ -294,7 +321,7 @@ mod tests {
                 "no FLANNEL_MTU",
             ),
         ] {
-            let e = SubnetEnv::parse(text).unwrap_err();
+            let e = SubnetEnv::parse(text).unwrap_err().to_string();
             assert!(e.contains(expect), "{e}");
         }
     }

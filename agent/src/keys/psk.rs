@@ -98,19 +98,53 @@ fn at_ms(ms: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
-fn psk(text: &str, what: &str) -> Result<PresharedKey, String> {
-    text.trim().parse().map_err(|e| {
-        format!("{what} is not a pre-shared key (base64 of 32 bytes, as `wg genpsk` prints): {e}")
+/// What is wrong with a PSK source; names the file or field.
+#[derive(Debug, thiserror::Error)]
+pub enum PskError {
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{what} is not a pre-shared key (base64 of 32 bytes, as `wg genpsk` prints): {source}"
+    )]
+    NotAKey {
+        what: String,
+        #[source]
+        source: weft_crypto::KeyError,
+    },
+    #[error("{}/switch-at {value:?} is not milliseconds since the Unix epoch", dir.display())]
+    SwitchAt {
+        dir: std::path::PathBuf,
+        value: String,
+    },
+    #[error("{}: next-psk and switch-at go together", dir.display())]
+    Incomplete { dir: std::path::PathBuf },
+    #[error("the PSK in etcd is not {{\"PSK\": …, \"NextPSK\": …, \"SwitchAt\": ms}}: {0}")]
+    EtcdJson(#[source] serde_json::Error),
+    #[error("NextPSK needs SwitchAt")]
+    NextWithoutSwitchAt,
+}
+
+fn psk(text: &str, what: &str) -> Result<PresharedKey, PskError> {
+    text.trim().parse().map_err(|source| PskError::NotAKey {
+        what: what.to_string(),
+        source,
     })
 }
 
 /// Reads a Secret mounted as a directory. `Ok(None)` if the directory has no `psk`.
-pub fn read_dir(dir: &Path) -> Result<Option<PskState>, String> {
-    let read = |name: &str| -> Result<Option<String>, String> {
+pub fn read_dir(dir: &Path) -> Result<Option<PskState>, PskError> {
+    let read = |name: &str| -> Result<Option<String>, PskError> {
         match std::fs::read_to_string(dir.join(name)) {
             Ok(t) => Ok(Some(t)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("reading {}: {e}", dir.join(name).display())),
+            Err(source) => Err(PskError::Read {
+                path: dir.join(name),
+                source,
+            }),
         }
     };
     let Some(current) = read("psk")? else {
@@ -120,21 +154,17 @@ pub fn read_dir(dir: &Path) -> Result<Option<PskState>, String> {
     let next = match (read("next-psk")?, read("switch-at")?) {
         (Some(n), Some(at)) => {
             let key = psk(&n, &format!("{}/next-psk", dir.display()))?;
-            let ms: u64 = at.trim().parse().map_err(|_| {
-                format!(
-                    "{}/switch-at {:?} is not milliseconds since the Unix epoch",
-                    dir.display(),
-                    at.trim()
-                )
+            let ms: u64 = at.trim().parse().map_err(|_| PskError::SwitchAt {
+                dir: dir.to_path_buf(),
+                value: at.trim().to_string(),
             })?;
             Some((key, at_ms(ms)))
         }
         (None, None) => None,
         _ => {
-            return Err(format!(
-                "{}: next-psk and switch-at go together",
-                dir.display()
-            ))
+            return Err(PskError::Incomplete {
+                dir: dir.to_path_buf(),
+            })
         }
     };
     Ok(Some(PskState {
@@ -154,15 +184,13 @@ struct EtcdPsk {
 }
 
 /// Parses the etcd key's value.
-pub fn parse_etcd(value: &str) -> Result<PskState, String> {
-    let v: EtcdPsk = serde_json::from_str(value).map_err(|e| {
-        format!("the PSK in etcd is not {{\"PSK\": …, \"NextPSK\": …, \"SwitchAt\": ms}}: {e}")
-    })?;
+pub fn parse_etcd(value: &str) -> Result<PskState, PskError> {
+    let v: EtcdPsk = serde_json::from_str(value).map_err(PskError::EtcdJson)?;
     let current = psk(&v.psk, "PSK")?;
     let next = match (v.next_psk, v.switch_at) {
         (Some(n), Some(at)) => Some((psk(&n, "NextPSK")?, at_ms(at))),
         (None, _) => None,
-        (Some(_), None) => return Err("NextPSK needs SwitchAt".into()),
+        (Some(_), None) => return Err(PskError::NextWithoutSwitchAt),
     };
     Ok(PskState {
         current: Some(current),
@@ -194,22 +222,22 @@ mod tests {
     #[test]
     fn sources_parse_and_bad_ones_are_named() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_dir(dir.path()), Ok(None));
+        assert!(matches!(read_dir(dir.path()), Ok(None)));
         let key = PresharedKey::from_bytes([3; 32]).to_base64_secret();
         std::fs::write(dir.path().join("psk"), format!("{key}\n")).unwrap();
         assert!(read_dir(dir.path()).unwrap().unwrap().next.is_none());
         std::fs::write(dir.path().join("next-psk"), &key).unwrap();
-        let e = read_dir(dir.path()).unwrap_err();
+        let e = read_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("go together"), "{e}");
         std::fs::write(dir.path().join("switch-at"), "soon").unwrap();
-        let e = read_dir(dir.path()).unwrap_err();
+        let e = read_dir(dir.path()).unwrap_err().to_string();
         assert!(e.contains("switch-at \"soon\""), "{e}");
         std::fs::write(dir.path().join("switch-at"), "1795000000000").unwrap();
         assert_eq!(
             read_dir(dir.path()).unwrap().unwrap().next.unwrap().1,
             at_ms(1_795_000_000_000)
         );
-        let e = parse_etcd(r#"{"PSK": "short"}"#).unwrap_err();
+        let e = parse_etcd(r#"{"PSK": "short"}"#).unwrap_err().to_string();
         assert!(e.contains("PSK is not a pre-shared key"), "{e}");
         let ok = parse_etcd(&format!(
             r#"{{"PSK": "{key}", "NextPSK": "{key}", "SwitchAt": 5}}"#

@@ -154,10 +154,20 @@ impl Rotation {
     }
 }
 
+/// Why a rotation cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateError {
+    #[error("only the wireguard backend has a key to rotate")]
+    NoKey,
+    /// Writing the next key or its announcement failed (the chain names the file).
+    #[error("{0:#}")]
+    State(anyhow::Error),
+}
+
 /// A request to rotate this node's key: from the control socket (answered on `reply`) or
 /// from the registry (`request`: the id an operator's `weft keys rotate --all` wrote).
 pub struct RotateRequest {
-    pub reply: Option<tokio::sync::oneshot::Sender<Result<NextKey, String>>>,
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<NextKey, RotateError>>>,
     pub request: Option<String>,
 }
 
@@ -196,14 +206,11 @@ impl KeyState {
     }
 
     /// Announces a rotation (or returns the one under way).
-    pub async fn start(&mut self) -> Result<NextKey, String> {
+    pub async fn start(&mut self) -> Result<NextKey, RotateError> {
         if self.listen_port.is_none() {
-            return Err("only the wireguard backend has a key to rotate".into());
+            return Err(RotateError::NoKey);
         }
-        let next = self
-            .rotation
-            .start(self.lead)
-            .map_err(|e| format!("{e:#}"))?;
+        let next = self.rotation.start(self.lead).map_err(RotateError::State)?;
         if self.attrs.next_key.as_ref() != Some(&next) {
             self.attrs.next_key = Some(next.clone());
             self.publish().await;

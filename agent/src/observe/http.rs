@@ -73,22 +73,21 @@ impl Health {
     }
 
     /// `Ok` while the loop beats; `Err` says for how long it has not.
-    pub fn liveness_at(&self, now: Instant) -> Result<String, String> {
+    pub fn liveness_at(&self, now: Instant) -> Result<String, Unhealthy> {
         let last = self.0.started + Duration::from_millis(self.0.last_beat.load(Ordering::Relaxed));
         let silent = now.saturating_duration_since(last);
         if silent > self.0.wedged_after {
-            Err(format!(
-                "wedged: the control loop has made no progress for {} s (limit {} s)",
-                silent.as_secs(),
-                self.0.wedged_after.as_secs()
-            ))
+            Err(Unhealthy::Wedged {
+                silent,
+                limit: self.0.wedged_after,
+            })
         } else {
             Ok(format!("ok: last progress {} ms ago", silent.as_millis()))
         }
     }
 
     /// `Ok` once everything is in place; `Err` names what is missing.
-    pub fn readiness(&self) -> Result<String, String> {
+    pub fn readiness(&self) -> Result<String, Unhealthy> {
         let missing: Vec<&str> = [
             (Readiness::LeaseAcquired, "lease"),
             (Readiness::DataplaneProgrammed, "data plane"),
@@ -101,15 +100,28 @@ impl Health {
         if missing.is_empty() {
             Ok("ready".into())
         } else {
-            Err(format!("not ready; waiting for: {}", missing.join(", ")))
+            Err(Unhealthy::NotReady { missing })
         }
     }
 }
 
-fn answer(result: Result<String, String>) -> (StatusCode, String) {
+/// Why `/healthz` or `/readyz` fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    #[error(
+        "wedged: the control loop has made no progress for {} s (limit {} s)",
+        silent.as_secs(),
+        limit.as_secs()
+    )]
+    Wedged { silent: Duration, limit: Duration },
+    #[error("not ready; waiting for: {}", missing.join(", "))]
+    NotReady { missing: Vec<&'static str> },
+}
+
+fn answer(result: Result<String, Unhealthy>) -> (StatusCode, String) {
     match result {
         Ok(text) => (StatusCode::OK, text + "\n"),
-        Err(text) => (StatusCode::SERVICE_UNAVAILABLE, text + "\n"),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
@@ -173,7 +185,7 @@ mod tests {
         assert!(h.liveness_at(now).is_ok());
         assert!(h.liveness_at(now + Duration::from_secs(59)).is_ok());
         let e = h.liveness_at(now + Duration::from_secs(61)).unwrap_err();
-        assert!(e.contains("no progress for 6"), "{e}");
+        assert!(e.to_string().contains("no progress for 6"), "{e}");
         // A longer resync period allows longer gaps.
         let slow = Health::new(Duration::from_secs(300));
         slow.beat();
@@ -186,13 +198,13 @@ mod tests {
     fn readiness_names_what_is_missing() {
         let h = Health::new(Duration::from_secs(30));
         assert_eq!(
-            h.readiness().unwrap_err(),
+            h.readiness().unwrap_err().to_string(),
             "not ready; waiting for: lease, data plane, subnet file"
         );
         h.set(Readiness::LeaseAcquired);
         h.set(Readiness::SubnetFileWritten);
         assert_eq!(
-            h.readiness().unwrap_err(),
+            h.readiness().unwrap_err().to_string(),
             "not ready; waiting for: data plane"
         );
         h.set(Readiness::DataplaneProgrammed);

@@ -118,11 +118,11 @@ impl RtNetlink {
     async fn add_route(
         &mut self,
         op: String,
-        msg: Result<RouteMessage, String>,
+        msg: io::Result<RouteMessage>,
     ) -> Result<(), ApplyError> {
-        let msg = msg.map_err(|e| ApplyError::Netlink {
+        let msg = msg.map_err(|source| ApplyError::Netlink {
             op: op.clone(),
-            source: io::Error::other(e),
+            source,
         })?;
         self.writes += 1;
         self.handle
@@ -207,10 +207,11 @@ fn route_message(
     oif: Option<u32>,
     gateway: Option<IpAddr>,
     blackhole: Option<u32>,
-) -> Result<RouteMessage, String> {
+) -> io::Result<RouteMessage> {
+    let invalid = |e| io::Error::new(io::ErrorKind::InvalidInput, e);
     let mut builder = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(dst.addr(), dst.prefix_len())
-        .map_err(|e| e.to_string())?
+        .map_err(invalid)?
         .protocol(RouteProtocol::from(RTPROT_WEFT));
     if let Some(metric) = blackhole {
         return Ok(builder.kind(RouteType::BlackHole).priority(metric).build());
@@ -219,7 +220,7 @@ fn route_message(
         builder = builder.output_interface(oif);
     }
     match gateway {
-        Some(gw) => builder = builder.gateway(gw).map_err(|e| e.to_string())?,
+        Some(gw) => builder = builder.gateway(gw).map_err(invalid)?,
         // A device route reaches its destination directly: scope link, as iproute2 sets it.
         None => builder = builder.scope(RouteScope::Link),
     }

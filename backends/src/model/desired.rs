@@ -244,7 +244,7 @@ pub enum LeaveReason {
     },
     BadBackendData {
         field: &'static str,
-        detail: String,
+        detail: super::BackendDataError,
     },
     NoPublicIp {
         family: Family,

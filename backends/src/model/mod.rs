@@ -3,12 +3,14 @@
 
 pub mod alloc;
 pub mod annotations;
+mod backend_data;
 mod desired;
 mod lease;
 pub mod net;
 mod observed;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
+pub use backend_data::BackendDataError;
 pub use desired::{
     format_mac, parse_mac, DesiredState, Family, ForwardRule, LeaveReason, LeftOut,
     MasqueradeTable, Match, NatRule, PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,

@@ -15,7 +15,7 @@ use std::time::SystemTime;
 
 use ipnet::IpNet;
 
-use crate::model::{DesiredState, Family, Lease, SubnetEnv};
+use crate::model::{BackendDataError, DesiredState, Family, Lease, SubnetEnv};
 use crate::netconf::{Backend, NetConf};
 
 pub use unencrypted::{vxlan_backend_data, vxlan_device, vxlan_mac};
@@ -62,7 +62,12 @@ pub enum PlanError {
         network: IpNet,
     },
     #[error("this node's ({node}) published backend data is unusable: {detail}")]
-    LocalBackendData { node: String, detail: String },
+    LocalBackendData {
+        node: String,
+        detail: BackendDataError,
+    },
+    #[error("this node ({node}) publishes no public IP")]
+    LocalNoPublicIp { node: String },
     #[error("IPv6 with the {backend} backend is not implemented yet; use wireguard")]
     Ipv6Unsupported { backend: &'static str },
     #[error("the {backend} backend needs the external interface, which is unknown; give --public-ip or --iface")]

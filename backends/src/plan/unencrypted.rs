@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{
-    format_mac, parse_mac, DesiredState, Family, LeaveReason, LeftOut, RouteRole, RouteSpec,
-    VxlanPeer, VxlanSpec,
+    format_mac, parse_mac, BackendDataError, DesiredState, Family, LeaveReason, LeftOut, RouteRole,
+    RouteSpec, VxlanPeer, VxlanSpec,
 };
 use crate::netconf::VxlanConf;
 
@@ -33,25 +33,36 @@ pub fn vxlan_backend_data(vni: u32, mac: &[u8; 6]) -> Value {
 
 /// Decodes a node's published vxlan data to its VTEP MAC; the error says what is wrong.
 /// flannel before 0.10 published no `VNI`; it is not needed to reach the peer.
-pub fn vxlan_mac(value: Option<&Value>) -> Result<[u8; 6], String> {
+pub fn vxlan_mac(value: Option<&Value>) -> Result<[u8; 6], BackendDataError> {
     let Some(value) = value else {
-        return Err("it is missing".into());
+        return Err(BackendDataError::Missing);
     };
     let Some(obj) = value.as_object() else {
-        return Err(format!(
-            "expected an object like {{\"VNI\":1,\"VtepMAC\":\"aa:bb:cc:dd:ee:ff\"}}, got {value}"
-        ));
+        return Err(BackendDataError::NotAnObject {
+            example: r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}"#,
+            got: value.to_string(),
+        });
     };
     match obj.get("VtepMAC") {
-        Some(Value::String(s)) => {
-            let mac = parse_mac(s).ok_or_else(|| format!("VtepMAC {s:?} is not a MAC address"))?;
+        Some(published @ Value::String(s)) => {
+            let mac = parse_mac(s).ok_or_else(|| {
+                BackendDataError::bad("VtepMAC", published, "is not a MAC address")
+            })?;
             if mac[0] & 1 == 1 || mac == [0; 6] {
-                return Err(format!("VtepMAC {s:?} is not a unicast address"));
+                return Err(BackendDataError::bad(
+                    "VtepMAC",
+                    published,
+                    "is not a unicast address",
+                ));
             }
             Ok(mac)
         }
-        Some(other) => Err(format!("VtepMAC is {other}, expected a string")),
-        None => Err("it has no VtepMAC".into()),
+        Some(other) => Err(BackendDataError::WrongType {
+            field: "VtepMAC",
+            got: other.to_string(),
+            expected: "a string",
+        }),
+        None => Err(BackendDataError::NoField("VtepMAC")),
     }
 }
 
@@ -139,7 +150,7 @@ pub(crate) fn host_gw(
 }
 
 /// A peer left out for its `backend-data`.
-fn bad_data(node: &str, detail: String) -> LeftOut {
+fn bad_data(node: &str, detail: BackendDataError) -> LeftOut {
     leave(
         node,
         LeaveReason::BadBackendData {
@@ -161,10 +172,11 @@ fn drop_mac_clashes(
         if let Some(p) = peers.iter().position(|p| &p.node == node) {
             let p = peers.remove(p);
             routes.retain(|r| r.role != RouteRole::Peer(p.node.clone()));
-            let detail = format!(
-                "VtepMAC {} is also published by another node",
-                format_mac(&p.mac)
-            );
+            let detail = BackendDataError::Duplicate {
+                field: "VtepMAC",
+                value: format_mac(&p.mac),
+                by: "another node".into(),
+            };
             left_out.push(bad_data(node, detail));
         }
     }
@@ -177,15 +189,18 @@ pub(crate) fn vxlan(
     screened: Screened<'_>,
 ) -> Result<DesiredState, PlanError> {
     only_ipv4(input, "vxlan")?;
-    let local_error = |detail: String| PlanError::LocalBackendData {
-        node: input.local.node.clone(),
-        detail,
-    };
-    let own_mac = vxlan_mac(input.local.backend_data.as_ref()).map_err(local_error)?;
+    let own_mac = vxlan_mac(input.local.backend_data.as_ref()).map_err(|detail| {
+        PlanError::LocalBackendData {
+            node: input.local.node.clone(),
+            detail,
+        }
+    })?;
     let local = input
         .local
         .public_ip
-        .ok_or_else(|| local_error("this node publishes no public IP".into()))?;
+        .ok_or_else(|| PlanError::LocalNoPublicIp {
+            node: input.local.node.clone(),
+        })?;
     let device = vxlan_device(conf.vni);
     let underlay = input.options.underlay_device.clone();
     let mtu = conf
@@ -229,10 +244,11 @@ pub(crate) fn vxlan(
             if other != input.local.node {
                 clashes.push(other.clone());
             }
-            let detail = format!(
-                "VtepMAC {} is also published by node {other}",
-                format_mac(&mac)
-            );
+            let detail = BackendDataError::Duplicate {
+                field: "VtepMAC",
+                value: format_mac(&mac),
+                by: format!("node {other}"),
+            };
             left_out.push(bad_data(&c.lease.node, detail));
             continue;
         }

@@ -12,8 +12,8 @@ use weft_crypto::PublicKey;
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{
-    DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec,
-    TunnelSpec, SWITCH_GRACE,
+    BackendDataError, DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec,
+    RouteRole, RouteSpec, TunnelSpec, SWITCH_GRACE,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -37,27 +37,45 @@ pub fn backend_data(key: &PublicKey, port: u16) -> Value {
 
 impl WireguardData {
     /// Decodes a peer's published data; the error says what is wrong, for the reason.
-    pub fn decode(value: Option<&Value>) -> Result<Self, String> {
+    pub fn decode(value: Option<&Value>) -> Result<Self, BackendDataError> {
         let Some(value) = value else {
-            return Err("it is missing".into());
+            return Err(BackendDataError::Missing);
         };
         let Some(obj) = value.as_object() else {
-            return Err(format!(
-                "expected an object like {{\"PublicKey\":\"…\",\"Port\":51820}}, got {value}"
-            ));
+            return Err(BackendDataError::NotAnObject {
+                example: r#"{"PublicKey":"…","Port":51820}"#,
+                got: value.to_string(),
+            });
         };
         let key = match obj.get("PublicKey") {
-            Some(Value::String(s)) => s
-                .parse::<PublicKey>()
-                .map_err(|e| format!("PublicKey {s:?}: {e}"))?,
-            Some(other) => return Err(format!("PublicKey is {other}, expected a base64 string")),
-            None => return Err("it has no PublicKey".into()),
+            Some(published @ Value::String(s)) => {
+                s.parse::<PublicKey>()
+                    .map_err(|source| BackendDataError::BadKey {
+                        field: "PublicKey",
+                        value: published.to_string(),
+                        source,
+                    })?
+            }
+            Some(other) => {
+                return Err(BackendDataError::WrongType {
+                    field: "PublicKey",
+                    got: other.to_string(),
+                    expected: "a base64 string",
+                })
+            }
+            None => return Err(BackendDataError::NoField("PublicKey")),
         };
         let port = match obj.get("Port") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
                 Some(p @ 1..=65535) => Some(p as u16),
-                _ => return Err(format!("Port {v} is not a UDP port (1–65535)")),
+                _ => {
+                    return Err(BackendDataError::bad(
+                        "Port",
+                        v,
+                        "is not a UDP port (1–65535)",
+                    ))
+                }
             },
         };
         Ok(WireguardData {

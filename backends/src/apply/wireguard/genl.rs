@@ -144,7 +144,23 @@ fn key_bytes_are_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
 
-fn peer_of(attrs: &[WireguardPeerAttribute]) -> Result<(PublicKey, WgPeer), String> {
+/// A device dump the kernel should never send: what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error("allowed IP {addr}/{prefix}: {source}")]
+    AllowedIp {
+        addr: std::net::IpAddr,
+        prefix: u8,
+        #[source]
+        source: ipnet::PrefixLenError,
+    },
+    #[error("an allowed IP without address or prefix")]
+    AllowedIpIncomplete,
+    #[error("a peer without a public key")]
+    PeerWithoutKey,
+}
+
+fn peer_of(attrs: &[WireguardPeerAttribute]) -> Result<(PublicKey, WgPeer), DumpError> {
     let mut key = None;
     let mut peer = WgPeer::default();
     for attr in attrs {
@@ -175,24 +191,30 @@ fn peer_of(attrs: &[WireguardPeerAttribute]) -> Result<(PublicKey, WgPeer), Stri
                         }
                     }
                     match (addr, cidr) {
-                        (Some(a), Some(c)) => peer.allowed_ips.push(
-                            IpNet::new(a, c).map_err(|e| format!("allowed IP {a}/{c}: {e}"))?,
-                        ),
-                        _ => return Err("an allowed IP without address or prefix".into()),
+                        (Some(a), Some(c)) => {
+                            peer.allowed_ips.push(IpNet::new(a, c).map_err(|source| {
+                                DumpError::AllowedIp {
+                                    addr: a,
+                                    prefix: c,
+                                    source,
+                                }
+                            })?)
+                        }
+                        _ => return Err(DumpError::AllowedIpIncomplete),
                     }
                 }
             }
             _ => {}
         }
     }
-    let key = key.ok_or("a peer without a public key")?;
+    let key = key.ok_or(DumpError::PeerWithoutKey)?;
     Ok((key, peer))
 }
 
 /// Folds the parts of one `WG_CMD_GET_DEVICE` dump into a device. The kernel sends the
 /// device's own attributes in the first part and may continue one peer across parts (its
 /// AllowedIPs then carry on in the next part, under the same public key).
-pub fn device_of(parts: &[WireguardMessage]) -> Result<WgDevice, String> {
+pub fn device_of(parts: &[WireguardMessage]) -> Result<WgDevice, DumpError> {
     let mut device = WgDevice::default();
     let mut peers: BTreeMap<PublicKey, WgPeer> = BTreeMap::new();
     for part in parts {
@@ -311,6 +333,6 @@ mod tests {
                 WireguardPeerAttribute::RxBytes(1),
             ])])],
         };
-        assert!(device_of(&[part]).unwrap_err().contains("public key"));
+        assert!(matches!(device_of(&[part]), Err(DumpError::PeerWithoutKey)));
     }
 }

@@ -1,0 +1,56 @@
+//! What can be wrong with a node's published `backend-data`, for every backend's decoder.
+
+/// Why a node's published backend data cannot be used; the message names the field and
+/// the value as published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendDataError {
+    #[error("it is missing")]
+    Missing,
+    #[error("expected an object like {example}, got {got}")]
+    NotAnObject { example: &'static str, got: String },
+    #[error("it has no {0}")]
+    NoField(&'static str),
+    #[error("{field} is {got}, expected {expected}")]
+    WrongType {
+        field: &'static str,
+        got: String,
+        expected: &'static str,
+    },
+    /// Another node publishes the same value; `by` names it ("node x", "another node").
+    #[error("{field} {value} is also published by {by}")]
+    Duplicate {
+        field: &'static str,
+        value: String,
+        by: String,
+    },
+    /// `value` as published (JSON).
+    #[error("{field} {value}: {source}")]
+    BadKey {
+        field: &'static str,
+        value: String,
+        #[source]
+        source: weft_crypto::KeyError,
+    },
+    /// `value` as published (JSON).
+    #[error("{field} {value} {problem}")]
+    BadValue {
+        field: &'static str,
+        value: String,
+        problem: String,
+    },
+}
+
+impl BackendDataError {
+    /// `field` holds `value` (any JSON), which is wrong because of `problem`.
+    pub fn bad(
+        field: &'static str,
+        value: impl std::fmt::Display,
+        problem: impl Into<String>,
+    ) -> Self {
+        BackendDataError::BadValue {
+            field,
+            value: value.to_string(),
+            problem: problem.into(),
+        }
+    }
+}
