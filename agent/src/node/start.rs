@@ -263,6 +263,19 @@ struct Start {
     ),
 }
 
+/// The data plane with the WireGuard implementation `setup` asks for, logging which runs
+/// and why.
+async fn connect_dataplane(setup: &backend_setup::BackendSetup) -> anyhow::Result<Dataplane> {
+    let (dataplane, why) = Dataplane::connect(setup.implementation, UserspaceProcess::default())
+        .await
+        .context("choosing the WireGuard implementation")?;
+    info!(
+        implementation = dataplane.implementation(),
+        why, "WireGuard"
+    );
+    Ok(dataplane)
+}
+
 /// Config, lease, data plane, then the control loop until shutdown; the same for every
 /// registry.
 async fn serve<R: Registry>(
@@ -316,14 +329,7 @@ async fn serve<R: Registry>(
     health.set(Readiness::LeaseAcquired);
     // The registry may publish another local address (an operator's node-public-ip).
     let public_ip = lease.public_ip.unwrap_or(public_ip);
-    let (mut dataplane, why) =
-        Dataplane::connect(setup.implementation, UserspaceProcess::default())
-            .await
-            .context("choosing the WireGuard implementation")?;
-    info!(
-        implementation = dataplane.implementation(),
-        why, "WireGuard"
-    );
+    let mut dataplane = connect_dataplane(&setup).await?;
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
     let mut handle = registry::spawn(registry, lease);
@@ -352,16 +358,15 @@ async fn serve<R: Registry>(
         metrics,
         rotate: rotate.1,
     };
-    let listen_port = match &net.backend {
-        Backend::Wireguard(wg) => Some(wg.listen_port),
-        _ => None,
-    };
     let mut keys = KeyState {
         key,
         rotation,
         attrs: request.attrs.clone(),
         updates: handle.updates.clone(),
-        listen_port,
+        listen_port: match &net.backend {
+            Backend::Wireguard(wg) => Some(wg.listen_port),
+            _ => None,
+        },
         lead: DEFAULT_LEAD,
         unpublished: false,
     };

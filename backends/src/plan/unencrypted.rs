@@ -160,6 +160,28 @@ fn bad_data(node: &str, detail: BackendDataError) -> LeftOut {
     )
 }
 
+/// Records `node`'s claim on `mac`. One MAC, two nodes: the FDB cannot tell them apart, so
+/// a MAC already claimed is a clash (both leave the plan, see `drop_mac_clashes`), and the
+/// newcomer's reason is returned.
+fn claim_mac(
+    macs: &mut BTreeMap<[u8; 6], String>,
+    mac: [u8; 6],
+    node: &str,
+    local: &str,
+    clashes: &mut Vec<String>,
+) -> Option<BackendDataError> {
+    let other = macs.insert(mac, node.to_string())?;
+    clashes.push(node.to_string());
+    if other != local {
+        clashes.push(other.clone());
+    }
+    Some(BackendDataError::Duplicate {
+        field: "VtepMAC",
+        value: format_mac(&mac),
+        by: format!("node {other}"),
+    })
+}
+
 /// The peers that published a VTEP MAC another node also published leave the plan, with
 /// their routes: the FDB cannot tell them apart.
 fn drop_mac_clashes(
@@ -238,18 +260,9 @@ pub(crate) fn vxlan(
                 continue;
             }
         };
-        if let Some(other) = macs.insert(mac, c.lease.node.clone()) {
-            // One MAC, two nodes: the FDB cannot tell them apart.
-            clashes.push(c.lease.node.clone());
-            if other != input.local.node {
-                clashes.push(other.clone());
-            }
-            let detail = BackendDataError::Duplicate {
-                field: "VtepMAC",
-                value: format_mac(&mac),
-                by: format!("node {other}"),
-            };
-            left_out.push(bad_data(&c.lease.node, detail));
+        let node = &c.lease.node;
+        if let Some(detail) = claim_mac(&mut macs, mac, node, &input.local.node, &mut clashes) {
+            left_out.push(bad_data(node, detail));
             continue;
         }
         peers.push(VxlanPeer {

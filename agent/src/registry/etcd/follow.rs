@@ -119,6 +119,37 @@ fn apply_lease_events(
     (next, lost_ours)
 }
 
+/// The value a put event writes; `None` for a delete.
+fn put_value(event: &etcd_client::Event) -> Option<&[u8]> {
+    match (event.event_type(), event.kv()) {
+        (EventType::Put, Some(kv)) => Some(kv.value()),
+        _ => None,
+    }
+}
+
+/// Renews this node's etcd lease when due; one that expired is claimed again, and then the
+/// session ends for a re-list.
+async fn renew(
+    reg: &mut EtcdRegistry,
+    links: &mut FollowLinks,
+    next_renew: &mut Instant,
+) -> Result<Option<Ended>, RegistryError> {
+    match reg.renew().await {
+        Ok(()) => {
+            *next_renew = Instant::now() + reg.cfg.renew_every();
+            Ok(None)
+        }
+        Err(RegistryError::LeaseExpired { key, .. }) => {
+            warn!(lease = %key, "etcd lease expired before renewal; claiming again");
+            let lease = reg.reacquire().await?;
+            links.local.send_replace(lease);
+            *next_renew = Instant::now() + reg.cfg.renew_every();
+            Ok(Some(Ended::Relist("lease re-acquired")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 async fn session(
     reg: &mut EtcdRegistry,
     links: &mut FollowLinks,
@@ -175,11 +206,7 @@ async fn session(
                 let resp = message.map_err(reg.etcd_err("watching", &psk_key))?;
                 let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the PSK watch")) };
                 for event in resp.events() {
-                    let value = match (event.event_type(), event.kv()) {
-                        (EventType::Put, Some(kv)) => Some(kv.value()),
-                        _ => None,
-                    };
-                    publish_psk(links, value);
+                    publish_psk(links, put_value(event));
                 }
             },
             message = rotate_stream.message() => {
@@ -198,16 +225,10 @@ async fn session(
                 }
                 None => updates_open = false,
             },
-            () = tokio::time::sleep_until(*next_renew) => match reg.renew().await {
-                Ok(()) => *next_renew = Instant::now() + reg.cfg.renew_every(),
-                Err(RegistryError::LeaseExpired { key, .. }) => {
-                    warn!(lease = %key, "etcd lease expired before renewal; claiming again");
-                    let lease = reg.reacquire().await?;
-                    links.local.send_replace(lease);
-                    *next_renew = Instant::now() + reg.cfg.renew_every();
-                    return Ok(Ended::Relist("lease re-acquired"));
+            () = tokio::time::sleep_until(*next_renew) => {
+                if let Some(ended) = renew(reg, links, next_renew).await? {
+                    return Ok(ended);
                 }
-                Err(e) => return Err(e),
             },
             message = stream.message() => {
                 let resp = message.map_err(reg.etcd_err("watching", &dir))?;
