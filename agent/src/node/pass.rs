@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn, Instrument};
-use weft_backends::apply::wireguard::WgPeer;
-use weft_backends::model::{DesiredState, Observed};
+use weft_backends::model::{DesiredState, Observed, PeerObserved};
 use weft_backends::plan::{plan, PlanInput};
 
 use super::error_policy::{self, report_plan};
@@ -83,7 +82,7 @@ impl Controller<'_> {
     /// The plan for this node now, from the latest view and what the device showed (peers'
     /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
     /// planned.
-    fn plan(&mut self, device: BTreeMap<PublicKey, WgPeer>) -> Option<DesiredState> {
+    fn plan(&mut self, device: BTreeMap<PublicKey, PeerObserved>) -> Option<DesiredState> {
         let view = &self.raw_view;
         let now = SystemTime::now();
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);

@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use weft_backends::apply::wireguard::WgPeer;
 use weft_backends::model::{DesiredState, PeerObserved};
 use weft_crypto::PublicKey;
 
@@ -21,20 +20,13 @@ impl Roaming {
     /// The device's peers with this memory, as the plan takes them.
     pub(super) fn observed(
         &self,
-        device: BTreeMap<PublicKey, WgPeer>,
+        mut device: BTreeMap<PublicKey, PeerObserved>,
     ) -> BTreeMap<PublicKey, PeerObserved> {
+        for (key, peer) in device.iter_mut() {
+            peer.planned_before = self.planned.get(key).copied();
+            peer.endpoint_set = self.set_at.get(key).copied();
+        }
         device
-            .into_iter()
-            .map(|(key, peer)| {
-                let observed = PeerObserved {
-                    endpoint: peer.endpoint,
-                    last_handshake: peer.last_handshake,
-                    planned_before: self.planned.get(&key).copied(),
-                    endpoint_set: self.set_at.get(&key).copied(),
-                };
-                (key, observed)
-            })
-            .collect()
     }
 
     /// Remembers a pass: the endpoints `state` planned, the peers whose endpoint the data

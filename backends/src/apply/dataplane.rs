@@ -14,7 +14,7 @@ use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
     VxlanNetlink,
 };
-use crate::model::{DesiredState, PeerSpec, TunnelSpec};
+use crate::model::{DesiredState, PeerObserved, PeerSpec, TunnelSpec};
 use crate::netconf::Implementation;
 use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 
@@ -124,16 +124,14 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
             .collect())
     }
 
-    /// The peers of this node's WireGuard devices, for the plan (`Observed`): read afresh
-    /// when `full` (the full pass that follows uses this read), else as last read plus
-    /// this agent's changes since. A device that does not exist has no peers.
+    /// The peers of this node's WireGuard devices, for the plan (`Observed`: endpoint and
+    /// last handshake; the agent adds its memory): read afresh when `full` (the full pass
+    /// that follows uses this read), else as last read plus this agent's changes since. A
+    /// device that does not exist has no peers.
     pub async fn observe(
         &mut self,
         full: bool,
-    ) -> Result<
-        std::collections::BTreeMap<weft_crypto::PublicKey, super::wireguard::WgPeer>,
-        ApplyError,
-    > {
+    ) -> Result<std::collections::BTreeMap<weft_crypto::PublicKey, PeerObserved>, ApplyError> {
         self.fresh.clear();
         let mut peers = std::collections::BTreeMap::new();
         let Some(wg) = self.wg.as_mut() else {
@@ -150,7 +148,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
                 self.fresh.insert(name.to_string());
             }
             if let Some(device) = self.wg_seen.get(name) {
-                peers.extend(device.peers.iter().map(|(k, p)| (*k, p.clone())));
+                peers.extend(device.peers.iter().map(|(k, p)| {
+                    let seen = PeerObserved {
+                        endpoint: p.endpoint,
+                        last_handshake: p.last_handshake,
+                        planned_before: None,
+                        endpoint_set: None,
+                    };
+                    (*k, seen)
+                }));
             }
         }
         Ok(peers)
