@@ -177,7 +177,13 @@ pub fn run(
         Registry::Kube => LabConfig::kube(1, weft),
     };
     cfg.pods_per_node = 0;
-    cfg.net_conf = r#"{"Network": "10.0.0.0/8", "Backend": {"Type": "wireguard"}}"#.into();
+    // The agent's own subnet comes from 10.200.0.0 up, apart from the synthetic nodes'
+    // (10.1.0.0 up, `lease_key`): otherwise it could pick the subnet of a node the churn
+    // adds later, and that add would overwrite the agent's own lease instead of adding a
+    // peer (seen as an add that was never programmed).
+    cfg.net_conf =
+        r#"{"Network": "10.0.0.0/8", "SubnetMin": "10.200.0.0", "Backend": {"Type": "wireguard"}}"#
+            .into();
     cfg.extra_args.push("--resync-period=3".into());
     match registry {
         Registry::Etcd => {
