@@ -319,6 +319,123 @@ async fn a_lease_deleted_behind_our_back_is_claimed_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_write_to_our_lease_is_put_back_with_our_etcd_lease() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 10, "a sees itself", |v| {
+        v.get(&lease_a.node).is_some()
+    })
+    .await;
+    let key = format!("{PREFIX}/subnets/{}", lease_a.node);
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let ours = c.get(key.clone(), None).await.unwrap().kvs()[0].clone();
+    assert_ne!(ours.lease(), 0);
+    // Someone else redirects the node: another key and IP, and no etcd lease (so the
+    // value would never expire).
+    let foreign = r#"{"PublicIP":"203.0.113.66","BackendType":"wireguard","BackendData":{"PublicKey":"attacker","Port":51820}}"#;
+    c.put(key.clone(), foreign, None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let restored = loop {
+        let got = c.get(key.clone(), None).await.unwrap();
+        let kv = got.kvs()[0].clone();
+        if kv.value() == ours.value() && kv.lease() == ours.lease() {
+            break true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        restored,
+        "the node's own value and etcd lease were not written back"
+    );
+    assert_eq!(
+        a.local.borrow().subnet,
+        lease_a.subnet,
+        "the subnet is kept"
+    );
+    // Its own later writes are not mistaken for foreign ones: the view settles on ours.
+    wait_view(&mut va, 5, "a sees its own key again", |v| {
+        key_of(v, &lease_a.node).as_deref() == Some("ka")
+    })
+    .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_not_sent_or_read_in_clear_without_etcd_insecure() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    assert!(etcd.endpoint().starts_with("http://"));
+    // A password for a plain-HTTP endpoint: refused before anything is sent.
+    let mut cfg = config(&etcd.endpoint());
+    cfg.auth = Some(("weft".into(), "secret".into()));
+    let err = EtcdRegistry::connect(cfg.clone()).await.err().unwrap();
+    let text = err.to_string();
+    assert!(
+        text.contains("the etcd password would cross the network in clear")
+            && text.contains(&etcd.endpoint())
+            && text.contains("--etcd-insecure"),
+        "{text}"
+    );
+    // No secret in etcd: nothing to refuse.
+    let mut reg = EtcdRegistry::connect(config(&etcd.endpoint()))
+        .await
+        .unwrap();
+    let net = reg.net_conf().await.unwrap();
+    assert!(reg.secrets_in_clear(&net).await.unwrap().is_none());
+    // The cluster PSK in etcd: refused, naming the key; accepted with --etcd-insecure.
+    let psk = format!(
+        r#"{{"PSK": "{}"}}"#,
+        weft_crypto::PresharedKey::generate()
+            .unwrap()
+            .to_base64_secret()
+    );
+    put(&etcd.endpoint(), &format!("{PREFIX}/weft/psk"), &psk).await;
+    let refused = reg
+        .secrets_in_clear(&net)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains(&format!("the cluster PSK at {PREFIX}/weft/psk")),
+        "{refused}"
+    );
+    let mut insecure = config(&etcd.endpoint());
+    insecure.insecure = true;
+    let mut reg = EtcdRegistry::connect(insecure).await.unwrap();
+    assert!(reg.secrets_in_clear(&net).await.unwrap().is_none());
+    // A PSK in the network config itself: refused too.
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    c.delete(format!("{PREFIX}/weft/psk"), None).await.unwrap();
+    let with_psk = format!(
+        r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "wireguard", "PSK": "{}"}}}}"#,
+        weft_crypto::PresharedKey::generate()
+            .unwrap()
+            .to_base64_secret()
+    );
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), &with_psk).await;
+    let mut reg = EtcdRegistry::connect(config(&etcd.endpoint()))
+        .await
+        .unwrap();
+    let net = reg.net_conf().await.unwrap();
+    let refused = reg
+        .secrets_in_clear(&net)
+        .await
+        .unwrap()
+        .unwrap()
+        .to_string();
+    assert!(
+        refused.contains("the PSK in the network config"),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_leases_are_skipped_and_the_rest_is_kept() {
     let etcd = Etcd::start().unwrap();
     put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;

@@ -270,7 +270,10 @@ fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
 
 #[test]
 fn the_psk_rotates_without_restarts_etcd() {
-    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    // The lab's etcd speaks plain HTTP: the agents must be told to accept the PSK in clear.
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.extra_args.push("--etcd-insecure".into());
+    let lab = Lab::start(cfg).unwrap();
     let key = "/coreos.com/network/weft/psk";
     let first = genpsk();
     lab.etcd()

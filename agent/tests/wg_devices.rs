@@ -219,6 +219,65 @@ fn the_userspace_device_process_is_taken_over_and_replaced_when_broken() {
 }
 
 #[test]
+fn a_program_that_is_not_a_device_keeps_the_uapi_socket_it_holds() {
+    in_new_netns(|| async {
+        let dev = "wgt-squat"; // the socket directory is shared between tests: one name each
+        let path = socket_path(dev);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        // Some other program listening on the device's socket path.
+        let mut squatter = Command::new("perl")
+            .args([
+                "-MIO::Socket::UNIX",
+                "-e",
+                "my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => $ARGV[0], \
+                 Listen => 1) or die $!; print \"ready\\n\"; STDOUT->flush; sleep 60",
+            ])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(squatter.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready.trim(), "ready");
+        let mut nl = RtNetlink::connect().unwrap();
+        let err = userspace()
+            .ensure(&mut nl, dev)
+            .await
+            .expect_err("a device must not be started over another program's socket");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("pid {}", squatter.id())) && text.contains("perl"),
+            "{text}"
+        );
+        assert!(
+            squatter.try_wait().unwrap().is_none(),
+            "the other program was killed"
+        );
+        assert!(path.exists(), "its socket was removed");
+        squatter.kill().unwrap();
+        squatter.wait().unwrap();
+        let _ = std::fs::remove_file(&path);
+        // Its own device processes are still taken over as before (see the test above).
+        let cmdline = format!("{WEFT}\0userspace-device\0{dev}\0");
+        assert!(weft_backends::apply::wireguard::process::is_device_process(
+            cmdline.as_bytes(),
+            dev
+        ));
+        assert!(
+            !weft_backends::apply::wireguard::process::is_device_process(
+                b"/usr/bin/sshd\0-D\0",
+                dev
+            )
+        );
+    });
+}
+
+#[test]
 fn kernel_device_takes_1000_peers_in_split_messages_and_then_writes_nothing() {
     in_new_netns(|| async {
         if !kernel_wireguard_or_skip() {

@@ -69,6 +69,12 @@ pub struct AgentArgs {
     #[arg(long, default_value = "", hide_default_value = true)]
     pub etcd_password: String,
 
+    /// Accept sending secrets (the etcd password, the cluster PSK) to etcd endpoints that
+    /// are not https://, where anyone on the path can read them. Without it the agent
+    /// refuses to start in that case.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub etcd_insecure: bool,
+
     /// Interface (name or address) to use for inter-node traffic; may be repeated.
     #[arg(long, value_delimiter = ',')]
     pub iface: Vec<String>,
@@ -108,6 +114,15 @@ pub struct AgentArgs {
     /// Address the health endpoints listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub healthz_ip: IpAddr,
+
+    /// Address `/metrics` listens on, with --metrics-port.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub metrics_ip: IpAddr,
+
+    /// Port for `/metrics` alone (0: served beside the health endpoints, on
+    /// --healthz-port), so that health can listen on loopback only.
+    #[arg(long, default_value = "0")]
+    pub metrics_port: u16,
 
     /// Port of the health endpoints (0 = off).
     #[arg(long, default_value = "0")]

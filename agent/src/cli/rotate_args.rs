@@ -29,4 +29,13 @@ pub struct RotateArgs {
     /// etcd key prefix.
     #[arg(long, default_value = "/coreos.com/network")]
     pub etcd_prefix: String,
+    /// etcd user name (with --etcd-password), as the agents'.
+    #[arg(long, default_value = "")]
+    pub etcd_username: String,
+    /// etcd password.
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub etcd_password: String,
+    /// Accept sending the etcd password to endpoints that are not https://.
+    #[arg(long)]
+    pub etcd_insecure: bool,
 }

@@ -115,6 +115,15 @@ fn require(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, C
         .ok_or_else(|| CniError::env(format!("required environment variable {name} is missing")))
 }
 
+/// The CNI spec's container ID pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`: it names a file
+/// in the data directory, so `.`, `..` and hidden names (which the temporary files of
+/// `write_atomic` use) are refused.
+fn valid_container_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
 impl Invocation {
     pub fn from_env(
         env: &dyn Fn(&str) -> Option<String>,
@@ -131,13 +140,10 @@ impl Invocation {
             return Ok(inv);
         }
         inv.container_id = require(env, "CNI_CONTAINERID")?;
-        if !inv
-            .container_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
-        {
+        if !valid_container_id(&inv.container_id) {
             return Err(CniError::env(format!(
-                "CNI_CONTAINERID {:?} may hold only letters, digits, '_', '.' and '-'",
+                "CNI_CONTAINERID {:?} must start with a letter or digit and hold only letters, \
+                 digits, '_', '.' and '-' (the CNI spec's pattern)",
                 inv.container_id
             )));
         }
@@ -271,6 +277,33 @@ mod tests {
         let env = |k: &str| (k == "CNI_COMMAND").then(|| "DEL".to_string());
         let e = Invocation::from_env(&env, vec![]).err().unwrap();
         assert!(e.msg.contains("CNI_CONTAINERID is missing"), "{}", e.msg);
+    }
+
+    #[test]
+    fn container_ids_follow_the_spec_and_cannot_leave_the_data_directory() {
+        for bad in [
+            ".",
+            "..",
+            ".hidden",
+            "-x",
+            "_x",
+            "a/b",
+            "",
+            "x\n",
+            ".c1.tmp.42",
+        ] {
+            assert!(!valid_container_id(bad), "{bad:?} accepted");
+            let env = |k: &str| match k {
+                "CNI_COMMAND" => Some("DEL".to_string()),
+                "CNI_CONTAINERID" => Some(bad.to_string()),
+                _ => None,
+            };
+            let e = Invocation::from_env(&env, vec![]).err().unwrap();
+            assert_eq!(e.code, 4, "{bad:?}");
+        }
+        for good in ["c1", "0a.b-c_d", "f3b0c44298fc1c149afbf4c8996fb924"] {
+            assert!(valid_container_id(good), "{good:?} refused");
+        }
     }
 
     #[test]

@@ -95,8 +95,10 @@ pub fn run(args: &CleanupArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     for device in [WG_DEVICE, WG_DEVICE_V6] {
         let socket = socket_path(device);
         if socket.exists() {
-            stop_server(device);
-            removed.push(format!("removed UAPI socket {}", socket.display()));
+            match stop_server(device) {
+                Ok(()) => removed.push(format!("removed UAPI socket {}", socket.display())),
+                Err(e) => removed.push(format!("left {}: {e}", socket.display())),
+            }
         }
     }
     match std::fs::remove_file(&args.subnet_file) {

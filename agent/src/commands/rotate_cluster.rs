@@ -60,7 +60,17 @@ impl Target {
                 prefix: args.kube_annotation_prefix.clone(),
             });
         }
-        let client = etcd_client::Client::connect(&args.etcd_endpoints, None)
+        // The agents' etcd options: the same auth, and the same refusal to send the
+        // password in clear.
+        let mut cfg =
+            crate::registry::EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
+        cfg.insecure = args.etcd_insecure;
+        let mut options = etcd_client::ConnectOptions::new();
+        if !args.etcd_username.is_empty() {
+            cfg.refuse_in_clear("the etcd password")?;
+            options = options.with_user(args.etcd_username.clone(), args.etcd_password.clone());
+        }
+        let client = etcd_client::Client::connect(&args.etcd_endpoints, Some(options))
             .await
             .with_context(|| format!("connecting to etcd at {}", args.etcd_endpoints.join(",")))?;
         Ok(Target::Etcd {

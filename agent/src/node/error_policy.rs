@@ -120,7 +120,7 @@ pub(super) fn report_plan(before: Option<&DesiredState>, after: &DesiredState) {
     }
     for l in &after.left_out {
         if !before.is_some_and(|b| b.left_out.contains(l)) {
-            warn!(node = %l.node, reason = %l.reason, "peer left out");
+            warn!(node = ?l.node, reason = %l.reason, "peer left out");
         }
     }
     info!(

@@ -238,7 +238,7 @@ impl Controller<'_> {
     /// An operator's `weft keys rotate --all`, written in the registry.
     async fn rotate_from_registry(&mut self, id: &str) {
         if self.keys.takes_request(id) {
-            info!(request = %id, "key rotation requested through the registry");
+            info!(request = ?id, "key rotation requested through the registry");
             if let Err(e) = self.keys.start().await {
                 warn!(error = %e, "cannot rotate the key");
             }

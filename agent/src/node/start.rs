@@ -92,15 +92,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let health = Health::new(args.resync_period);
     let snapshot = snapshot::Shared::default();
     let metrics = Metrics::default();
-    if args.healthz_port != 0 {
-        let endpoints = crate::observe::http::Endpoints {
-            health: health.clone(),
-            metrics: metrics.clone(),
-            snapshot: snapshot.clone(),
-        };
-        let addr = std::net::SocketAddr::new(args.healthz_ip, args.healthz_port);
-        crate::observe::http::serve(addr, endpoints).await?;
-    }
+    let endpoints = crate::observe::http::Endpoints {
+        health: health.clone(),
+        metrics: metrics.clone(),
+        snapshot: snapshot.clone(),
+    };
+    serve_http(&args, endpoints).await?;
     let (rotate_tx, rotate_rx) = tokio::sync::mpsc::channel(4);
     let control = crate::observe::control_socket::ControlState {
         snapshot: snapshot.clone(),
@@ -155,8 +152,10 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     } else {
         let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
         cfg.renew_margin = args.subnet_lease_renew_margin;
+        cfg.insecure = args.etcd_insecure;
         if !args.etcd_username.is_empty() {
             cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
+            cfg.refuse_in_clear("the etcd password")?;
         }
         info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");
         let Some(registry) = retry!(
@@ -263,6 +262,43 @@ struct Start {
     ),
 }
 
+/// The health endpoints on `--healthz-ip`:`--healthz-port`, and `/metrics` there or on
+/// `--metrics-ip`:`--metrics-port` when that port is set (0 turns either off).
+async fn serve_http(
+    args: &AgentArgs,
+    endpoints: crate::observe::http::Endpoints,
+) -> anyhow::Result<()> {
+    use crate::observe::http::{serve, Routes};
+    use std::net::SocketAddr;
+    let separate = args.metrics_port != 0;
+    if args.healthz_port != 0 {
+        let addr = SocketAddr::new(args.healthz_ip, args.healthz_port);
+        let routes = if separate {
+            Routes::Health
+        } else {
+            Routes::All
+        };
+        serve(
+            addr,
+            routes,
+            "--healthz-ip, --healthz-port",
+            endpoints.clone(),
+        )
+        .await?;
+    }
+    if separate {
+        let addr = SocketAddr::new(args.metrics_ip, args.metrics_port);
+        serve(
+            addr,
+            Routes::Metrics,
+            "--metrics-ip, --metrics-port",
+            endpoints,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// The data plane with the WireGuard implementation `setup` asks for, logging which runs
 /// and why.
 async fn connect_dataplane(setup: &backend_setup::BackendSetup) -> anyhow::Result<Dataplane> {
@@ -302,6 +338,17 @@ async fn serve<R: Registry>(
     ) else {
         return Ok(0);
     };
+    let Some(in_clear) = retry!(
+        "looking for secrets in the registry",
+        &mut shutdown,
+        health,
+        registry.secrets_in_clear(&net)
+    ) else {
+        return Ok(0);
+    };
+    if let Some(refused) = in_clear {
+        return Err(refused.into());
+    }
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);

@@ -1,4 +1,6 @@
-//! `/healthz`, `/readyz` and `/metrics` (see `metrics`) on `--healthz-ip`:`--healthz-port`.
+//! `/healthz`, `/readyz` and `/metrics` (see `metrics`) on `--healthz-ip`:`--healthz-port`;
+//! with `--metrics-port`, `/metrics` on `--metrics-ip`:`--metrics-port` instead, so the
+//! health port can stay on loopback.
 //!
 //! - `/healthz` (liveness): the agent's main task is making progress. Every control-loop
 //!   pass and every idle tick (at least every 2 s) beats, and so does every start-up
@@ -17,7 +19,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use tracing::{info, warn};
+use tracing::info;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Readiness {
@@ -133,24 +135,34 @@ pub struct Endpoints {
     pub snapshot: crate::observe::snapshot::Shared,
 }
 
-/// Binds `addr` (failing start-up with a clear error if it cannot) and serves the
-/// endpoints on a task of their own.
-pub async fn serve(addr: SocketAddr, endpoints: Endpoints) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
-        format!("listening for health checks on {addr} (--healthz-ip, --healthz-port)")
-    })?;
-    let app = Router::new()
-        .route(
-            "/healthz",
-            get(|State(e): State<Endpoints>| async move {
-                answer(e.health.liveness_at(Instant::now()))
-            }),
-        )
-        .route(
-            "/readyz",
-            get(|State(e): State<Endpoints>| async move { answer(e.health.readiness()) }),
-        )
-        .route(
+/// Which endpoints a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routes {
+    /// `/healthz`, `/readyz` and `/metrics` (no `--metrics-port`).
+    All,
+    /// `/healthz` and `/readyz`.
+    Health,
+    /// `/metrics`.
+    Metrics,
+}
+
+fn router(routes: Routes, endpoints: Endpoints) -> Router {
+    let mut app = Router::new();
+    if routes != Routes::Metrics {
+        app = app
+            .route(
+                "/healthz",
+                get(|State(e): State<Endpoints>| async move {
+                    answer(e.health.liveness_at(Instant::now()))
+                }),
+            )
+            .route(
+                "/readyz",
+                get(|State(e): State<Endpoints>| async move { answer(e.health.readiness()) }),
+            );
+    }
+    if routes != Routes::Health {
+        app = app.route(
             "/metrics",
             get(|State(e): State<Endpoints>| async move {
                 let body = e.metrics.render(&e.snapshot.get()).await;
@@ -162,14 +174,25 @@ pub async fn serve(addr: SocketAddr, endpoints: Endpoints) -> anyhow::Result<()>
                     body,
                 )
             }),
-        )
-        .with_state(endpoints);
-    info!(%addr, "serving /healthz, /readyz and /metrics");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!(error = %e, "the health endpoint stopped");
-        }
-    });
+        );
+    }
+    app.with_state(endpoints)
+}
+
+/// Binds `addr` (failing start-up with a clear error naming `flags` if it cannot) and
+/// serves `routes` on a task of their own, with the server's limits (`server::Limits`).
+pub async fn serve(
+    addr: SocketAddr,
+    routes: Routes,
+    flags: &str,
+    endpoints: Endpoints,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("listening on {addr} ({flags})"))?;
+    info!(%addr, ?routes, "serving HTTP endpoints");
+    let app = router(routes, endpoints);
+    tokio::spawn(super::server::run(listener, app, Default::default()));
     Ok(())
 }
 

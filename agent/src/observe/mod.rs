@@ -5,4 +5,5 @@
 pub mod control_socket;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod snapshot;

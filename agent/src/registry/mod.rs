@@ -121,6 +121,17 @@ pub trait Registry: Send + 'static {
         request: &AcquireRequest,
     ) -> impl Future<Output = Result<Lease, Self::Error>> + Send;
 
+    /// Whether a secret this registry holds would travel in clear (`net` as `net_conf`
+    /// read it): `Ok(Some(_))` names it, and the agent must not go on. `Err` is the
+    /// registry failing the request (retried).
+    fn secrets_in_clear(
+        &mut self,
+        net: &NetConf,
+    ) -> impl Future<Output = Result<Option<Self::Error>, Self::Error>> + Send {
+        let _ = net;
+        async { Ok(None) }
+    }
+
     /// Keeps the lease and follows every node until shutdown. Errors inside are retried
     /// with backoff and logged; it returns only on shutdown.
     fn follow(self, links: FollowLinks) -> impl Future<Output = ()> + Send;

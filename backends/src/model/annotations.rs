@@ -33,9 +33,10 @@ pub fn publish(prefix: &str, attrs: &LeaseAttrs) -> BTreeMap<String, String> {
     out
 }
 
-/// A peer's lease from its Node: `Ok(None)` if it is not managed by flannel/weft (no
-/// `kube-subnet-manager: "true"`); an error naming the node and the annotation otherwise.
-/// `public-ip-overwrite` wins over `public-ip`.
+/// The largest annotation value weft reads (bytes). flannel's largest, backend-data, is
+/// under 100; a larger one is refused before it is parsed, logged or kept.
+pub const MAX_VALUE_BYTES: usize = 4096;
+
 /// A Node annotation weft cannot read: names the node, the annotation and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadAnnotation {
@@ -52,8 +53,17 @@ pub enum BadAnnotation {
         value: String,
         family: &'static str,
     },
+    #[error("node {node}: annotation {annotation} is {size} bytes, more than {MAX_VALUE_BYTES}")]
+    TooLarge {
+        node: String,
+        annotation: String,
+        size: usize,
+    },
 }
 
+/// A peer's lease from its Node: `Ok(None)` if it is not managed by flannel/weft (no
+/// `kube-subnet-manager: "true"`); an error naming the node and the annotation otherwise.
+/// `public-ip-overwrite` wins over `public-ip`.
 pub fn read(
     prefix: &str,
     node: &str,
@@ -63,6 +73,18 @@ pub fn read(
     let get = |name: &str| annotations.get(&format!("{prefix}/{name}"));
     if get("kube-subnet-manager").map(String::as_str) != Some("true") {
         return Ok(None);
+    }
+    let own = format!("{prefix}/");
+    if let Some((name, value)) = annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(&own) || k.starts_with("weft.dev/"))
+        .find(|(_, v)| v.len() > MAX_VALUE_BYTES)
+    {
+        return Err(BadAnnotation::TooLarge {
+            node: node.to_string(),
+            annotation: name.clone(),
+            size: value.len(),
+        });
     }
     let parse_json = |name: &str| -> Result<Option<Value>, BadAnnotation> {
         match get(name) {
@@ -127,4 +149,44 @@ fn address<T: std::str::FromStr>(
             })
         })
         .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oversized_annotation_is_refused_by_size_without_echoing_it() {
+        let mut annotations = BTreeMap::new();
+        annotations.insert(
+            format!("{DEFAULT_PREFIX}/kube-subnet-manager"),
+            "true".into(),
+        );
+        annotations.insert(format!("{DEFAULT_PREFIX}/backend-type"), "wireguard".into());
+        annotations.insert(format!("{DEFAULT_PREFIX}/public-ip"), "198.51.100.2".into());
+        let big = format!(r#"{{"PublicKey":"{}"}}"#, "A".repeat(1 << 20));
+        annotations.insert(format!("{DEFAULT_PREFIX}/backend-data"), big.clone());
+        let err = read(DEFAULT_PREFIX, "n2", &[], &annotations).unwrap_err();
+        let text = err.to_string();
+        assert_eq!(
+            text,
+            format!(
+                "node n2: annotation {DEFAULT_PREFIX}/backend-data is {} bytes, more than 4096",
+                big.len()
+            )
+        );
+        // weft's own annotations are held to the same bound; others' are not read at all.
+        annotations.insert(
+            format!("{DEFAULT_PREFIX}/backend-data"),
+            r#"{"PublicKey":"x"}"#.into(),
+        );
+        annotations.insert(NEXT_KEY.into(), "x".repeat(5000));
+        assert!(matches!(
+            read(DEFAULT_PREFIX, "n2", &[], &annotations),
+            Err(BadAnnotation::TooLarge { .. })
+        ));
+        annotations.remove(NEXT_KEY);
+        annotations.insert("example.com/notes".into(), "x".repeat(5000));
+        assert!(read(DEFAULT_PREFIX, "n2", &[], &annotations).is_ok());
+    }
 }

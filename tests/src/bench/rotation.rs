@@ -27,6 +27,8 @@ fn measured(lab: &Lab, act: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Resu
 fn one_run(weft: &Path) -> anyhow::Result<Vec<Disruption>> {
     let mut cfg = LabConfig::wireguard(3, weft);
     cfg.pods_per_node = 1;
+    // The lab's etcd speaks plain HTTP; the PSK rotation goes through it.
+    cfg.extra_args.push("--etcd-insecure".into());
     let lab = Lab::start(cfg).context("starting the lab")?;
     let weft = weft.display().to_string();
     let first = weft_crypto::PresharedKey::generate()?.to_base64_secret();

@@ -4,7 +4,7 @@
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tracing::{debug, info, warn};
 use weft_backends::model::{allocate, Allocation, Lease, Taken};
 use weft_backends::netconf::NetConf;
@@ -133,6 +133,7 @@ impl EtcdRegistry {
                     Allocation::Fresh(_) => "a free subnet",
                 };
                 info!(%subnet, %key, lease = format_args!("{lease_id:#x}"), "acquired {how}");
+                self.wrote(&value);
                 let lease = request.attrs.to_lease_attrs().into_lease(
                     kv::subnet_key(&subnet),
                     Some(subnet),
@@ -191,6 +192,51 @@ impl EtcdRegistry {
         }
     }
 
+    /// Remembers a value written to our lease (the last few).
+    fn wrote(&mut self, value: &[u8]) {
+        const KEEP: usize = 8;
+        if self.written.len() == KEEP {
+            self.written.remove(0);
+        }
+        self.written.push(value.to_vec());
+    }
+
+    /// Puts this node's value back over a put on its lease that this agent did not make
+    /// (`kv`, as the watch saw it): another value, or the value without this node's etcd
+    /// lease (it would never expire). Returns whether `kv` was such a foreign write. The
+    /// write-back only lands if nothing wrote the key since `kv`.
+    pub(crate) async fn defend(&mut self, kv: &KeyValue) -> Result<bool, RegistryError> {
+        let (Some((_, request)), Some(id)) = (self.held.as_ref(), self.lease_id) else {
+            return Ok(false);
+        };
+        if kv.lease() == id && self.written.iter().any(|v| v.as_slice() == kv.value()) {
+            return Ok(false);
+        }
+        let ours = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        warn!(
+            key = ?key,
+            foreign = ?String::from_utf8_lossy(kv.value()),
+            foreign_lease = format_args!("{:#x}", kv.lease()),
+            "someone else wrote this node's lease; writing this node's value back"
+        );
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::put(
+                key.clone(),
+                ours.clone(),
+                Some(PutOptions::new().with_lease(id)),
+            )]);
+        self.wrote(&ours);
+        let mut client = self.client.clone();
+        self.call("writing back", &key, client.txn(txn)).await?;
+        Ok(true)
+    }
+
     /// Publishes new attributes on the lease we hold; re-acquires if it is no longer ours.
     pub(crate) async fn republish(&mut self, attrs: LocalAttrs) -> Result<Lease, RegistryError> {
         let (Some((lease, request)), Some(id)) = (self.held.clone(), self.lease_id) else {
@@ -206,9 +252,10 @@ impl EtcdRegistry {
             .when([Compare::lease(key.clone(), CompareOp::Equal, id)])
             .and_then([TxnOp::put(
                 key.clone(),
-                value,
+                value.clone(),
                 Some(PutOptions::new().with_lease(id)),
             )]);
+        self.wrote(&value);
         let mut client = self.client.clone();
         let updated = request.attrs.to_lease_attrs().into_lease(
             lease.node.clone(),

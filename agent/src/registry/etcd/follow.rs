@@ -119,6 +119,33 @@ fn apply_lease_events(
     (next, lost_ours)
 }
 
+/// Puts this node's lease back where the watch saw someone else write it (`ours`: its
+/// key).
+async fn defend_ours(
+    reg: &mut EtcdRegistry,
+    events: &[etcd_client::Event],
+    ours: &str,
+) -> Result<(), RegistryError> {
+    for event in events {
+        if let (EventType::Put, Some(kv)) = (event.event_type(), event.kv()) {
+            if kv.key() == ours.as_bytes() {
+                reg.defend(kv).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The next message of a watch that may not exist (then never).
+async fn next_message(
+    stream: &mut Option<etcd_client::WatchStream>,
+) -> Result<Option<etcd_client::WatchResponse>, etcd_client::Error> {
+    match stream {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The value a put event writes; `None` for a delete.
 fn put_value(event: &etcd_client::Event) -> Option<&[u8]> {
     match (event.event_type(), event.kv()) {
@@ -195,14 +222,20 @@ async fn session(
     if let Some(value) = request {
         forward_rotation(reg, links, &value);
     }
-    // The cluster's PSK, with an announced next one (agent::psk).
-    let psk_key = format!("{}/weft/psk", reg.cfg.prefix);
-    let (psk, mut psk_stream) = read_and_watch(reg, &mut client, &psk_key).await?;
-    publish_psk(links, psk.as_deref());
+    // The cluster's PSK, with an announced next one (keys::psk); never read in clear
+    // (the agent refused to start if one was there; one written later is not read).
+    let psk_key = reg.cfg.psk_key();
+    let mut psk_stream = if reg.secrets_allowed() {
+        let (psk, stream) = read_and_watch(reg, &mut client, &psk_key).await?;
+        publish_psk(links, psk.as_deref());
+        Some(stream)
+    } else {
+        None
+    };
     loop {
         tokio::select! {
             _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
-            message = psk_stream.message() => {
+            message = next_message(&mut psk_stream) => {
                 let resp = message.map_err(reg.etcd_err("watching", &psk_key))?;
                 let Some(resp) = resp else { return Ok(Ended::Relist("etcd closed the PSK watch")) };
                 for event in resp.events() {
@@ -238,6 +271,7 @@ async fn session(
                 }
                 let (next, lost_ours) = apply_lease_events(view, resp.events(), &dir, &ours);
                 publish_view(view, next, links, false);
+                defend_ours(reg, resp.events(), &format!("{dir}{ours}")).await?;
                 if lost_ours {
                     return Ok(Ended::Relist("this node's lease was deleted"));
                 }

@@ -22,13 +22,19 @@ pub fn parse_subnet_key(name: &str) -> Option<IpNet> {
         .filter(|n| n.trunc() == *n)
 }
 
+/// The largest lease value weft reads (bytes); flannel's are under 300. A larger one is
+/// refused before it is parsed, logged or kept.
+pub const MAX_LEASE_BYTES: usize = 8192;
+
 /// Why one stored lease could not be read. Logged naming the key; the lease is skipped.
 #[derive(Debug, thiserror::Error)]
 pub enum BadLease {
-    #[error("key {key}: the name is not a subnet like 10.244.3.0-24")]
+    #[error("key {key:?}: the name is not a subnet like 10.244.3.0-24")]
     Key { key: String },
     #[error("key {key}: the value is {got}, not a flannel lease object like {{\"PublicIP\":\"…\",\"BackendType\":\"…\"}}")]
     NotAnObject { key: String, got: String },
+    #[error("key {key}: the value is {size} bytes, more than {MAX_LEASE_BYTES}")]
+    TooLarge { key: String, size: usize },
     #[error("key {key}: the value is not flannel lease JSON: {source}")]
     Value {
         key: String,
@@ -43,6 +49,12 @@ pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<L
     let key = String::from_utf8_lossy(full_key).into_owned();
     let name = key.strip_prefix(subnets_dir).unwrap_or(&key).to_string();
     let subnet = parse_subnet_key(&name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
+    if value.len() > MAX_LEASE_BYTES {
+        return Err(BadLease::TooLarge {
+            key,
+            size: value.len(),
+        });
+    }
     let json: serde_json::Value =
         serde_json::from_slice(value).map_err(|source| BadLease::Value {
             key: key.clone(),
@@ -78,6 +90,26 @@ mod tests {
             parse_subnet_key("fd00::-64"),
             Some("fd00::/64".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn oversized_values_and_odd_keys_are_refused_without_echoing_them() {
+        let huge = format!(
+            r#"{{"PublicIP":"198.51.100.2","BackendType":"wireguard","BackendData":{{"PublicKey":"{}"}}}}"#,
+            "A".repeat(1 << 20)
+        );
+        let err =
+            parse_lease("/p/subnets/", b"/p/subnets/10.244.2.0-24", huge.as_bytes()).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("more than 8192"), "{text}");
+        assert!(
+            text.len() < 200,
+            "the value is echoed: {} bytes",
+            text.len()
+        );
+        // A key with a newline cannot forge a log line: it is quoted and escaped.
+        let err = parse_lease("/p/subnets/", b"/p/subnets/x\nFORGED", b"{}").unwrap_err();
+        assert!(!err.to_string().contains('\n'), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ pub mod kv;
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, GetOptions};
 use ipnet::IpNet;
 use weft_backends::model::{Exhausted, Lease};
 use weft_backends::netconf::{self, ConfigErrors, NetConf};
@@ -23,6 +23,8 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// `(user, password)` for etcd's auth.
     pub auth: Option<(String, String)>,
+    /// Secrets may go to endpoints that are not https:// (`--etcd-insecure`).
+    pub insecure: bool,
     pub lease_ttl: Duration,
     /// Renew this long before the lease would expire.
     pub renew_margin: Duration,
@@ -40,6 +42,7 @@ impl EtcdConfig {
             endpoints,
             prefix: prefix.into().trim_end_matches('/').to_string(),
             auth: None,
+            insecure: false,
             lease_ttl: Duration::from_secs(24 * 3600),
             renew_margin: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(5),
@@ -58,6 +61,32 @@ impl EtcdConfig {
 
     pub fn subnet_key(&self, subnet: &IpNet) -> String {
         format!("{}{}", self.subnets_dir(), kv::subnet_key(subnet))
+    }
+
+    /// The endpoints that carry requests in clear: every one that is not `https://`.
+    pub fn clear_endpoints(&self) -> Vec<&str> {
+        self.endpoints
+            .iter()
+            .map(String::as_str)
+            .filter(|e| !e.to_ascii_lowercase().starts_with("https://"))
+            .collect()
+    }
+
+    /// Refuses to send `what` (a secret) to clear endpoints, unless `insecure`.
+    pub fn refuse_in_clear(&self, what: impl Into<String>) -> Result<(), RegistryError> {
+        let clear = self.clear_endpoints();
+        if self.insecure || clear.is_empty() {
+            return Ok(());
+        }
+        Err(RegistryError::SecretInClear {
+            what: what.into(),
+            endpoints: clear.join(","),
+        })
+    }
+
+    /// `<prefix>/weft/psk`: the cluster's PSK, with an announced next one.
+    pub fn psk_key(&self) -> String {
+        format!("{}/weft/psk", self.prefix)
     }
 
     /// Time between renewals: the TTL less the margin, at least a second.
@@ -99,6 +128,8 @@ pub enum RegistryError {
     Ipv6Unsupported,
     #[error("the etcd lease {lease:#x} holding {key} has expired")]
     LeaseExpired { lease: i64, key: String },
+    #[error("{what} would cross the network in clear: etcd endpoint(s) {endpoints} are not https://; use https:// endpoints, or --etcd-insecure to accept that anyone on the path can read it")]
+    SecretInClear { what: String, endpoints: String },
 }
 
 pub struct EtcdRegistry {
@@ -111,12 +142,18 @@ pub struct EtcdRegistry {
     net: Option<NetConf>,
     /// The last rotation request passed on to the agent.
     last_rotate: Option<String>,
+    /// The values this agent wrote to its lease, newest last (a few): a put on the lease
+    /// with another value, or without our etcd lease, was written by someone else.
+    written: Vec<Vec<u8>>,
 }
 
 impl EtcdRegistry {
     /// Connects to etcd. The connection is made lazily by the client; an unreachable etcd
     /// shows up as an error from the first request, which the caller retries.
     pub async fn connect(cfg: EtcdConfig) -> Result<Self, RegistryError> {
+        if cfg.auth.is_some() {
+            cfg.refuse_in_clear("the etcd password")?;
+        }
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
@@ -139,11 +176,17 @@ impl EtcdRegistry {
             held: None,
             net: None,
             last_rotate: None,
+            written: Vec::new(),
         })
     }
 
     pub fn config(&self) -> &EtcdConfig {
         &self.cfg
+    }
+
+    /// Whether secrets may be read from this etcd (https://, or `--etcd-insecure`).
+    pub(crate) fn secrets_allowed(&self) -> bool {
+        self.cfg.insecure || self.cfg.clear_endpoints().is_empty()
     }
 
     fn etcd_err(
@@ -205,6 +248,39 @@ impl Registry for EtcdRegistry {
         request: &AcquireRequest,
     ) -> Result<Lease, RegistryError> {
         self.acquire_lease(net, request).await
+    }
+
+    /// A `Backend.PSK` in the network config, or the cluster PSK at `<prefix>/weft/psk`,
+    /// with endpoints that are not https:// and no `--etcd-insecure`. The PSK key is only
+    /// asked whether it exists, never read.
+    async fn secrets_in_clear(
+        &mut self,
+        net: &NetConf,
+    ) -> Result<Option<RegistryError>, RegistryError> {
+        if self.secrets_allowed() {
+            return Ok(None);
+        }
+        if matches!(&net.backend, netconf::Backend::Wireguard(w) if w.psk.is_some()) {
+            let what = format!("the PSK in the network config {}", self.cfg.config_key());
+            return Ok(self.cfg.refuse_in_clear(what).err());
+        }
+        let key = self.cfg.psk_key();
+        let mut client = self.client.clone();
+        let found = self
+            .call(
+                "looking for",
+                &key,
+                client.get(key.clone(), Some(GetOptions::new().with_count_only())),
+            )
+            .await?
+            .count();
+        if found > 0 {
+            return Ok(self
+                .cfg
+                .refuse_in_clear(format!("the cluster PSK at {key}"))
+                .err());
+        }
+        Ok(None)
     }
 
     async fn follow(self, links: FollowLinks) {

@@ -151,7 +151,7 @@ impl SlimNode {
             match parsed {
                 Some(ip) => return Some(ip),
                 None => {
-                    warn!(node = %self.name(), annotation = ENDPOINTS_ANNOTATION, value = %text, "expected {{\"internal\": \"<address>\", …}}; ignored")
+                    warn!(node = %self.name(), annotation = ENDPOINTS_ANNOTATION, value = ?text, "expected {{\"internal\": \"<address>\", …}}; ignored")
                 }
             }
         }

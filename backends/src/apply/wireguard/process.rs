@@ -34,25 +34,82 @@ fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
     move |source| ApplyError::Io { op, source }
 }
 
-/// Kills the process serving `device`'s UAPI socket, if one answers, and removes the
-/// socket file. Blocking: runs before a device is replaced.
-pub fn stop_server(device: &str) {
+/// Kills the process serving `device`'s UAPI socket, if one answers and it is a WireGuard
+/// device process for `device` (`is_device_process`), and removes the socket file. Any
+/// other program holding the socket is left alone, socket included, and named in the
+/// error. Blocking: runs before a device is replaced.
+pub fn stop_server(device: &str) -> Result<(), ApplyError> {
     let path = socket_path(device);
     if let Ok(stream) = std::os::unix::net::UnixStream::connect(&path) {
         if let Some(pid) = peer_pid(&stream) {
             if pid != std::process::id() as i32 && pid > 1 {
-                // SAFETY: kill(2) with a pid read from the socket's peer credentials.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kill_device_process(pid, device)?;
             }
         }
     }
     let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// Whether `cmdline` (as `/proc/<pid>/cmdline`: arguments separated by NUL) runs a
+/// WireGuard device named `device`: weft's `userspace-device`, wireguard-go or boringtun.
+pub fn is_device_process(cmdline: &[u8], device: &str) -> bool {
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let Some(program) = args.first() else {
+        return false;
+    };
+    let program = program.rsplit(|b| *b == b'/').next().unwrap_or(program);
+    let names_device = args.contains(&device.as_bytes());
+    let weft = args.contains(&&b"userspace-device"[..]);
+    let other = [&b"wireguard-go"[..], b"boringtun", b"boringtun-cli"].contains(&program);
+    names_device && (weft || other)
+}
+
+/// SIGKILLs `pid` if it runs a device process for `device`; any other program is an
+/// error naming it. Through a pidfd: the process whose command line was read is the one
+/// signalled, even if `pid` is reused meanwhile.
+fn kill_device_process(pid: i32, device: &str) -> Result<(), ApplyError> {
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let Some(fd) = i32::try_from(fd).ok().filter(|fd| *fd >= 0) else {
+        return Ok(()); // gone already
+    };
+    // SAFETY: `fd` was just returned by pidfd_open and is owned here alone.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !is_device_process(&cmdline, device) {
+        let command = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        return Err(ApplyError::Io {
+            op: format!(
+                "taking over WireGuard device {device}: its UAPI socket {} is held by pid \
+                 {pid} ({:?}), which is not a WireGuard device process; stop it or free the name",
+                socket_path(device).display(),
+                command.trim()
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        });
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal(2) on a live pidfd, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    Ok(())
 }
 
 /// Removes a WireGuard device of either kind: the userspace process serving its socket, if
 /// one does, and the link.
 pub async fn remove_device(nl: &mut RtNetlink, link: &ObservedLink) -> Result<(), ApplyError> {
-    stop_server(&link.name);
+    stop_server(&link.name)?;
     nl.del_link(link).await
 }
 
@@ -127,7 +184,7 @@ impl WgDevices for UserspaceProcess {
         if self.alive(nl, device).await? {
             return Ok(false);
         }
-        stop_server(device);
+        stop_server(device)?;
         if let Some(link) = nl.link(device).await? {
             nl.del_link(&link).await?;
         }
