@@ -436,6 +436,40 @@ async fn secrets_are_not_sent_or_read_in_clear_without_etcd_insecure() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_larger_than_etcds_answer_limit_is_read_in_pages() {
+    let etcd = Etcd::start().unwrap();
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    // 600 leases of about 7.5 KiB: 4.5 MB, more than one etcd answer may carry (4 MiB).
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let padding = "x".repeat(7500);
+    for i in 0..600u32 {
+        let value = format!(
+            r#"{{"PublicIP":"198.51.100.9","BackendType":"wireguard","BackendData":{{"PublicKey":"k{i}","Port":51820,"Note":"{padding}"}}}}"#
+        );
+        let key = format!("{PREFIX}/subnets/10.{}.{}.0-24", 100 + i / 256, i % 256);
+        c.put(key, value, None).await.unwrap();
+    }
+    let whole = c
+        .get(
+            format!("{PREFIX}/subnets/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await;
+    assert!(
+        whole.is_err(),
+        "one unpaginated answer carried it all: the test proves nothing"
+    );
+    // The registry's listing reads it in pages, and a node joins the 600.
+    let mut cfg = config(&etcd.endpoint());
+    cfg.list_page = 250;
+    let (a, lease_a) = node(cfg, attrs(1, "ka")).await;
+    let mut va = a.views.clone();
+    wait_view(&mut va, 20, "a sees all 601 leases", |v| v.len() == 601).await;
+    assert!(va.borrow().get(&lease_a.node).is_some());
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_leases_are_skipped_and_the_rest_is_kept() {
     let etcd = Etcd::start().unwrap();
     put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;

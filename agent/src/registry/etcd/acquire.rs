@@ -27,6 +27,19 @@ pub(crate) struct Listed {
     pub revision: i64,
 }
 
+/// The end of the key range holding every key that starts with `prefix` (etcd's
+/// `--prefix`): the prefix with its last byte below 0xff incremented.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
 fn random_u128() -> u128 {
     // Only spreads nodes over the network; it need not be unpredictable.
     let state = std::collections::hash_map::RandomState::new();
@@ -34,27 +47,45 @@ fn random_u128() -> u128 {
 }
 
 impl EtcdRegistry {
-    /// Lists every lease under `<prefix>/subnets/`. A lease that cannot be read is logged,
-    /// naming its key, and skipped; the rest are returned.
+    /// Lists every lease under `<prefix>/subnets/`, `list_page` at a time, all pages at
+    /// the revision of the first (one consistent listing, however large). A lease that
+    /// cannot be read is logged, naming its key, and skipped; the rest are returned.
     pub(crate) async fn list(&self) -> Result<Listed, RegistryError> {
         let dir = self.cfg.subnets_dir();
+        let end = prefix_end(dir.as_bytes());
         let mut client = self.client.clone();
-        let resp = self
-            .call(
-                "listing",
-                &dir,
-                client.get(dir.clone(), Some(GetOptions::new().with_prefix())),
-            )
-            .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut from = dir.as_bytes().to_vec();
+        let mut revision = 0;
         let mut leases = Vec::new();
-        for kv in resp.kvs() {
-            match parse_lease(&dir, kv.key(), kv.value()) {
-                Ok(lease) => leases.push(Stored {
-                    lease,
-                    mod_revision: kv.mod_revision(),
-                }),
-                Err(e) => warn!(error = %e, "skipping unreadable lease"),
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(self.cfg.list_page);
+            if revision != 0 {
+                options = options.with_revision(revision);
+            }
+            let resp = self
+                .call("listing", &dir, client.get(from.clone(), Some(options)))
+                .await?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            for kv in resp.kvs() {
+                match parse_lease(&dir, kv.key(), kv.value()) {
+                    Ok(lease) => leases.push(Stored {
+                        lease,
+                        mod_revision: kv.mod_revision(),
+                    }),
+                    Err(e) => warn!(error = %e, "skipping unreadable lease"),
+                }
+            }
+            match resp.kvs().last() {
+                Some(last) if resp.more() => {
+                    // The next page starts just after the last key.
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
             }
         }
         Ok(Listed { leases, revision })

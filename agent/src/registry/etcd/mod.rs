@@ -1,4 +1,4 @@
-//! The etcd registry, in flannel's layout (DESIGN §3): the config at `<prefix>/config`,
+//! The etcd registry, in flannel's layout (docs/architecture.md): the config at `<prefix>/config`,
 //! one key per node at `<prefix>/subnets/<subnet>` bound to an etcd lease (TTL 24 h,
 //! renewed before expiry). In etcd mode a node is named by its subnet key.
 
@@ -31,6 +31,9 @@ pub struct EtcdConfig {
     /// Deadline for one unary request (get, put, txn, grant).
     pub request_timeout: Duration,
     pub backoff: Backoff,
+    /// Leases per request when listing (etcd answers at most 4 MiB per response by
+    /// default; 1000 leases of flannel's size are about 300 KiB).
+    pub list_page: i64,
     /// Fixes the "random" start of the subnet search. Tests use it to make two nodes race
     /// for the same subnet; production leaves it `None`.
     pub alloc_seed: Option<u128>,
@@ -47,6 +50,7 @@ impl EtcdConfig {
             renew_margin: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(5),
             backoff: Backoff::default(),
+            list_page: 1000,
             alloc_seed: None,
         }
     }
