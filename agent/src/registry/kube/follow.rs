@@ -125,6 +125,34 @@ fn apply(reg: &KubeRegistry, view: &mut ClusterView, node: &SlimNode) {
     }
 }
 
+/// The annotations that steer this node's traffic, which only an operator should set
+/// (anyone allowed to patch Nodes can): a change is logged as a warning with the old and
+/// new values, escaped. weft follows them; it cannot tell an operator from an attacker.
+fn steering_changes(reg: &mut KubeRegistry, node: &SlimNode) {
+    let annotations = node.annotations();
+    let now: Vec<(String, Option<String>)> = ["public-ip-overwrite", "node-public-ip"]
+        .iter()
+        .map(|name| {
+            let key = format!("{}/{name}", reg.cfg.prefix);
+            let value = annotations.get(&key).cloned();
+            (key, value)
+        })
+        .collect();
+    if let Some(before) = reg.steering.replace(now.clone()) {
+        for ((key, old), (_, new)) in before.iter().zip(&now) {
+            if old != new {
+                warn!(
+                    node = %node.name(),
+                    annotation = %key,
+                    old = ?old,
+                    new = ?new,
+                    "an annotation that steers this node's traffic changed"
+                );
+            }
+        }
+    }
+}
+
 /// Our own Node changed: if its annotations no longer say what we published (removed by
 /// hand, the Node re-created), publish them again.
 fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, links: &FollowLinks) {
@@ -140,6 +168,7 @@ fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, link
             links.local.send_replace(lease.clone());
         }
     }
+    steering_changes(reg, node);
     // An operator's `weft keys rotate --all` asks through this annotation.
     if let Some(id) = node.annotations().get(crate::registry::ROTATE_REQUEST) {
         if reg.last_rotate.as_ref() != Some(id) {

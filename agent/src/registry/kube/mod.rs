@@ -1,4 +1,4 @@
-//! The Kubernetes registry: Node objects (DESIGN §3). A node's subnets are its
+//! The Kubernetes registry: Node objects (docs/architecture.md). A node's subnets are its
 //! `spec.podCIDRs` (assigned by the controller manager), what it publishes goes in
 //! flannel's annotations, and the network config is the ConfigMap's `net-conf.json`,
 //! mounted as a file. The API calls it makes, and so the RBAC it needs
@@ -148,6 +148,9 @@ pub struct KubeRegistry {
     held: Option<(Lease, AcquireRequest)>,
     /// The last rotation request passed on to the agent.
     last_rotate: Option<String>,
+    /// This node's annotations that steer its traffic (`public-ip-overwrite`,
+    /// `node-public-ip`) as last seen; `None` before the first look.
+    steering: Option<Vec<(String, Option<String>)>>,
 }
 
 impl KubeRegistry {
@@ -158,6 +161,7 @@ impl KubeRegistry {
             net: None,
             held: None,
             last_rotate: None,
+            steering: None,
         }
     }
 
