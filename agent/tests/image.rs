@@ -166,6 +166,10 @@ impl PodSpec {
                 std::fs::write(dir.join(file), text.as_str().unwrap()).unwrap();
             }
             (dir, true)
+        } else if v["emptyDir"].is_object() {
+            let dir = node.dir.join("emptydir").join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            (dir, false)
         } else if v["secret"]["optional"] == true {
             // The Secret does not exist: an optional one is mounted empty.
             let dir = node.dir.join("secret").join(name);
@@ -190,8 +194,19 @@ impl PodSpec {
         if security["privileged"] == true {
             args.push("--privileged".into());
         }
+        for cap in strings(&security["capabilities"]["drop"]) {
+            args.push(format!("--cap-drop={cap}"));
+        }
         for cap in strings(&security["capabilities"]["add"]) {
             args.push(format!("--cap-add={cap}"));
+        }
+        if security["allowPrivilegeEscalation"] == false {
+            args.push("--security-opt=no-new-privileges".into());
+        }
+        if security["readOnlyRootFilesystem"] == true {
+            // As the kubelet does it: no tmpfs on /run or /tmp, only the pod's volumes.
+            args.push("--read-only".into());
+            args.push("--read-only-tmpfs=false".into());
         }
         for env in c["env"].as_array().into_iter().flatten() {
             let value = match env["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
@@ -320,9 +335,15 @@ fn a_node_runs_the_daemonset_from_the_image_and_meshes_with_host_agents() {
     assert_eq!(lab.assert_all_pairs(), 24);
     assert_tunnelled(&capture.finish().unwrap(), 24);
 
-    // Ready on the DaemonSet's probe port; the operator's tools work inside the container.
-    let (code, body) = http_get(&node.ns, &format!("{}:10267", node.ip), "/readyz");
+    // Ready on the DaemonSet's probe port, on loopback only; /metrics on its own port on
+    // the node's address; the operator's tools work inside the read-only container.
+    let (code, body) = http_get(&node.ns, "127.0.0.1:10267", "/readyz");
     assert_eq!((code, body.trim()), (200, "ready"));
+    let (code, _) = http_get(&lab.nodes[1].ns, &format!("{}:10267", node.ip), "/readyz");
+    assert_eq!(code, 0, "the health port answers from another node");
+    let (code, body) = http_get(&node.ns, &format!("{}:10268", node.ip), "/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("weft_"), "{body}");
     let status = run(podman().args(["exec", &container_name("weft"), "weft", "status"])).unwrap();
     let status = String::from_utf8_lossy(&status.stdout);
     for peer in ["n2", "n3"] {

@@ -125,9 +125,16 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
         assert!(known, "the agent reads no environment variable {name}");
     }
 
-    // Capabilities, devices and host paths.
-    let caps = strings(&agent["securityContext"]["capabilities"]["add"]);
+    // The least privilege: two capabilities and nothing else, no escalation, the
+    // runtime's seccomp profile, a read-only root.
+    let security = &agent["securityContext"];
+    let caps = strings(&security["capabilities"]["add"]);
     assert_eq!(caps, ["NET_ADMIN", "NET_RAW"]);
+    assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["seccompProfile"]["type"], "RuntimeDefault");
     let volumes = pod["volumes"].as_array().unwrap();
     let host_path = |name: &str| -> Option<String> {
         volumes
@@ -176,14 +183,19 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
     let cfg_mount = mounts.iter().find(|(n, ..)| n == "weft-cfg").unwrap();
     assert!(args.net_config_path.starts_with(&cfg_mount.1));
 
-    // Probes hit the health endpoints the args turn on.
+    // Probes hit the health endpoints the args turn on, on loopback only (the pod is on
+    // the host network); Prometheus scrapes /metrics on its own port.
     assert_ne!(args.healthz_port, 0);
+    assert_eq!(args.healthz_ip.to_string(), "127.0.0.1");
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         assert_eq!(agent[probe]["httpGet"]["path"], path);
         assert_eq!(agent[probe]["httpGet"]["port"], args.healthz_port);
+        assert_eq!(agent[probe]["httpGet"]["host"], "127.0.0.1");
     }
+    assert_ne!(args.metrics_port, 0);
+    assert_ne!(args.metrics_port, args.healthz_port);
     let scrape = &ds["spec"]["template"]["metadata"]["annotations"];
-    assert_eq!(scrape["prometheus.io/port"], args.healthz_port.to_string());
+    assert_eq!(scrape["prometheus.io/port"], args.metrics_port.to_string());
     assert_eq!(scrape["prometheus.io/path"], "/metrics");
     assert!(agent["resources"]["requests"]["cpu"].is_string());
     assert!(agent["resources"]["requests"]["memory"].is_string());

@@ -1,5 +1,5 @@
 //! The nftables reconciler against the real `nft` in a fresh network namespace per test:
-//! the masquerade set lands exactly as DESIGN §3 orders it, a second pass writes nothing, a
+//! the masquerade set lands exactly as docs/architecture.md orders it, a second pass writes nothing, a
 //! flushed or deleted table comes back, other tables are never touched, and turning
 //! masquerading off removes only weft's tables.
 

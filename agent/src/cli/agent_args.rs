@@ -1,4 +1,4 @@
-//! The agent's flags. Names are flanneld's where flanneld has one (DESIGN §3), so an
+//! The agent's flags. Names are flanneld's where flanneld has one (docs/architecture.md), so an
 //! existing DaemonSet's `args:` and `FLANNELD_*` environment keep working.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

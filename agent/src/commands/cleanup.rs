@@ -9,7 +9,7 @@
 //!
 //! It works by reconciling the data plane to an empty plan, with the same code and the
 //! same notion of "weft's" as the agent: objects are weft's by name (the device and table
-//! names of DESIGN §3) or by route protocol, so anything else (a `wg0`, a route of another
+//! names of docs/architecture.md) or by route protocol, so anything else (a `wg0`, a route of another
 //! protocol in the pod range, another nftables table) is left alone. Running it again
 //! finds nothing. It refuses while an agent runs in this network namespace, which would
 //! put everything back.

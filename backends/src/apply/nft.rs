@@ -1,4 +1,4 @@
-//! The masquerade rule set in nftables (DESIGN §3): tables `ip flannel-ipv4` and
+//! The masquerade rule set in nftables (docs/architecture.md): tables `ip flannel-ipv4` and
 //! `ip6 flannel-ipv6`, chains `postrtg` (nat, postrouting) and `forward` (filter). Read with
 //! `nft -j list table`, compared rule by rule with what the plan wants, and, only if they
 //! differ, replaced as one atomic `nft -j -f -` transaction. Tables of a family the plan no

@@ -1,4 +1,4 @@
-//! flannel's Node annotations (DESIGN §3): what a node publishes, and reading a peer's.
+//! flannel's Node annotations (docs/architecture.md): what a node publishes, and reading a peer's.
 //! The kube registry builds on these; the shapes are checked against golden fixtures of
 //! what flannel itself writes (`tests/fixtures/flannel/`).
 

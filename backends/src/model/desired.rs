@@ -188,7 +188,7 @@ pub struct ForwardRule {
 }
 
 /// One nftables table (`ip flannel-ipv4` / `ip6 flannel-ipv6`): the postrouting NAT chain
-/// and the forward chain, in order (DESIGN §3).
+/// and the forward chain, in order (docs/architecture.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MasqueradeTable {
     pub family: Family,
@@ -197,7 +197,7 @@ pub struct MasqueradeTable {
     pub forward: Vec<ForwardRule>,
 }
 
-/// `/run/flannel/subnet.env` content (DESIGN §3).
+/// `/run/flannel/subnet.env` content (docs/architecture.md).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SubnetEnv {
     pub network: Option<IpNet>,

@@ -52,7 +52,7 @@ impl NextKey {
     }
 }
 
-/// A node's zone and its internal address (weft's additions, DESIGN §3: `weft.dev/…`
+/// A node's zone and its internal address (weft's additions, docs/architecture.md: `weft.dev/…`
 /// annotations; the kube registry reads them). `public_ip` stays the address nodes in other
 /// zones use (an operator's `public-ip-overwrite` included); a peer in the same zone uses
 /// `internal_ip` when there is one.

@@ -1,4 +1,4 @@
-//! flannel's `net-conf.json`, parsed once into typed values (DESIGN §3).
+//! flannel's `net-conf.json`, parsed once into typed values (docs/architecture.md).
 //!
 //! `parse` reports every problem it finds, each naming the key and the bad value and saying
 //! what is valid; `NetConf::to_json` prints the effective config with every default filled

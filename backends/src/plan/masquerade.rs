@@ -1,4 +1,4 @@
-//! The masquerade rule set of DESIGN §3, one nftables table per enabled family.
+//! The masquerade rule set of docs/architecture.md, one nftables table per enabled family.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 

@@ -18,7 +18,7 @@ use crate::model::{
 };
 use crate::netconf::VxlanConf;
 
-/// vxlan's encapsulation overhead (DESIGN §3).
+/// vxlan's encapsulation overhead (docs/architecture.md).
 const VXLAN_OVERHEAD: u32 = 50;
 
 /// `flannel.<VNI>`.

@@ -19,7 +19,7 @@ use crate::netconf::{WireguardConf, WireguardMode};
 
 pub const DEVICE: &str = "flannel-wg";
 pub const DEVICE_V6: &str = "flannel-wg-v6";
-/// WireGuard's worst-case encapsulation overhead (IPv6 outer header): DESIGN §3.
+/// WireGuard's worst-case encapsulation overhead (IPv6 outer header): docs/architecture.md.
 const OVERHEAD: u32 = 80;
 
 /// `backend-data` of the wireguard backend: `{"PublicKey":"<base64>","Port":51820}`.
