@@ -9,6 +9,7 @@ use weft_lab::netns::http_get;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10267;
+const RESYNC_SECS: u64 = 2;
 
 fn metrics(lab: &Lab, i: usize) -> String {
     let node = &lab.nodes[i];
@@ -28,6 +29,9 @@ fn value(text: &str, prefix: &str) -> Option<f64> {
 fn status_and_metrics_describe_the_mesh() {
     let mut cfg = LabConfig::wireguard(3, WEFT);
     cfg.extra_args.push(format!("--healthz-port={PORT}"));
+    // /metrics shows the counters of the last full pass: resync often, to see them soon.
+    cfg.extra_args
+        .push(format!("--resync-period={RESYNC_SECS}"));
     cfg.seed = vec![(
         "/coreos.com/network/subnets/10.244.250.0-24".into(),
         r#"{"PublicIP":"198.51.100.99","BackendType":"wireguard","BackendData":{"PublicKey":"bm90LWEta2V5","Port":51820}}"#.into(),
@@ -67,7 +71,18 @@ fn status_and_metrics_describe_the_mesh() {
     }
     assert_eq!(peers.iter().filter(|p| p["state"] == "up").count(), 2);
 
-    let m = metrics(&lab, 0);
+    // The traffic above is counted once a full pass has read the device after it: within
+    // one resync period (and a pass), never by a read per scrape.
+    let n1 = format!("{{node=\"{}\"}}", name(1));
+    let deadline = Instant::now() + Duration::from_secs(2 * RESYNC_SECS + 2);
+    let m = loop {
+        let m = metrics(&lab, 0);
+        let rx = value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap_or(0.0);
+        if rx > 0.0 || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(
         value(&m, "weft_reconcile_passes_total").unwrap() >= 1.0,
         "{m}"
@@ -82,7 +97,6 @@ fn status_and_metrics_describe_the_mesh() {
         m.contains("weft_peers_left_out{node=\"10.244.250.0-24\",reason=\""),
         "{m}"
     );
-    let n1 = format!("{{node=\"{}\"}}", name(1));
     let age = value(&m, &format!("weft_peer_last_handshake_age_seconds{n1}")).unwrap();
     assert!((0.0..60.0).contains(&age), "{age}");
     assert!(value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap() > 0.0);

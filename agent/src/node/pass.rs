@@ -72,11 +72,33 @@ impl Controller<'_> {
         if let Ok(report) = &result {
             self.roaming
                 .passed(&state, &report.endpoints_set, SystemTime::now());
+            if full {
+                self.record_counters();
+            }
         }
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
         }
         self.last = Some(state);
+    }
+
+    /// The peers' counters as this full pass read them, for `/metrics`.
+    fn record_counters(&mut self) {
+        let counters: BTreeMap<PublicKey, snapshot::PeerCounters> = self
+            .dataplane
+            .last_read_peers()
+            .map(|(key, p)| {
+                let counters = snapshot::PeerCounters {
+                    last_handshake: p.last_handshake,
+                    rx_bytes: p.rx_bytes,
+                    tx_bytes: p.tx_bytes,
+                };
+                (*key, counters)
+            })
+            .collect();
+        self.inputs
+            .snapshot
+            .update(|s| s.counters = Arc::new(counters));
     }
 
     /// The plan for this node now, from the latest view and what the device showed (peers'

@@ -17,7 +17,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use weft_backends::apply::wireguard::read::read_device;
 use weft_backends::model::ViewChange;
 use weft_crypto::PublicKey;
 
@@ -135,10 +134,6 @@ impl Metrics {
         let rx: Family<Labels, Counter> = Family::default();
         let tx: Family<Labels, Counter> = Family::default();
         let generation: Family<Labels, Gauge> = Family::default();
-        let device = match (&snapshot.device, snapshot.implementation.as_str()) {
-            (Some(d), "kernel" | "userspace") => read_device(d).await.ok().flatten(),
-            _ => None,
-        };
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -154,10 +149,12 @@ impl Metrics {
             if let Some(g) = self.generation(&p.node) {
                 generation.get_or_create(&node).set(g as i64);
             }
+            // The counters as the last full pass read them (every resync period): a scrape
+            // never reads the device.
             let on_device = key
                 .parse::<PublicKey>()
                 .ok()
-                .and_then(|k| device.as_ref()?.peers.get(&k).cloned());
+                .and_then(|k| snapshot.counters.get(&k).copied());
             if let Some(w) = on_device {
                 if let Some(t) = w.last_handshake.filter(|t| !t.is_zero()) {
                     age.get_or_create(&node)

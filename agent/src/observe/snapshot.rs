@@ -45,6 +45,19 @@ pub struct Snapshot {
     pub pass_errors: u64,
     /// The errors of the last pass, if it had any.
     pub last_errors: Vec<String>,
+    /// Each WireGuard peer's counters as the last full pass read them, for `/metrics`
+    /// (which must not read the device per request). Not sent to the CLI.
+    #[serde(skip)]
+    pub counters: std::sync::Arc<BTreeMap<weft_crypto::PublicKey, PeerCounters>>,
+}
+
+/// A WireGuard peer's counters, as read from the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PeerCounters {
+    /// Time since the Unix epoch of the last handshake; `None` or zero: never.
+    pub last_handshake: Option<std::time::Duration>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -162,6 +162,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
         Ok(peers)
     }
 
+    /// Every peer of this node's WireGuard devices as last read (the latest full pass or
+    /// `observe(true)`), with this agent's changes since: for statistics that must not
+    /// cost a device read each time they are asked for.
+    pub fn last_read_peers(
+        &self,
+    ) -> impl Iterator<Item = (&weft_crypto::PublicKey, &super::wireguard::WgPeer)> {
+        self.wg_seen.values().flat_map(|d| d.peers.iter())
+    }
+
     /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
         self.wg.as_ref().map_or("none", W::name)
