@@ -161,3 +161,63 @@ impl SlimNode {
             .and_then(|ip| ip.parse().ok())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// What a `fmt` subscriber writes, kept in memory.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_newline_in_an_annotation_cannot_forge_a_log_line() {
+        let prefix = weft_backends::model::annotations::DEFAULT_PREFIX;
+        let node: SlimNode = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "n2",
+                "annotations": {
+                    format!("{prefix}/kube-subnet-manager"): "true",
+                    format!("{prefix}/backend-type"): "wireguard",
+                    format!("{prefix}/public-ip"): "198.51.100.2",
+                    ENDPOINTS_ANNOTATION: "junk\n2026-11-22T00:00:00Z  WARN weft: FORGED",
+                }
+            },
+            "spec": {"podCIDR": "10.244.2.0/24"}
+        }))
+        .unwrap();
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(
+                node.lease(prefix).unwrap().is_some(),
+                "the node stays a peer"
+            );
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("FORGED"),
+            "the warning names the value: {text}"
+        );
+        assert_eq!(text.lines().count(), 1, "one warning, on one line: {text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("2026-11-22T00:00:00Z")),
+            "{text}"
+        );
+    }
+}
