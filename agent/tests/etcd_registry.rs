@@ -86,6 +86,18 @@ async fn wait_view(
     }
 }
 
+/// A config in `etcd` and one node following it, which already sees itself.
+async fn one_node(etcd: &Etcd) -> (RegistryHandle, Lease, watch::Receiver<Arc<ClusterView>>) {
+    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
+    let (a, lease) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
+    let mut views = a.views.clone();
+    wait_view(&mut views, 10, "a sees itself", |v| {
+        v.get(&lease.node).is_some()
+    })
+    .await;
+    (a, lease, views)
+}
+
 fn key_of(view: &ClusterView, node: &str) -> Option<String> {
     view.get(node)?
         .backend_data
@@ -293,13 +305,7 @@ async fn a_restarted_node_gets_its_old_subnet_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_deleted_behind_our_back_is_claimed_again() {
     let etcd = Etcd::start().unwrap();
-    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
-    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
-    let mut va = a.views.clone();
-    wait_view(&mut va, 10, "a sees itself", |v| {
-        v.get(&lease_a.node).is_some()
-    })
-    .await;
+    let (a, lease_a, _) = one_node(&etcd).await;
     let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
     c.delete(format!("{PREFIX}/subnets/{}", lease_a.node), None)
         .await
@@ -321,13 +327,7 @@ async fn a_lease_deleted_behind_our_back_is_claimed_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_write_to_our_lease_is_put_back_with_our_etcd_lease() {
     let etcd = Etcd::start().unwrap();
-    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
-    let (a, lease_a) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
-    let mut va = a.views.clone();
-    wait_view(&mut va, 10, "a sees itself", |v| {
-        v.get(&lease_a.node).is_some()
-    })
-    .await;
+    let (a, lease_a, mut va) = one_node(&etcd).await;
     let key = format!("{PREFIX}/subnets/{}", lease_a.node);
     let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
     let ours = c.get(key.clone(), None).await.unwrap().kvs()[0].clone();
