@@ -86,6 +86,14 @@ async fn wait_view(
     }
 }
 
+/// Why the registry refuses to go on with `net`'s secrets in clear (it must refuse).
+async fn refusal(reg: &mut EtcdRegistry, net: &NetConf) -> String {
+    match reg.secrets_in_clear(net).await.unwrap() {
+        Some(refused) => refused.to_string(),
+        None => panic!("a secret in clear was accepted"),
+    }
+}
+
 /// A config in `etcd` and one node following it, which already sees itself.
 async fn one_node(etcd: &Etcd) -> (RegistryHandle, Lease, watch::Receiver<Arc<ClusterView>>) {
     put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
@@ -395,12 +403,7 @@ async fn secrets_are_not_sent_or_read_in_clear_without_etcd_insecure() {
             .to_base64_secret()
     );
     put(&etcd.endpoint(), &format!("{PREFIX}/weft/psk"), &psk).await;
-    let refused = reg
-        .secrets_in_clear(&net)
-        .await
-        .unwrap()
-        .unwrap()
-        .to_string();
+    let refused = refusal(&mut reg, &net).await;
     assert!(
         refused.contains(&format!("the cluster PSK at {PREFIX}/weft/psk")),
         "{refused}"
@@ -423,12 +426,7 @@ async fn secrets_are_not_sent_or_read_in_clear_without_etcd_insecure() {
         .await
         .unwrap();
     let net = reg.net_conf().await.unwrap();
-    let refused = reg
-        .secrets_in_clear(&net)
-        .await
-        .unwrap()
-        .unwrap()
-        .to_string();
+    let refused = refusal(&mut reg, &net).await;
     assert!(
         refused.contains("the PSK in the network config"),
         "{refused}"
