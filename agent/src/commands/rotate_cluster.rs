@@ -24,10 +24,7 @@ enum Target {
         /// The agents' `--kube-annotation-prefix`.
         prefix: String,
     },
-    Etcd {
-        client: Box<etcd_client::Client>,
-        prefix: String,
-    },
+    Etcd(Box<crate::registry::EtcdRegistry>),
 }
 
 /// A node as the registry shows it: its published key, and whether a rotation is pending.
@@ -60,23 +57,16 @@ impl Target {
                 prefix: args.kube_annotation_prefix.clone(),
             });
         }
-        // The agents' etcd options: the same auth, and the same refusal to send the
-        // password in clear.
+        // The agents' etcd client: the same auth, the same refusal to send the password
+        // in clear, the same paginated listing.
         let mut cfg =
             crate::registry::EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
         cfg.insecure = args.etcd_insecure;
-        let mut options = etcd_client::ConnectOptions::new();
         if !args.etcd_username.is_empty() {
-            cfg.refuse_in_clear("the etcd password")?;
-            options = options.with_user(args.etcd_username.clone(), args.etcd_password.clone());
+            cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
         }
-        let client = etcd_client::Client::connect(&args.etcd_endpoints, Some(options))
-            .await
-            .with_context(|| format!("connecting to etcd at {}", args.etcd_endpoints.join(",")))?;
-        Ok(Target::Etcd {
-            client: Box::new(client),
-            prefix: args.etcd_prefix.trim_end_matches('/').to_string(),
-        })
+        let registry = crate::registry::EtcdRegistry::connect(cfg).await?;
+        Ok(Target::Etcd(Box::new(registry)))
     }
 
     async fn nodes(&mut self) -> anyhow::Result<BTreeMap<String, Seen>> {
@@ -95,22 +85,10 @@ impl Target {
                     }
                 }
             }
-            Target::Etcd { client, prefix } => {
-                let dir = format!("{prefix}/subnets/");
-                let resp = client
-                    .get(
-                        dir.clone(),
-                        Some(etcd_client::GetOptions::new().with_prefix()),
-                    )
-                    .await
-                    .with_context(|| format!("listing {dir}"))?;
-                for kv in resp.kvs() {
-                    if let Ok(lease) =
-                        crate::registry::etcd::kv::parse_lease(&dir, kv.key(), kv.value())
-                    {
-                        if let Some(s) = seen(&lease) {
-                            out.insert(lease.node.clone(), s);
-                        }
+            Target::Etcd(registry) => {
+                for stored in registry.list().await?.leases {
+                    if let Some(s) = seen(&stored.lease) {
+                        out.insert(stored.lease.node.clone(), s);
                     }
                 }
             }
@@ -126,13 +104,7 @@ impl Target {
                     .await
                     .with_context(|| format!("annotating node {node}"))?;
             }
-            Target::Etcd { client, prefix } => {
-                let key = crate::registry::etcd::kv::rotate_request_key(prefix, node);
-                client
-                    .put(key.clone(), id, None)
-                    .await
-                    .with_context(|| format!("writing {key}"))?;
-            }
+            Target::Etcd(registry) => registry.request_rotation(node, id).await?,
         }
         Ok(())
     }

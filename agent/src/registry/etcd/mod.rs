@@ -188,6 +188,16 @@ impl EtcdRegistry {
         &self.cfg
     }
 
+    /// Asks `node` to rotate its key (`weft keys rotate --all`): writes request `id` to
+    /// `<prefix>/weft/rotate/<node>`, which the node's agent watches.
+    pub async fn request_rotation(&self, node: &str, id: &str) -> Result<(), RegistryError> {
+        let key = kv::rotate_request_key(&self.cfg.prefix, node);
+        let mut client = self.client.clone();
+        self.call("writing", &key, client.put(key.clone(), id, None))
+            .await
+            .map(drop)
+    }
+
     /// Whether secrets may be read from this etcd (https://, or `--etcd-insecure`).
     pub(crate) fn secrets_allowed(&self) -> bool {
         self.cfg.insecure || self.cfg.clear_endpoints().is_empty()
