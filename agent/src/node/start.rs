@@ -312,6 +312,36 @@ async fn connect_dataplane(setup: &backend_setup::BackendSetup) -> anyhow::Resul
     Ok(dataplane)
 }
 
+/// The registry's network config, once a secret it holds would not travel in clear (see
+/// `Registry::secrets_in_clear`; that ends the agent with the error). Retried until the
+/// registry answers; `None` if shutdown came first.
+async fn network_config<R: Registry>(
+    registry: &mut R,
+    shutdown: &mut watch::Receiver<bool>,
+    health: &Health,
+) -> anyhow::Result<Option<weft_backends::netconf::NetConf>> {
+    let Some(net) = retry!(
+        "reading the network config",
+        shutdown,
+        health,
+        registry.net_conf()
+    ) else {
+        return Ok(None);
+    };
+    let Some(in_clear) = retry!(
+        "looking for secrets in the registry",
+        shutdown,
+        health,
+        registry.secrets_in_clear(&net)
+    ) else {
+        return Ok(None);
+    };
+    match in_clear {
+        Some(refused) => Err(refused.into()),
+        None => Ok(Some(net)),
+    }
+}
+
 /// Config, lease, data plane, then the control loop until shutdown; the same for every
 /// registry.
 async fn serve<R: Registry>(
@@ -330,25 +360,9 @@ async fn serve<R: Registry>(
         rotate,
     } = start;
     let (key, rotation) = resume_rotation(key, &key_path)?;
-    let Some(net) = retry!(
-        "reading the network config",
-        &mut shutdown,
-        health,
-        registry.net_conf()
-    ) else {
+    let Some(net) = network_config(&mut registry, &mut shutdown, &health).await? else {
         return Ok(0);
     };
-    let Some(in_clear) = retry!(
-        "looking for secrets in the registry",
-        &mut shutdown,
-        health,
-        registry.secrets_in_clear(&net)
-    ) else {
-        return Ok(0);
-    };
-    if let Some(refused) = in_clear {
-        return Err(refused.into());
-    }
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);

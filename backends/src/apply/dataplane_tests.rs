@@ -49,6 +49,15 @@ fn counts(dp: &mut FakePlane) -> [u64; 3] {
     [nl.writes(), nft.writes(), wg.map_or(0, |w| w.writes())]
 }
 
+/// A data plane over empty fakes, with a WireGuard implementation.
+fn wireguard_plane() -> FakePlane {
+    Dataplane::new(
+        FakeNetlink::default(),
+        FakeNft::default(),
+        Some(FakeWg::default()),
+    )
+}
+
 fn wg(dp: &mut FakePlane) -> &mut FakeWg {
     dp.kernel().2.expect("the wireguard backend runs a device")
 }
@@ -59,11 +68,7 @@ fn nl(dp: &mut FakePlane) -> &mut FakeNetlink {
 
 #[test]
 fn wireguard_full_then_incremental_passes() {
-    let mut dp = FakePlane::new(
-        FakeNetlink::default(),
-        FakeNft::default(),
-        Some(FakeWg::default()),
-    );
+    let mut dp = wireguard_plane();
     let two = desired(2);
     let (writes, report) = pass(&mut dp, &two, true);
     assert!(writes.iter().all(|w| *w > 0), "{writes:?}");
@@ -146,11 +151,7 @@ fn wireguard_full_then_incremental_passes() {
 
 #[test]
 fn a_new_private_key_re_adds_every_peer() {
-    let mut dp = FakePlane::new(
-        FakeNetlink::default(),
-        FakeNft::default(),
-        Some(FakeWg::default()),
-    );
+    let mut dp = wireguard_plane();
     let two = desired(2);
     pass(&mut dp, &two, true);
     let other = PrivateKey::from_bytes([9; 32]);

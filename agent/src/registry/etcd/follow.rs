@@ -136,6 +136,23 @@ async fn defend_ours(
     Ok(())
 }
 
+/// Reads and watches the cluster's PSK, with an announced next one (keys::psk), passing it
+/// on; never in clear (the agent refused to start if one was there, and one written later
+/// is not read): then there is no watch.
+async fn watch_psk(
+    reg: &EtcdRegistry,
+    client: &mut etcd_client::Client,
+    links: &FollowLinks,
+    key: &str,
+) -> Result<Option<etcd_client::WatchStream>, RegistryError> {
+    if !reg.secrets_allowed() {
+        return Ok(None);
+    }
+    let (psk, stream) = read_and_watch(reg, client, key).await?;
+    publish_psk(links, psk.as_deref());
+    Ok(Some(stream))
+}
+
 /// The next message of a watch that may not exist (then never).
 async fn next_message(
     stream: &mut Option<etcd_client::WatchStream>,
@@ -222,16 +239,8 @@ async fn session(
     if let Some(value) = request {
         forward_rotation(reg, links, &value);
     }
-    // The cluster's PSK, with an announced next one (keys::psk); never read in clear
-    // (the agent refused to start if one was there; one written later is not read).
     let psk_key = reg.cfg.psk_key();
-    let mut psk_stream = if reg.secrets_allowed() {
-        let (psk, stream) = read_and_watch(reg, &mut client, &psk_key).await?;
-        publish_psk(links, psk.as_deref());
-        Some(stream)
-    } else {
-        None
-    };
+    let mut psk_stream = watch_psk(reg, &mut client, links, &psk_key).await?;
     loop {
         tokio::select! {
             _ = links.shutdown.changed() => return Ok(Ended::Shutdown),
