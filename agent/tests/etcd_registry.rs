@@ -65,7 +65,10 @@ async fn acquire(cfg: EtcdConfig, attrs: LocalAttrs) -> (EtcdRegistry, NetConf, 
 
 async fn node(cfg: EtcdConfig, attrs: LocalAttrs) -> (RegistryHandle, Lease) {
     let (reg, _, lease) = acquire(cfg, attrs).await;
-    (registry::spawn(reg, lease.clone()), lease)
+    (
+        registry::spawn(reg, lease.clone(), Default::default()),
+        lease,
+    )
 }
 
 /// Waits (up to `secs`) for a view satisfying `ok`; fails with the last view seen.
@@ -360,6 +363,7 @@ async fn a_foreign_write_to_our_lease_is_put_back_with_our_etcd_lease() {
         restored,
         "the node's own value and etcd lease were not written back"
     );
+    assert_eq!(a.alerts.leases_defended.get(), 1, "counted for /metrics");
     assert_eq!(
         a.local.borrow().subnet,
         lease_a.subnet,

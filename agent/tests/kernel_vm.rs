@@ -6,6 +6,7 @@
 //! `/metrics` and `weft doctor` on kernel devices, and a mixed mesh of
 //! kernel and userspace nodes. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
+//! `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the words.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,13 +32,6 @@ fn sibling_test(name: &str) -> PathBuf {
     newest
         .map(|(_, p)| p)
         .unwrap_or_else(|| panic!("no {name}-<hash> test binary beside {}", me.display()))
-}
-
-fn step(label: &str, env: &str, binary: &Path) -> String {
-    format!(
-        "run '{label}' env {env} RUST_BACKTRACE=1 {} --test-threads=1 --nocapture\n",
-        binary.display()
-    )
 }
 
 #[test]
@@ -77,25 +71,36 @@ cd /tmp
 echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
 "#,
     );
-    script += &step("devices, 1000 peers", "WEFT_REQUIRE_KERNEL_WG=1", &devices);
-    script += &step("mesh: kernel", "WEFT_LAB_IMPLEMENTATION=kernel", &mesh);
-    script += &step("heal: kernel", "WEFT_LAB_IMPLEMENTATION=kernel", &heal);
-    script += &step(
-        "membership: kernel",
-        "WEFT_LAB_IMPLEMENTATION=kernel",
-        &membership,
-    );
-    script += &step("mesh: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &mesh);
-    // The operator's tools read a kernel device over generic netlink.
-    script += &step(
-        "status and metrics: kernel",
-        "WEFT_LAB_IMPLEMENTATION=kernel",
-        &status,
-    );
-    script += &format!(
-        "run 'doctor: kernel' env WEFT_LAB_IMPLEMENTATION=kernel RUST_BACKTRACE=1 {} doctor_finds_each_broken_part_of_a_wireguard_node --test-threads=1 --nocapture\n",
-        doctor.display()
-    );
+    let kernel = "WEFT_LAB_IMPLEMENTATION=kernel";
+    let steps = [
+        (
+            "devices, 1000 peers",
+            "WEFT_REQUIRE_KERNEL_WG=1",
+            &devices,
+            "",
+        ),
+        ("mesh: kernel", kernel, &mesh, ""),
+        ("heal: kernel", kernel, &heal, ""),
+        ("membership: kernel", kernel, &membership, ""),
+        ("mesh: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &mesh, ""),
+        // The operator's tools read a kernel device over generic netlink.
+        ("status and metrics: kernel", kernel, &status, ""),
+        (
+            "doctor: kernel",
+            kernel,
+            &doctor,
+            "doctor_finds_each_broken_part_of_a_wireguard_node",
+        ),
+    ];
+    // WEFT_VM_ONLY=doctor,heal runs only the steps whose labels contain one of the words.
+    let only = std::env::var("WEFT_VM_ONLY").unwrap_or_default();
+    let chosen = |label: &str| only.is_empty() || only.split(',').any(|w| label.contains(w));
+    for (label, env, binary, filter) in steps.into_iter().filter(|s| chosen(s.0)) {
+        script += &format!(
+            "run '{label}' env {env} RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
+            binary.display()
+        );
+    }
     script += "if [ -n \"$failed\" ]; then echo \"=== failed:$failed\"; exit 1; fi\n";
 
     let run = vm

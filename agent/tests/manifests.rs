@@ -110,20 +110,26 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
         .map(weft::cli::env_suffix)
         .collect();
     for (name, _) in env_of(agent) {
-        let known = [
-            "NODE_NAME",
-            "POD_NAME",
-            "POD_NAMESPACE",
-            "RUST_LOG",
-            "WIREGUARD_KEY_FILE",
-        ]
-        .contains(&name.as_str())
+        let known = ["NODE_NAME", "RUST_LOG", "WIREGUARD_KEY_FILE"].contains(&name.as_str())
             || name
                 .strip_prefix("WEFT_")
                 .or_else(|| name.strip_prefix("FLANNELD_"))
                 .is_some_and(|f| flags.contains(f));
         assert!(known, "the agent reads no environment variable {name}");
     }
+
+    // The node's name comes from the downward API, so the agent never looks up its Pod
+    // (the ClusterRole does not allow it).
+    let node_name = agent["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("NODE_NAME is set");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
 
     // The least privilege: two capabilities and nothing else, no escalation, the
     // runtime's seccomp profile, a read-only root.

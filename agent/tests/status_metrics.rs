@@ -110,6 +110,26 @@ fn status_and_metrics_describe_the_mesh() {
         Some(1.0)
     );
 
+    // Someone else writes node 1's lease: it is written back and counted.
+    assert_eq!(value(&m, "weft_leases_defended_total"), Some(0.0), "{m}");
+    assert_eq!(
+        value(&m, "weft_steering_annotation_changes_total"),
+        Some(0.0),
+        "{m}"
+    );
+    lab.etcd()
+        .etcdctl(&[
+            "put",
+            &format!("/coreos.com/network/subnets/{}", name(0)),
+            r#"{"PublicIP":"198.51.100.66","BackendType":"wireguard","BackendData":{"PublicKey":"bm90LWEta2V5","Port":51820}}"#,
+        ])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while value(&metrics(&lab, 0), "weft_leases_defended_total") != Some(1.0) {
+        assert!(Instant::now() < deadline, "{}", metrics(&lab, 0));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     // Node 2 comes back with a new key: generation 2 on node 0.
     lab.stop_agent(1, "TERM").unwrap();
     std::fs::remove_file(lab.nodes[1].dir.join("lib/wireguard.key")).unwrap();

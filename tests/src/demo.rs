@@ -77,7 +77,11 @@ pub async fn plan_only() -> anyhow::Result<()> {
             lease.public_ip.map(|s| s.to_string()).unwrap_or_default(),
             key.public_key()
         );
-        nodes.push((registry::spawn(reg, lease.clone()), lease, net));
+        nodes.push((
+            registry::spawn(reg, lease.clone(), Default::default()),
+            lease,
+            net,
+        ));
     }
     // A node whose published key is garbage: every plan leaves it out and says why.
     let bad = r#"{"PublicIP":"198.51.100.99","PublicIPv6":null,"BackendType":"wireguard","BackendData":{"PublicKey":"not-a-key","Port":51820}}"#;

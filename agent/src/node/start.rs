@@ -393,7 +393,7 @@ async fn serve<R: Registry>(
     let mut dataplane = connect_dataplane(&setup).await?;
     let deletions =
         monitor::deletions().context("watching the kernel for deleted links and routes")?;
-    let mut handle = registry::spawn(registry, lease);
+    let mut handle = registry::spawn(registry, lease, metrics.alerts.clone());
     let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {
         s.implementation = dataplane.implementation().to_string();

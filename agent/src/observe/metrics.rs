@@ -2,7 +2,9 @@
 //!
 //! Kept by the control loop: reconcile passes, their errors and a duration histogram;
 //! registry events (nodes joined, changed, left); each peer's key generation (1 for the
-//! first key seen, +1 at every change). Built at each scrape from the agent's snapshot and
+//! first key seen, +1 at every change); the registry's warnings (changes to the
+//! annotations that steer this node's traffic, foreign writes to its etcd lease written
+//! back). Built at each scrape from the agent's snapshot and
 //! the device as read then: per peer the last handshake's age, received and sent bytes and
 //! an info series with its endpoint and key, and the peers left out of the plan with their
 //! reason.
@@ -21,6 +23,7 @@ use weft_backends::model::ViewChange;
 use weft_crypto::PublicKey;
 
 use crate::observe::snapshot::Snapshot;
+use crate::registry::Alerts;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -32,6 +35,8 @@ pub struct Metrics {
     registry_events: Family<Labels, Counter>,
     /// Node → (its current key, generation).
     keys: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    /// What the registry warned about; it counts into these.
+    pub alerts: Alerts,
 }
 
 impl Default for Metrics {
@@ -43,6 +48,7 @@ impl Default for Metrics {
             pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             registry_events: Family::default(),
             keys: Arc::default(),
+            alerts: Alerts::default(),
         }
     }
 }
@@ -110,6 +116,16 @@ impl Metrics {
             "registry_events",
             "Nodes that joined, changed or left, as the registry reported them",
             self.registry_events.clone(),
+        );
+        registry.register(
+            "steering_annotation_changes",
+            "Changes to public-ip-overwrite or node-public-ip on this node's own Node",
+            self.alerts.steering_changes.clone(),
+        );
+        registry.register(
+            "leases_defended",
+            "Foreign writes to this node's etcd lease, written back",
+            self.alerts.leases_defended.clone(),
         );
         let left_out: Family<Labels, Gauge> = Family::default();
         for l in &snapshot.left_out {

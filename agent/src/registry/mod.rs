@@ -14,6 +14,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use prometheus_client::metrics::counter::Counter;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tracing::info;
@@ -70,6 +71,17 @@ impl AcquireRequest {
     }
 }
 
+/// What the registry warned about, counted for `/metrics` (the counters are shared: a
+/// clone counts into the same series).
+#[derive(Debug, Clone, Default)]
+pub struct Alerts {
+    /// Changes to the annotations that steer this node's traffic (`public-ip-overwrite`,
+    /// `node-public-ip` on its own Node), which only an operator should make.
+    pub steering_changes: Counter,
+    /// Foreign writes to this node's etcd lease, written back.
+    pub leases_defended: Counter,
+}
+
 /// The channels `follow` works with.
 pub struct FollowLinks {
     /// Every new view of all nodes (ours included).
@@ -87,6 +99,7 @@ pub struct FollowLinks {
     /// node's `NetworkUnavailable` condition, if asked to).
     pub ready: watch::Receiver<bool>,
     pub shutdown: watch::Receiver<bool>,
+    pub alerts: Alerts,
 }
 
 /// Makes `fresh` the current view: logs each node that joined, changed or left, and sends
@@ -148,6 +161,8 @@ pub struct RegistryHandle {
     pub rotate_requests: mpsc::Receiver<String>,
     /// The PSK state from the registry (see `FollowLinks::psk`).
     pub psk: watch::Receiver<Option<String>>,
+    /// What the registry warned about (see `FollowLinks::alerts`).
+    pub alerts: Alerts,
     shutdown: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -165,8 +180,9 @@ impl RegistryHandle {
 /// (kube), or `<prefix>/weft/rotate/<node>` (etcd).
 pub const ROTATE_REQUEST: &str = "weft.dev/rotate-request";
 
-/// Runs `registry.follow` on its own task, starting from the acquired `lease`.
-pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
+/// Runs `registry.follow` on its own task, starting from the acquired `lease`, counting its
+/// warnings into `alerts`.
+pub fn spawn<R: Registry>(registry: R, lease: Lease, alerts: Alerts) -> RegistryHandle {
     let (views_tx, views) = watch::channel(Arc::new(ClusterView::default()));
     let (local_tx, local) = watch::channel(lease);
     let (updates, updates_rx) = mpsc::channel(4);
@@ -182,6 +198,7 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
         updates: updates_rx,
         ready: ready_rx,
         shutdown: shutdown_rx,
+        alerts: alerts.clone(),
     };
     let task = tokio::spawn(registry.follow(links));
     RegistryHandle {
@@ -191,6 +208,7 @@ pub fn spawn<R: Registry>(registry: R, lease: Lease) -> RegistryHandle {
         ready,
         rotate_requests,
         psk,
+        alerts,
         shutdown,
         task,
     }

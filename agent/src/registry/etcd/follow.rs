@@ -11,7 +11,7 @@ use weft_backends::model::ClusterView;
 use super::kv::parse_lease;
 use super::{EtcdRegistry, RegistryError};
 use crate::backoff::sleep_or_shutdown;
-use crate::registry::{publish_view, FollowLinks};
+use crate::registry::{publish_view, Alerts, FollowLinks};
 
 enum Ended {
     Shutdown,
@@ -120,16 +120,17 @@ fn apply_lease_events(
 }
 
 /// Puts this node's lease back where the watch saw someone else write it (`ours`: its
-/// key).
+/// key), counting each time in `alerts`.
 async fn defend_ours(
     reg: &mut EtcdRegistry,
     events: &[etcd_client::Event],
     ours: &str,
+    alerts: &Alerts,
 ) -> Result<(), RegistryError> {
     for event in events {
         if let (EventType::Put, Some(kv)) = (event.event_type(), event.kv()) {
-            if kv.key() == ours.as_bytes() {
-                reg.defend(kv).await?;
+            if kv.key() == ours.as_bytes() && reg.defend(kv).await? {
+                alerts.leases_defended.inc();
             }
         }
     }
@@ -280,7 +281,7 @@ async fn session(
                 }
                 let (next, lost_ours) = apply_lease_events(view, resp.events(), &dir, &ours);
                 publish_view(view, next, links, false);
-                defend_ours(reg, resp.events(), &format!("{dir}{ours}")).await?;
+                defend_ours(reg, resp.events(), &format!("{dir}{ours}"), &links.alerts).await?;
                 if lost_ours {
                     return Ok(Ended::Relist("this node's lease was deleted"));
                 }

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use weft_backends::model::ClusterView;
 
 use super::{KubeRegistry, SlimNode};
-use crate::registry::{publish_view, FollowLinks, LocalAttrs};
+use crate::registry::{publish_view, Alerts, FollowLinks, LocalAttrs};
 
 /// Work that failed and is retried on a timer.
 #[derive(Default)]
@@ -127,8 +127,9 @@ fn apply(reg: &KubeRegistry, view: &mut ClusterView, node: &SlimNode) {
 
 /// The annotations that steer this node's traffic, which only an operator should set
 /// (anyone allowed to patch Nodes can): a change is logged as a warning with the old and
-/// new values, escaped. weft follows them; it cannot tell an operator from an attacker.
-fn steering_changes(reg: &mut KubeRegistry, node: &SlimNode) {
+/// new values, escaped, and counted in `alerts`. weft follows them; it cannot tell an
+/// operator from an attacker.
+fn steering_changes(reg: &mut KubeRegistry, node: &SlimNode, alerts: &Alerts) {
     let annotations = node.annotations();
     let now: Vec<(String, Option<String>)> = ["public-ip-overwrite", "node-public-ip"]
         .iter()
@@ -141,6 +142,7 @@ fn steering_changes(reg: &mut KubeRegistry, node: &SlimNode) {
     if let Some(before) = reg.steering.replace(now.clone()) {
         for ((key, old), (_, new)) in before.iter().zip(&now) {
             if old != new {
+                alerts.steering_changes.inc();
                 warn!(
                     node = %node.name(),
                     annotation = %key,
@@ -168,7 +170,7 @@ fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, link
             links.local.send_replace(lease.clone());
         }
     }
-    steering_changes(reg, node);
+    steering_changes(reg, node, &links.alerts);
     // An operator's `weft keys rotate --all` asks through this annotation.
     if let Some(id) = node.annotations().get(crate::registry::ROTATE_REQUEST) {
         if reg.last_rotate.as_ref() != Some(id) {

@@ -23,16 +23,20 @@ pub use node::{BadNode, SlimNode};
 use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
 
-/// Every API call the registry can make, as `(verb, resource)`: what its ClusterRole must
+/// Every API call the registry makes, as `(verb, resource)`: what its ClusterRole must
 /// allow. The manifest test holds `deploy/kubernetes/` against this list, and the protocol
-/// tests hold this list against the calls the test API server saw.
+/// tests hold this list (and [`POD_LOOKUP`]) against the calls the test API server saw.
 pub const API_CALLS: &[(&str, &str)] = &[
     ("get", "nodes"),
     ("list", "nodes"),
     ("watch", "nodes"),
     ("patch", "nodes/status"),
-    ("get", "pods"),
 ];
+
+/// The one call made only without a node name: flannel's way of finding the node through
+/// the agent's own Pod (`POD_NAMESPACE/POD_NAME`). The shipped DaemonSet sets `NODE_NAME`
+/// from the downward API, so its ClusterRole does not grant this.
+pub const POD_LOOKUP: (&str, &str) = ("get", "pods");
 
 #[derive(Debug, Clone)]
 pub struct KubeConfig {
