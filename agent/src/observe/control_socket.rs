@@ -4,7 +4,7 @@
 //! too.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -58,12 +58,61 @@ pub async fn serve(path: &Path, state: ControlState) -> anyhow::Result<()> {
         .route("/rotate", axum::routing::post(rotate))
         .with_state(state);
     info!(socket = %path.display(), "serving the control socket");
+    // The socket's owner is the agent's effective user.
+    let uid = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .uid();
+    let listener = RootOnly {
+        inner: listener,
+        uid,
+    };
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "the control socket stopped");
         }
     });
     Ok(())
+}
+
+/// The control socket's listener: a connection whose peer (`SO_PEERCRED`) is neither root
+/// nor the agent's own user is closed unanswered and logged, whatever the socket file's
+/// mode says (a copied socket, a changed mode, a bind-mount into a container).
+struct RootOnly {
+    inner: tokio::net::UnixListener,
+    uid: u32,
+}
+
+impl RootOnly {
+    fn allowed(&self, stream: &tokio::net::UnixStream) -> Result<(), String> {
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == 0 || cred.uid() == self.uid => Ok(()),
+            Ok(cred) => Err(format!(
+                "uid {} (pid {:?}) is not root",
+                cred.uid(),
+                cred.pid()
+            )),
+            Err(e) => Err(format!("its credentials cannot be read: {e}")),
+        }
+    }
+}
+
+impl axum::serve::Listener for RootOnly {
+    type Io = tokio::net::UnixStream;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            match self.allowed(&stream) {
+                Ok(()) => return (stream, addr),
+                Err(why) => warn!(peer = %why, "refused a control socket connection"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
 }
 
 /// Starts a key rotation; answers the announcement (or 409 with why not).
@@ -127,4 +176,51 @@ pub fn request(path: &Path, method: &str, target: &str) -> anyhow::Result<String
 pub fn fetch(path: &Path) -> anyhow::Result<Snapshot> {
     let body = request(path, "GET", "/status")?;
     serde_json::from_str(&body).context("the agent's status is not the JSON this weft reads")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_is_not_root_gets_no_answer_even_with_the_socket_open_to_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/weft.sock");
+        let (rotate, _requests) = tokio::sync::mpsc::channel(1);
+        let state = ControlState {
+            snapshot: Shared::default(),
+            rotate,
+        };
+        serve(&path, state).await.unwrap();
+        // Someone opened the socket to everyone: only its credentials stop a user now.
+        for (p, mode) in [
+            (dir.path(), 0o755),
+            (path.parent().unwrap(), 0o755),
+            (path.as_path(), 0o666),
+        ] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let as_root = path.clone();
+        let answer = tokio::task::spawn_blocking(move || request(&as_root, "GET", "/status"))
+            .await
+            .unwrap();
+        assert!(answer.is_ok(), "{answer:?}");
+
+        let refused = std::thread::spawn(move || {
+            // SAFETY: the raw syscall changes the credentials of this thread only (the libc
+            // wrapper would change every thread's); the thread ends after the request.
+            let rc = unsafe { libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) };
+            assert_eq!(rc, 0, "dropping to uid 65534");
+            request(&path, "GET", "/status")
+        })
+        .join()
+        .unwrap();
+        // It connected (the socket is open to all) but got nothing back.
+        let err = format!("{:#}", refused.unwrap_err());
+        assert!(
+            !err.contains("no agent answers")
+                && (err.contains("not HTTP") || err.contains("reading from")),
+            "{err}"
+        );
+    }
 }
