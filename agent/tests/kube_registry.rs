@@ -397,6 +397,45 @@ async fn a_malformed_node_is_skipped_and_the_others_stay() {
 }
 
 #[tokio::test]
+async fn a_node_created_later_with_another_nodes_key_is_the_one_left_out() {
+    let c = Cluster::new();
+    let mut a = c.join("node-a", "10.244.1.0/24", 1, 1).await;
+    // The incumbent sorts after the newcomer by name: only the Nodes' creationTimestamps
+    // can tell them apart.
+    let _z = c.join("node-z", "10.244.2.0/24", 2, 26).await;
+    a.wait_for("node-z", |v| has(v, "node-z")).await;
+    let copied: BTreeMap<String, String> = [
+        ("kube-subnet-manager", "true".to_string()),
+        ("backend-type", "wireguard".to_string()),
+        ("public-ip", "198.51.100.3".to_string()),
+        (
+            "backend-data",
+            json!({"PublicKey": key_of(26), "Port": 51820}).to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("{PREFIX}/{k}"), v))
+    .collect();
+    c.api
+        .add_node_with("node-c", &["10.244.3.0/24"], &BTreeMap::new(), &copied);
+    a.wait_for("node-c", |v| has(v, "node-c")).await;
+    let state = a.plan();
+    assert_eq!(peers(&state).keys().collect::<Vec<_>>(), ["node-z"]);
+    let left: Vec<_> = state
+        .left_out
+        .iter()
+        .map(|l| (l.node.as_str(), l.reason.to_string()))
+        .collect();
+    assert_eq!(
+        left,
+        [(
+            "node-c",
+            format!("its public key {} is also published by node node-z, which keeps it (the older entry); left out until it changes", key_of(26))
+        )]
+    );
+}
+
+#[tokio::test]
 async fn publishing_retries_on_conflict_and_republishes_removed_annotations() {
     let c = Cluster::new();
     c.api.add_node("node-a", &["10.244.1.0/24"]);

@@ -333,6 +333,7 @@ fn synthetic_lease(i: u32) -> Lease {
         expires: None,
         reach: Default::default(),
         next_key: None,
+        created: None,
     }
 }
 

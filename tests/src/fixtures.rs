@@ -27,6 +27,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         expires: None,
         reach: Default::default(),
         next_key: None,
+        created: None,
     }
 }
 

@@ -39,6 +39,7 @@ pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease
         expires: None,
         reach: Default::default(),
         next_key: None,
+        created: None,
     }
 }
 

@@ -266,6 +266,16 @@ pub enum LeaveReason {
         key: PublicKey,
         other: String,
     },
+    /// Its announced next key is a key another node publishes (`other`).
+    NextKeyTaken {
+        key: PublicKey,
+        other: String,
+    },
+    /// Its subnet's prefix is not the one every node's subnet has.
+    SubnetLength {
+        subnet: IpNet,
+        expected: u8,
+    },
     KeyIsOurs {
         key: PublicKey,
     },
@@ -286,8 +296,10 @@ impl fmt::Display for LeaveReason {
             LeaveReason::NoSubnet => write!(f, "it holds no subnet of an enabled family"),
             LeaveReason::SubnetOutsideNetwork { subnet, network } => write!(f, "its subnet {subnet} lies outside the pod network {network}"),
             LeaveReason::OverlapsOurSubnet { subnet, ours } => write!(f, "its subnet {subnet} overlaps this node's subnet {ours}"),
-            LeaveReason::DuplicateSubnet { subnet, other } => write!(f, "its subnet {subnet} is also claimed by node {other}; both are left out until one lets go"),
-            LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}; both are left out until one changes"),
+            LeaveReason::DuplicateSubnet { subnet, other } => write!(f, "its subnet {subnet} overlaps node {other}'s, which keeps it (the older entry, or the narrower subnet); left out until it lets go"),
+            LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}, which keeps it (the older entry); left out until it changes"),
+            LeaveReason::NextKeyTaken { key, other } => write!(f, "its announced next key {key} is node {other}'s public key; left out until it announces another"),
+            LeaveReason::SubnetLength { subnet, expected } => write!(f, "its subnet {subnet} is not a /{expected} like every node's subnet"),
             LeaveReason::KeyIsOurs { key } => write!(f, "it publishes this node's own public key {key}"),
             LeaveReason::NotOnLink { ip } => write!(f, "host-gw needs all nodes on one L2 segment; it is at {ip}, behind a router: use vxlan with DirectRouting"),
         }

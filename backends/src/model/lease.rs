@@ -30,6 +30,10 @@ pub struct Lease {
     /// A key rotation the node has announced: peers stage this key and switch to it at
     /// `switch_at_ms` (docs/key-rotation.md).
     pub next_key: Option<NextKey>,
+    /// When the registry created the entry, as an order (etcd: its create revision;
+    /// Kubernetes: the Node's creationTimestamp in seconds): of two entries that claim one
+    /// key, VTEP MAC or subnet, the older keeps it. `None` (not known) counts as newest.
+    pub created: Option<i64>,
 }
 
 /// An announced key rotation: weft's addition to a lease (etcd: the `WeftNextKey` field,
@@ -121,6 +125,7 @@ impl LeaseAttrs {
             expires: None,
             reach: Reach::default(),
             next_key: self.next_key,
+            created: None,
         }
     }
 
@@ -227,6 +232,7 @@ mod tests {
             expires: None,
             reach: Default::default(),
             next_key: None,
+            created: None,
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

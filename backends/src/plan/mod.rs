@@ -157,6 +157,8 @@ pub(crate) fn subnet_env(
 mod tests;
 
 #[cfg(test)]
+mod claims_tests;
+#[cfg(test)]
 mod switchover_tests;
 #[cfg(test)]
 mod unencrypted_tests;

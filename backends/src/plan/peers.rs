@@ -44,46 +44,9 @@ pub(crate) fn screen<'a>(
             Err(reason) => left_out.push(leave(&lease.node, reason)),
         }
     }
-    // A subnet claimed by two nodes: routing to either is a guess, so neither gets it.
-    // Sorted by start address, each subnet is checked against the widest one seen so far:
-    // O(n log n), for clusters of thousands of nodes.
     let mut clash: BTreeMap<String, LeaveReason> = BTreeMap::new();
     for v6 in [false, true] {
-        let mut subnets: Vec<(u128, u128, IpNet, usize)> = candidates
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let net = if v6 { c.v6 } else { c.v4 }?;
-                let start = crate::model::net::to_u128(net.network());
-                let end = crate::model::net::to_u128(net.broadcast());
-                Some((start, end, net, i))
-            })
-            .collect();
-        subnets.sort_by_key(|(start, end, _, _)| (*start, std::cmp::Reverse(*end)));
-        let mut widest: Option<(u128, IpNet, usize)> = None;
-        for (start, end, net, i) in subnets {
-            match widest {
-                Some((w_end, w_net, w)) if start <= w_end => {
-                    let (a, b) = (&candidates[w], &candidates[i]);
-                    clash
-                        .entry(a.lease.node.clone())
-                        .or_insert(LeaveReason::DuplicateSubnet {
-                            subnet: w_net,
-                            other: b.lease.node.clone(),
-                        });
-                    clash
-                        .entry(b.lease.node.clone())
-                        .or_insert(LeaveReason::DuplicateSubnet {
-                            subnet: net,
-                            other: a.lease.node.clone(),
-                        });
-                    if end > w_end {
-                        widest = Some((end, net, i));
-                    }
-                }
-                _ => widest = Some((end, net, i)),
-            }
-        }
+        subnet_clashes(&candidates, v6, &mut clash);
     }
     candidates.retain(|c| match clash.remove(&c.lease.node) {
         Some(reason) => {
@@ -92,9 +55,71 @@ pub(crate) fn screen<'a>(
         }
         None => true,
     });
+    // Every backend meets the peers oldest first, so the first claim on a key or a MAC
+    // is the incumbent's.
+    candidates.sort_by(|a, b| seniority(a.lease).cmp(&seniority(b.lease)));
     Screened {
         candidates,
         left_out,
+    }
+}
+
+/// A lease's place in line: the entry the registry created first (unknown counts as
+/// newest), then the node's name, so every node breaks ties the same way.
+pub(crate) fn seniority(lease: &Lease) -> (i64, &str) {
+    (lease.created.unwrap_or(i64::MAX), &lease.node)
+}
+
+/// Subnets of one family claimed twice. Every lease has this node's prefix length (see
+/// `check`), so two subnets that overlap are equal: the incumbent keeps it and the
+/// newcomer is left out. Where lengths can still differ (a family this node has no subnet
+/// of), a subnet that covers another is the one left out. Sorted by start address, each
+/// subnet is checked against the widest kept so far: O(n log n), for clusters of
+/// thousands of nodes.
+fn subnet_clashes(
+    candidates: &[Candidate<'_>],
+    v6: bool,
+    clash: &mut BTreeMap<String, LeaveReason>,
+) {
+    let mut subnets: Vec<(u128, u128, IpNet, usize)> = candidates
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let net = if v6 { c.v6 } else { c.v4 }?;
+            let start = crate::model::net::to_u128(net.network());
+            let end = crate::model::net::to_u128(net.broadcast());
+            Some((start, end, net, i))
+        })
+        .collect();
+    subnets.sort_by_key(|(start, end, _, _)| (*start, std::cmp::Reverse(*end)));
+    let mut widest: Option<(u128, IpNet, usize)> = None;
+    for (start, end, net, i) in subnets {
+        let Some((w_end, w_net, w)) = widest.filter(|(w_end, _, _)| start <= *w_end) else {
+            widest = Some((end, net, i));
+            continue;
+        };
+        let (kept, lost) = if w_net == net {
+            let (a, b) = (&candidates[w], &candidates[i]);
+            if seniority(a.lease) <= seniority(b.lease) {
+                (w, i)
+            } else {
+                (i, w)
+            }
+        } else {
+            // Sorted widest first: `w_net` covers `net`.
+            (i, w)
+        };
+        clash
+            .entry(candidates[lost].lease.node.clone())
+            .or_insert(LeaveReason::DuplicateSubnet {
+                subnet: if lost == w { w_net } else { net },
+                other: candidates[kept].lease.node.clone(),
+            });
+        if lost == w {
+            widest = Some((end, net, i));
+        } else {
+            widest = Some((w_end, w_net, w));
+        }
     }
 }
 
@@ -128,6 +153,15 @@ fn check<'a>(
             .find(|o| o.contains(&subnet) || subnet.contains(o))
         {
             return Err(LeaveReason::OverlapsOurSubnet { subnet, ours: mine });
+        }
+        // Every node's subnet has one length (etcd: SubnetLen; Kubernetes: the podCIDR
+        // mask): a wider one would cover other nodes' subnets.
+        let own = if v6 { ours.v6 } else { ours.v4 };
+        if let Some(own) = own.filter(|o| o.prefix_len() != subnet.prefix_len()) {
+            return Err(LeaveReason::SubnetLength {
+                subnet,
+                expected: own.prefix_len(),
+            });
         }
         Ok(Some(subnet))
     };

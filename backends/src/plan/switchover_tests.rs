@@ -107,11 +107,21 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
             assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
         }
     }
-    // An announced key that does not parse is ignored; so is one equal to ours or to the
-    // peer's current key.
-    for junk in ["junk".to_string(), key(1).to_string(), key(2).to_string()] {
+    // An announced key that does not parse is ignored; so is one equal to the peer's
+    // current key.
+    for junk in ["junk".to_string(), key(2).to_string()] {
         let state = run_observed(vec![announced(at(3_000), junk.clone())], &in_use);
         assert_eq!(peer_keys(&state), vec![(key(2), 1)], "{junk}");
         assert_eq!(state.key_watch, None, "{junk}");
     }
+    // One equal to this node's key takes nothing from it: the announcer is left out.
+    let state = run_observed(vec![announced(at(3_000), key(1).to_string())], &in_use);
+    assert_eq!(peer_keys(&state), vec![]);
+    assert_eq!(
+        state.left_out[0].reason.to_string(),
+        format!(
+            "its announced next key {} is node node-a's public key; left out until it announces another",
+            key(1)
+        )
+    );
 }

@@ -17,7 +17,7 @@ pub(super) fn key(seed: u8) -> weft_crypto::PublicKey {
     PrivateKey::from_bytes([seed; 32]).public_key()
 }
 
-fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
+pub(super) fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
     Lease {
         node: node.into(),
         subnet: Some(subnet.parse().unwrap()),
@@ -30,10 +30,11 @@ fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lease {
         expires: None,
         reach: Default::default(),
         next_key: None,
+        created: None,
     }
 }
 
-fn ip(last: u8) -> Ipv4Addr {
+pub(super) fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 51, 100, last)
 }
 
@@ -45,7 +46,11 @@ pub(super) fn good_peer() -> Lease {
     lease("node-b", "10.244.2.0/24", ip(2), 2)
 }
 
-fn run(config: &str, peers: Vec<Lease>, ip_masq: bool) -> Result<DesiredState, PlanError> {
+pub(super) fn run(
+    config: &str,
+    peers: Vec<Lease>,
+    ip_masq: bool,
+) -> Result<DesiredState, PlanError> {
     run_as(local(), config, peers, ip_masq)
 }
 
@@ -315,49 +320,6 @@ fn bad_peers_are_left_out_with_a_reason_and_the_rest_is_unaffected() {
             "{name}: fail-closed route missing"
         );
     }
-}
-
-#[test]
-fn a_subnet_or_key_claimed_twice_leaves_out_both_claimants() {
-    let dup_subnet = vec![
-        lease("node-x", "10.244.9.0/24", ip(9), 9),
-        lease("node-y", "10.244.9.0/24", ip(10), 10),
-        good_peer(),
-    ];
-    let state = run(CONF, dup_subnet, false).unwrap();
-    let reasons: Vec<_> = state.left_out.iter().map(ToString::to_string).collect();
-    assert_eq!(reasons, [
-        "node node-x left out: its subnet 10.244.9.0/24 is also claimed by node node-y; both are left out until one lets go",
-        "node node-y left out: its subnet 10.244.9.0/24 is also claimed by node node-x; both are left out until one lets go",
-    ]);
-    assert_eq!(state.tunnels[0].peers.len(), 1);
-
-    let dup_key = vec![
-        lease("node-x", "10.244.9.0/24", ip(9), 9),
-        lease("node-y", "10.244.10.0/24", ip(10), 9),
-        good_peer(),
-    ];
-    let state = run(CONF, dup_key, false).unwrap();
-    let nodes: Vec<_> = state
-        .left_out
-        .iter()
-        .map(|l| {
-            (
-                l.node.as_str(),
-                l.reason.to_string().contains("also published by node"),
-            )
-        })
-        .collect();
-    assert_eq!(nodes, [("node-x", true), ("node-y", true)]);
-    assert_eq!(
-        state.tunnels[0]
-            .peers
-            .iter()
-            .map(|p| p.node.as_str())
-            .collect::<Vec<_>>(),
-        ["node-b"]
-    );
-    assert_eq!(state.routes.len(), 2, "covering + node-b only");
 }
 
 #[test]

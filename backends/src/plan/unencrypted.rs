@@ -161,45 +161,22 @@ fn bad_data(node: &str, detail: BackendDataError) -> LeftOut {
 }
 
 /// Records `node`'s claim on `mac`. One MAC, two nodes: the FDB cannot tell them apart, so
-/// a MAC already claimed is a clash (both leave the plan, see `drop_mac_clashes`), and the
-/// newcomer's reason is returned.
+/// the MAC stays with whoever claimed it first (this node, then the peers oldest first, the
+/// order they are planned in), and a later claim is refused: the reason is returned.
 fn claim_mac(
     macs: &mut BTreeMap<[u8; 6], String>,
     mac: [u8; 6],
     node: &str,
-    local: &str,
-    clashes: &mut Vec<String>,
 ) -> Option<BackendDataError> {
-    let other = macs.insert(mac, node.to_string())?;
-    clashes.push(node.to_string());
-    if other != local {
-        clashes.push(other.clone());
-    }
-    Some(BackendDataError::Duplicate {
-        field: "VtepMAC",
-        value: format_mac(&mac),
-        by: format!("node {other}"),
-    })
-}
-
-/// The peers that published a VTEP MAC another node also published leave the plan, with
-/// their routes: the FDB cannot tell them apart.
-fn drop_mac_clashes(
-    clashes: &[String],
-    peers: &mut Vec<VxlanPeer>,
-    routes: &mut Vec<RouteSpec>,
-    left_out: &mut Vec<LeftOut>,
-) {
-    for node in clashes {
-        if let Some(p) = peers.iter().position(|p| &p.node == node) {
-            let p = peers.remove(p);
-            routes.retain(|r| r.role != RouteRole::Peer(p.node.clone()));
-            let detail = BackendDataError::Duplicate {
-                field: "VtepMAC",
-                value: format_mac(&p.mac),
-                by: "another node".into(),
-            };
-            left_out.push(bad_data(node, detail));
+    match macs.get(&mac) {
+        Some(other) => Some(BackendDataError::Duplicate {
+            field: "VtepMAC",
+            value: format_mac(&mac),
+            by: format!("node {other}, which keeps it"),
+        }),
+        None => {
+            macs.insert(mac, node.to_string());
+            None
         }
     }
 }
@@ -237,7 +214,6 @@ pub(crate) fn vxlan(
     let mut peers: Vec<VxlanPeer> = Vec::new();
     let mut macs: BTreeMap<[u8; 6], String> = BTreeMap::new();
     macs.insert(own_mac, input.local.node.clone());
-    let mut clashes: Vec<String> = Vec::new();
     for c in &candidates {
         let (subnet, ip) = match reach(c) {
             Ok(Some(r)) => r,
@@ -261,7 +237,7 @@ pub(crate) fn vxlan(
             }
         };
         let node = &c.lease.node;
-        if let Some(detail) = claim_mac(&mut macs, mac, node, &input.local.node, &mut clashes) {
+        if let Some(detail) = claim_mac(&mut macs, mac, node) {
             left_out.push(bad_data(node, detail));
             continue;
         }
@@ -279,7 +255,6 @@ pub(crate) fn vxlan(
             role: RouteRole::Peer(c.lease.node.clone()),
         });
     }
-    drop_mac_clashes(&clashes, &mut peers, &mut state.routes, &mut left_out);
     peers.sort_by(|a, b| a.node.cmp(&b.node));
     let addresses = ours
         .v4

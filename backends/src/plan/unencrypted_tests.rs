@@ -30,6 +30,7 @@ fn lease(node: &str, subnet: &str, ip: [u8; 4], backend: &str, data: serde_json:
         expires: None,
         reach: Default::default(),
         next_key: None,
+        created: None,
     }
 }
 
@@ -197,9 +198,11 @@ fn bad_vxlan_peers_are_left_out_with_the_reason_and_the_rest_stays() {
     )
     .unwrap();
     let v = state.vxlan.as_ref().unwrap();
+    // node-d and node-e publish one MAC; with no creation order known, the first by name
+    // keeps it.
     assert_eq!(
         v.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
-        vec!["node-b"]
+        vec!["node-b", "node-d"]
     );
     let why = |n: &str| {
         state
@@ -211,10 +214,60 @@ fn bad_vxlan_peers_are_left_out_with_the_reason_and_the_rest_stays() {
     };
     assert!(why("node-x").contains("VtepMAC \"zz\" is not a MAC address"));
     assert!(why("node-m").contains("not a unicast address"));
-    assert!(why("node-d").contains("also published"));
-    assert!(why("node-e").contains("also published"));
+    assert_eq!(
+        why("node-e"),
+        "its backend-data is unusable: VtepMAC 0a:00:00:00:00:07 is also published by node node-d, which keeps it"
+    );
     assert!(why("node-w").contains("all nodes must use one backend"));
-    assert_eq!(state.routes.len(), 1, "{:?}", state.routes);
+    assert_eq!(state.left_out.len(), 4, "{:?}", state.left_out);
+    assert_eq!(state.routes.len(), 2, "{:?}", state.routes);
+}
+
+#[test]
+fn a_vtep_mac_claimed_twice_stays_with_the_older_entry() {
+    let incumbent = |created: Option<i64>| {
+        let mut l = vx("node-z", "10.244.4.0/24", [198, 51, 100, 4], 7);
+        l.created = created;
+        l
+    };
+    let newcomer = |created: Option<i64>| {
+        let mut l = vx("node-c", "10.244.5.0/24", [198, 51, 100, 5], 7);
+        l.created = created;
+        l
+    };
+    // The incumbent sorts after the newcomer by name: only the creation order decides.
+    for (z, c) in [(Some(3), Some(9)), (Some(3), None), (Some(5), Some(5))] {
+        let state = run(VXLAN, me_vx(), vec![incumbent(z), newcomer(c)]).unwrap();
+        let kept: Vec<_> = state
+            .vxlan
+            .as_ref()
+            .unwrap()
+            .peers
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect();
+        let out: Vec<_> = state.left_out.iter().map(|l| l.node.as_str()).collect();
+        if z == c {
+            // A tie goes to the first name, on every node alike.
+            assert_eq!((kept, out), (vec!["node-c"], vec!["node-z"]));
+        } else {
+            assert_eq!((kept, out), (vec!["node-z"], vec!["node-c"]), "{z:?} {c:?}");
+        }
+    }
+    // A peer that publishes this node's own MAC is left out; this node keeps it.
+    let mine = lease(
+        "node-c",
+        "10.244.5.0/24",
+        [198, 51, 100, 5],
+        "vxlan",
+        vxlan_backend_data(1, &MAC_A),
+    );
+    let state = run(VXLAN, me_vx(), vec![mine]).unwrap();
+    assert!(state.vxlan.as_ref().unwrap().peers.is_empty());
+    assert!(state.left_out[0]
+        .reason
+        .to_string()
+        .contains("node node-a, which keeps it"));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! `separate` mode), one peer per node, the covering route per family (fail closed) and one
 //! route per peer subnet; and the `backend-data` this node publishes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -226,7 +226,8 @@ pub(crate) fn plan(
             input.now,
             &mut state.planned_endpoints,
         );
-        drop_duplicate_keys(&mut peers, &mut left_out);
+        let order: Vec<&str> = candidates.iter().map(|c| c.lease.node.as_str()).collect();
+        drop_duplicate_keys(&mut peers, &order, &mut left_out);
         let addresses = device_addresses(input, ours, &dev, &mut state);
         for p in &peers {
             for dst in &p.allowed_ips {
@@ -318,6 +319,19 @@ fn peer(
             key: data.public_key,
         });
     }
+    // Announcing this node's key as its next one: as anywhere else, the holder keeps it.
+    if let Some(key) = lease
+        .next_key
+        .as_ref()
+        .and_then(|n| n.public_key.parse().ok())
+    {
+        if key == own_key {
+            return Err(LeaveReason::NextKeyTaken {
+                key,
+                other: local.node.clone(),
+            });
+        }
+    }
     // A peer in our zone is reached on its internal address, others on the published one
     // (which an operator's public-ip-overwrite has already replaced).
     let same_zone = local.reach.zone.is_some() && local.reach.zone == lease.reach.zone;
@@ -371,7 +385,7 @@ fn rotated(
         return (p, None);
     }
     let staged = PeerSpec {
-        node: format!("{} (next key)", p.node),
+        node: format!("{}{STAGED}", p.node),
         public_key: key,
         allowed_ips: Vec::new(),
         ..p.clone()
@@ -379,30 +393,51 @@ fn rotated(
     (p, Some((staged, at)))
 }
 
-/// One key, one peer: when two nodes publish the same key neither can be told apart on
-/// the wire, so both are left out.
-fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, left_out: &mut Vec<LeftOut>) {
-    let mut by_key: BTreeMap<PublicKey, Vec<String>> = BTreeMap::new();
+/// The name a staged next key's entry carries: `<node> (next key)`.
+const STAGED: &str = " (next key)";
+
+/// One key, one peer: two entries with one key cannot be told apart on the wire, so the
+/// key stays with its incumbent and every other node claiming it is left out, all of its
+/// entries. A node's current key comes before any announced next key (announcing another
+/// node's key takes nothing from it); among equals, the older entry (`seniority`, the
+/// order the candidates come in) keeps it.
+fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, order: &[&str], left_out: &mut Vec<LeftOut>) {
+    let places: HashMap<&str, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut holder: BTreeMap<PublicKey, (bool, usize, &str)> = BTreeMap::new();
     for p in peers.iter() {
-        by_key.entry(p.public_key).or_default().push(p.node.clone());
-    }
-    peers.retain(|p| {
-        let nodes = &by_key[&p.public_key];
-        if nodes.len() == 1 {
-            return true;
+        let (base, staged) = match p.node.strip_suffix(STAGED) {
+            Some(node) => (node, true),
+            None => (p.node.as_str(), false),
+        };
+        let rank = (
+            staged,
+            places.get(base).copied().unwrap_or(usize::MAX),
+            base,
+        );
+        let e = holder.entry(p.public_key).or_insert(rank);
+        if rank < *e {
+            *e = rank;
         }
-        let other = nodes
-            .iter()
-            .find(|n| **n != p.node)
-            .cloned()
-            .unwrap_or_default();
-        left_out.push(LeftOut {
-            node: p.node.clone(),
-            reason: LeaveReason::DuplicateKey {
-                key: p.public_key,
-                other,
-            },
-        });
-        false
-    });
+    }
+    let mut losers: BTreeMap<String, LeaveReason> = BTreeMap::new();
+    for p in peers.iter() {
+        let base = p.node.strip_suffix(STAGED).unwrap_or(&p.node);
+        let (_, _, winner) = holder[&p.public_key];
+        if winner == base {
+            continue;
+        }
+        let (key, other) = (p.public_key, winner.to_string());
+        let reason = if p.node.ends_with(STAGED) {
+            LeaveReason::NextKeyTaken { key, other }
+        } else {
+            LeaveReason::DuplicateKey { key, other }
+        };
+        losers.entry(base.to_string()).or_insert(reason);
+    }
+    peers.retain(|p| !losers.contains_key(p.node.strip_suffix(STAGED).unwrap_or(&p.node)));
+    left_out.extend(
+        losers
+            .into_iter()
+            .map(|(node, reason)| LeftOut { node, reason }),
+    );
 }

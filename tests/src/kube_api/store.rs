@@ -59,7 +59,14 @@ impl Store {
             "MODIFIED"
         } else {
             node["metadata"]["uid"] = json!(format!("uid-{name}-{}", self.rv));
-            node["metadata"]["creationTimestamp"] = json!("2026-11-21T00:00:00Z");
+            // Seconds apart, in the order of creation, as a real API server's would be.
+            let t = self.rv % 86_400;
+            node["metadata"]["creationTimestamp"] = json!(format!(
+                "2026-11-21T{:02}:{:02}:{:02}Z",
+                t / 3600,
+                t / 60 % 60,
+                t % 60
+            ));
             "ADDED"
         };
         node["metadata"]["resourceVersion"] = json!(self.rv.to_string());

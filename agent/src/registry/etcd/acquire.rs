@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use weft_backends::model::{allocate, Allocation, Lease, Taken};
 use weft_backends::netconf::NetConf;
 
-use super::kv::{self, parse_lease};
+use super::kv::{self, lease_of};
 use super::{EtcdRegistry, RegistryError};
 use crate::registry::{AcquireRequest, LocalAttrs};
 
@@ -71,7 +71,7 @@ impl EtcdRegistry {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
             for kv in resp.kvs() {
-                match parse_lease(&dir, kv.key(), kv.value()) {
+                match lease_of(&dir, kv) {
                     Ok(lease) => leases.push(Stored {
                         lease,
                         mod_revision: kv.mod_revision(),

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 use weft_backends::model::ClusterView;
 
-use super::kv::parse_lease;
+use super::kv::lease_of;
 use super::{EtcdRegistry, RegistryError};
 use crate::backoff::sleep_or_shutdown;
 use crate::registry::{publish_view, Alerts, FollowLinks};
@@ -101,7 +101,7 @@ fn apply_lease_events(
             .trim_start_matches(dir)
             .to_string();
         match event.event_type() {
-            EventType::Put => match parse_lease(dir, kv.key(), kv.value()) {
+            EventType::Put => match lease_of(dir, kv) {
                 Ok(lease) => {
                     next.insert(lease);
                 }

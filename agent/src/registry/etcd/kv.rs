@@ -43,6 +43,14 @@ pub enum BadLease {
     },
 }
 
+/// Reads one stored lease as etcd returned it, with its create revision as the order it
+/// was created in (of two leases claiming one key or MAC, the older keeps it).
+pub fn lease_of(subnets_dir: &str, kv: &etcd_client::KeyValue) -> Result<Lease, BadLease> {
+    let mut lease = parse_lease(subnets_dir, kv.key(), kv.value())?;
+    lease.created = Some(kv.create_revision());
+    Ok(lease)
+}
+
 /// Reads one stored lease. `full_key` is the whole etcd key; `subnets_dir` is
 /// `<prefix>/subnets/`.
 pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<Lease, BadLease> {

@@ -125,6 +125,12 @@ impl SlimNode {
         };
         lease.reach.zone = self.zone();
         lease.reach.internal_ip = self.internal_ip(prefix, &annotations);
+        // Of two Nodes claiming one key or MAC, the one created first keeps it.
+        lease.created = self
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second());
         Ok(Some(lease))
     }
 

@@ -1,0 +1,174 @@
+//! One bad registry entry never cuts off a node that was working. In an etcd lab, entries
+//! are written after the nodes' own: one publishing node 2's WireGuard key, one announcing
+//! node 2's key as its next key, one wider lease covering node 2's subnet (wireguard), and
+//! one publishing node 2's VTEP MAC (vxlan). The incumbents keep what they had (all pairs
+//! still reach each other), and every node leaves out only the newcomers, named in
+//! `weft status` and the log.
+
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{Lab, LabConfig};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// Node `i`'s published lease value.
+fn published(lab: &Lab, i: usize) -> serde_json::Value {
+    let key = lab.lease_key(i).unwrap();
+    let value = lab
+        .etcd()
+        .etcdctl(&["get", "--print-value-only", &key])
+        .unwrap();
+    serde_json::from_str(value.trim()).unwrap()
+}
+
+fn put(lab: &Lab, name: &str, value: &serde_json::Value) {
+    lab.etcd()
+        .etcdctl(&[
+            "put",
+            &format!("/coreos.com/network/subnets/{name}"),
+            &value.to_string(),
+        ])
+        .unwrap();
+}
+
+/// Waits until every node's `weft status` shows each of `names` left out, and returns
+/// node 1's rows for them.
+fn left_out_everywhere(lab: &Lab, names: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tables: Vec<String> = (0..lab.nodes.len())
+            .map(|i| {
+                lab.on_node(i, &format!("{WEFT} status"))
+                    .unwrap_or_default()
+            })
+            .collect();
+        let rows = |table: &str| -> Vec<String> {
+            names
+                .iter()
+                .filter_map(|n| {
+                    table
+                        .lines()
+                        .find(|l| l.starts_with(n) && l.contains("left out: "))
+                        .map(str::to_string)
+                })
+                .collect()
+        };
+        if tables.iter().all(|t| rows(t).len() == names.len()) {
+            return rows(&tables[0]);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not left out everywhere:\n{}",
+            tables.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn subnet_name(lab: &Lab, i: usize) -> String {
+    let s = lab.nodes[i].subnet.unwrap();
+    format!("{}-{}", s.network(), s.prefix_len())
+}
+
+#[test]
+fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves() {
+    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    let victim = published(&lab, 1);
+    let key = victim["BackendData"]["PublicKey"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A stale or forged record with node 2's key.
+    put(
+        &lab,
+        "10.244.250.0-24",
+        &serde_json::json!({
+        "PublicIP": "198.51.100.99", "BackendType": "wireguard",
+        "BackendData": {"PublicKey": key, "Port": 51820}}),
+    );
+    // A node announcing node 2's key as its next one.
+    let own = weft_crypto::PrivateKey::from_bytes([91; 32])
+        .public_key()
+        .to_string();
+    put(
+        &lab,
+        "10.244.251.0-24",
+        &serde_json::json!({
+        "PublicIP": "198.51.100.98", "BackendType": "wireguard",
+        "BackendData": {"PublicKey": own, "Port": 51820},
+        "WeftNextKey": {"PublicKey": key, "SwitchAt": 4_000_000_000_000u64, "Generation": 2}}),
+    );
+    // A lease twice the size, over node 2's subnet.
+    let s = lab.nodes[1].subnet.unwrap();
+    let wide = ipnet::Ipv4Net::new(s.network(), s.prefix_len() - 1)
+        .unwrap()
+        .trunc();
+    let wide_name = format!("{}-{}", wide.network(), wide.prefix_len());
+    put(
+        &lab,
+        &wide_name,
+        &serde_json::json!({
+        "PublicIP": "198.51.100.97", "BackendType": "wireguard",
+        "BackendData": {"PublicKey": weft_crypto::PrivateKey::from_bytes([92; 32]).public_key().to_string(), "Port": 51820}}),
+    );
+
+    let rows = left_out_everywhere(&lab, &["10.244.250.0-24", "10.244.251.0-24", &wide_name]);
+    println!("{}", rows.join("\n"));
+    let victim_name = subnet_name(&lab, 1);
+    assert!(
+        rows[0].contains(&format!(
+            "also published by node {victim_name}, which keeps it"
+        )),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1].contains(&format!(
+            "its announced next key {key} is node {victim_name}'s public key"
+        )),
+        "{}",
+        rows[1]
+    );
+    assert!(
+        rows[2].contains(&format!(
+            "is not a /{} like every node's subnet",
+            s.prefix_len()
+        )),
+        "{}",
+        rows[2]
+    );
+    // Node 2 is still everyone's peer, and every pod pair still works.
+    lab.assert_all_pairs();
+    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
+    assert!(
+        log.contains("10.244.250.0-24"),
+        "the log names the newcomer"
+    );
+}
+
+#[test]
+fn an_entry_copying_a_nodes_vtep_mac_leaves_out_only_itself() {
+    let lab = Lab::start(LabConfig::backend(3, WEFT, "vxlan", false)).unwrap();
+    lab.assert_all_pairs();
+    let victim = published(&lab, 1);
+    put(
+        &lab,
+        "10.244.250.0-24",
+        &serde_json::json!({
+        "PublicIP": "198.51.100.99", "BackendType": "vxlan",
+        "BackendData": victim["BackendData"]}),
+    );
+    let rows = left_out_everywhere(&lab, &["10.244.250.0-24"]);
+    println!("{}", rows.join("\n"));
+    let mac = victim["BackendData"]["VtepMAC"].as_str().unwrap();
+    assert!(
+        rows[0].contains(&format!(
+            "VtepMAC {mac} is also published by node {}, which keeps it",
+            subnet_name(&lab, 1)
+        )),
+        "{}",
+        rows[0]
+    );
+    lab.assert_all_pairs();
+}
