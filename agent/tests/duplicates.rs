@@ -3,13 +3,15 @@
 //! node 2's key as its next key, one wider lease covering node 2's subnet (wireguard), and
 //! one publishing node 2's VTEP MAC (vxlan). The incumbents keep what they had (all pairs
 //! still reach each other), and every node leaves out only the newcomers, named in
-//! `weft status` and the log.
+//! `weft status`, the log, `weft doctor` and `/metrics`.
 
 use std::time::{Duration, Instant};
 
 use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::netns::http_get;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+const PORT: u16 = 10267;
 
 /// Node `i`'s published lease value.
 fn published(lab: &Lab, i: usize) -> serde_json::Value {
@@ -72,7 +74,9 @@ fn subnet_name(lab: &Lab, i: usize) -> String {
 
 #[test]
 fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves() {
-    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.extra_args.push(format!("--healthz-port={PORT}"));
+    let lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     let victim = published(&lab, 1);
     let key = victim["BackendData"]["PublicKey"]
@@ -140,10 +144,30 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
     );
     // Node 2 is still everyone's peer, and every pod pair still works.
     lab.assert_all_pairs();
+    // The log, the doctor and /metrics name the newcomer too.
     let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
     assert!(
-        log.contains("10.244.250.0-24"),
-        "the log names the newcomer"
+        log.lines().any(|l| l.contains("peer left out")
+            && l.contains("\"10.244.250.0-24\"")
+            && l.contains("which keeps it")),
+        "{log}"
+    );
+    let doctor = lab
+        .on_node(0, &format!("{WEFT} doctor --handshake-wait=1; true"))
+        .unwrap();
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.contains("left out: 3 node(s)")
+                && l.contains("10.244.250.0-24: its public key")),
+        "{doctor}"
+    );
+    let node = &lab.nodes[0];
+    let (code, metrics) = http_get(&node.ns, &format!("{}:{PORT}", node.ip), "/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(
+        metrics.contains("weft_peers_left_out{node=\"10.244.250.0-24\",reason=\"its public key"),
+        "{metrics}"
     );
 }
 
