@@ -6,11 +6,13 @@
 //! - `backend_setup`: what each backend needs before the first plan;
 //! - `roaming`: what the loop remembers of its peers' endpoints, for the plan;
 //! - `iface`: the address this node advertises;
+//! - `one_agent`: the lock that keeps a second agent off the node;
 //! - `subnet_file`: `/run/flannel/subnet.env`.
 
 pub mod backend_setup;
 mod error_policy;
 pub mod iface;
+mod one_agent;
 mod pass;
 mod roaming;
 mod run_loop;

@@ -85,6 +85,11 @@ fn shutdown_on_signals() -> anyhow::Result<watch::Receiver<bool>> {
 async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let key_path = std::env::var_os(KEY_FILE_ENV)
         .map_or_else(|| PathBuf::from(DEFAULT_KEY_FILE), PathBuf::from);
+    // Before anything is touched: a second agent on this node stops here.
+    let state_dir = key_path
+        .parent()
+        .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
+    let _one_agent = super::one_agent::take(&state_dir)?;
     let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
     info!(path = %key_path.display(), public_key = %key.public_key(), origin = ?origin, "WireGuard key");
     let public_ip = crate::node::iface::public_ip(&args)?;
