@@ -321,11 +321,17 @@ async fn a_lease_deleted_behind_our_back_is_claimed_again() {
     c.delete(format!("{PREFIX}/subnets/{}", lease_a.node), None)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let got = c
-        .get(format!("{PREFIX}/subnets/{}", lease_a.node), None)
-        .await
-        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let got = loop {
+        let got = c
+            .get(format!("{PREFIX}/subnets/{}", lease_a.node), None)
+            .await
+            .unwrap();
+        if !got.kvs().is_empty() || tokio::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(got.kvs().len(), 1, "the lease was not claimed again");
     assert_eq!(
         a.local.borrow().subnet,
@@ -498,9 +504,23 @@ async fn unreadable_leases_are_skipped_and_the_rest_is_kept() {
         "[]",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A good lease written after it: once a sees that one, it has read the bad one too.
+    put(
+        &etcd.endpoint(),
+        &format!("{PREFIX}/subnets/10.245.202.0-24"),
+        r#"{"PublicIP":"198.51.100.203","BackendType":"wireguard","BackendData":{"PublicKey":"kz","Port":51820}}"#,
+    )
+    .await;
+    wait_view(&mut va, 10, "a sees the lease after the bad one", |v| {
+        v.get("10.245.202.0-24").is_some()
+    })
+    .await;
     let names: Vec<_> = va.borrow().leases.keys().cloned().collect();
-    let mut want = vec![lease_a.node.clone(), lease_b.node.clone()];
+    let mut want = vec![
+        lease_a.node.clone(),
+        lease_b.node.clone(),
+        "10.245.202.0-24".to_string(),
+    ];
     want.sort();
     assert_eq!(names, want);
     a.stop().await;

@@ -4,9 +4,9 @@
 //! restart: a deleted `flannel-wg` comes back with every peer and route, and a flushed or
 //! deleted nftables table comes back. Recovery times are measured and printed.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use weft_lab::lab::capture::UnderlayCapture;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig, EXT_IP};
 use weft_lab::live_demo::transfer;
 
@@ -44,36 +44,10 @@ fn a_tcp_transfer_between_pods_arrives_intact() {
 #[test]
 fn traffic_leaving_the_pod_network_is_masqueraded_to_the_node_address() {
     let lab = lab();
-    let log = lab.dir().join("ext.txt");
-    let mut capture = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.ext(),
-            "tcpdump",
-            "-Z",
-            "root",
-            "--immediate-mode",
-            "-l",
-            "-nn",
-            "-i",
-            "eth0",
-            "icmp",
-        ])
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    let capture = UnderlayCapture::start_on(&lab, &lab.ext(), "eth0", &["icmp"]).unwrap();
     let pod = &lab.nodes[1].pods[0];
     assert!(lab.ping(&pod.ns, EXT_IP.parse().unwrap(), Duration::from_secs(5)));
-    std::thread::sleep(Duration::from_millis(300));
-    Command::new("kill")
-        .args(["-INT", &capture.id().to_string()])
-        .status()
-        .unwrap();
-    capture.wait().unwrap();
-    let seen = std::fs::read_to_string(&log).unwrap();
+    let seen = capture.finish().unwrap();
     let requests: Vec<&str> = seen
         .lines()
         .filter(|l| l.contains("echo request"))

@@ -1,7 +1,7 @@
 //! Key rotation in the lab, measured: a TCP stream and a 100 pps ping run between a pod on
 //! the rotating node and a pod on another node while the key changes. The stream must not
-//! reset nor stall for 1 s or more, the ping must lose at most 1 s of packets; the figures
-//! are printed. Afterwards: the node's device and published key agree, every other node
+//! reset nor stall for 300 ms or more, the ping must lose at most 15 packets (150 ms); the
+//! figures are printed. Afterwards: the node's device and published key agree, every other node
 //! holds exactly one peer for it (the new key) and no peer without AllowedIPs, and every
 //! pod reaches every other.
 
@@ -49,10 +49,13 @@ pub fn assert_one_peer_per_node(lab: &Lab) {
 
 fn assert_bounded(lab: &Lab, what: &str, d: &Disruption) {
     println!("{what}: {d}");
+    // The benchmark measures 0–3 pings lost and stalls up to 52 ms (release build, one lab);
+    // these labs run debug builds, two at a time: at most 15 pings and 300 ms.
     let ok = d.stream_error.is_none()
         && d.stream_bytes > 0
-        && d.max_stall < Duration::from_secs(1)
-        && d.ping_loss() <= Duration::from_secs(1);
+        && d.pings_sent >= 100
+        && d.max_stall < Duration::from_millis(300)
+        && d.pings_lost <= 15;
     assert!(ok, "{what}: {d}\n{}", lab.logs());
 }
 
@@ -75,10 +78,15 @@ fn rotate_one_locally(lab: &Lab) -> Disruption {
 fn one_node_rotates_its_key_through_the_local_agent_etcd() {
     let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
     lab.assert_all_pairs();
+    let mut secrets = lab.private_keys();
     let d = rotate_one_locally(&lab);
     assert_bounded(&lab, "one-node rotation (etcd)", &d);
     assert_one_peer_per_node(&lab);
     lab.assert_all_pairs();
+    // No private key, old or new, was written to any log.
+    secrets.extend(lab.private_keys());
+    assert_eq!(secrets.len(), 6);
+    lab.assert_secrets_not_logged(&secrets);
 }
 
 /// `weft keys rotate --all` from the registry's namespace, with traffic from node 1 to
@@ -179,10 +187,25 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     let announced = lab.on_node(0, "cat /var/lib/weft/rotation.json").unwrap();
     let next: serde_json::Value = serde_json::from_str(&announced).unwrap();
     lab.stop_agent(0, "KILL").unwrap();
-    // Past the moment (and the grace a silent rotating node gets), the other nodes have
-    // switched to the announced key; node 1's device still has the old one, so node 2
-    // cannot reach it.
-    std::thread::sleep(Duration::from_secs(6));
+    // Past the moment (and the grace a silent rotating node gets), the other nodes switch
+    // to the announced key; node 1's device still has the old one, so node 2 cannot reach
+    // it.
+    let next_key = next["PublicKey"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let allowed = lab.on_node(1, "wg show flannel-wg allowed-ips").unwrap();
+        let switched = allowed
+            .lines()
+            .any(|l| l.starts_with(&next_key) && !l.contains("(none)"));
+        if switched {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 2 never switched to node 1's announced key: {allowed}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(wg_key(&lab, 0), before);
     let (a, b) = (lab.nodes[1].pods[0].ns.clone(), lab.nodes[0].pods[0].ip);
     assert!(
@@ -287,6 +310,13 @@ fn the_psk_rotates_without_restarts_etcd() {
     });
     assert_bounded(&lab, "PSK rotation (etcd)", &d);
     lab.assert_all_pairs();
+    // Neither PSK nor any private key was written to any log.
+    let next = lab.on_node(0, "wg show flannel-wg preshared-keys").unwrap();
+    let mut secrets = lab.private_keys();
+    secrets.push(first);
+    secrets.extend(next.split_whitespace().skip(1).take(1).map(str::to_string));
+    assert_eq!(secrets.len(), 5, "{next}");
+    lab.assert_secrets_not_logged(&secrets);
 }
 
 #[test]

@@ -41,8 +41,14 @@ pub fn median_rtt_ms(from: &str, to: Ipv4Addr, count: u32, interval: &str) -> Op
 
 /// Streams `bytes` from pod `from` to pod `to`; returns (MiB/s, digests match).
 pub fn transfer(from: &str, to_ns: &str, to: Ipv4Addr, bytes: u64) -> anyhow::Result<(f64, bool)> {
-    let sink = in_named_netns(to_ns, || tcp::sink(5201));
-    std::thread::sleep(Duration::from_millis(200));
+    let (listening, ready) = std::sync::mpsc::channel();
+    let sink = in_named_netns(to_ns, move || {
+        tcp::sink_then(5201, move || {
+            let _ = listening.send(());
+        })
+    });
+    // Until the sink listens (or has failed: then its error comes from the join below).
+    let _ = ready.recv_timeout(Duration::from_secs(10));
     let target = format!("{to}:5201");
     let sent = in_named_netns(from, move || tcp::source(&target, bytes))
         .join()

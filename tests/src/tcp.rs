@@ -16,8 +16,14 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Accepts one connection on `port`, reads to EOF; returns "BYTES SHA256".
 pub fn sink(port: u16) -> anyhow::Result<String> {
+    sink_then(port, || {})
+}
+
+/// `sink`, calling `listening` once the port accepts connections.
+pub fn sink_then(port: u16, listening: impl FnOnce()) -> anyhow::Result<String> {
     let listener = TcpListener::bind(("0.0.0.0", port))
         .with_context(|| format!("listening on port {port}"))?;
+    listening();
     let (mut conn, _) = listener.accept().context("accepting")?;
     let mut sha = Sha::new(&SHA256);
     let mut buf = vec![0u8; 64 * 1024];

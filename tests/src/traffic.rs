@@ -134,7 +134,7 @@ impl Probe {
         let summary = text
             .lines()
             .find(|l| l.contains("packets transmitted"))
-            .unwrap_or_default();
+            .ok_or_else(|| anyhow::anyhow!("ping printed no summary: {text:?}"))?;
         let number = |word: &str| -> u64 {
             summary
                 .split(',')

@@ -1,5 +1,6 @@
 //! A packet capture on the lab's first underlay segment (tcpdump on the fabric's `br0`),
-//! for proving what crosses the wire: that pod traffic goes only inside WireGuard.
+//! for proving what crosses the wire: that pod traffic goes only inside WireGuard; or on
+//! any interface of the lab.
 
 use std::fs;
 use std::path::PathBuf;
@@ -17,14 +18,26 @@ pub struct UnderlayCapture {
 }
 
 impl UnderlayCapture {
-    /// Starts capturing; returns once tcpdump says it is listening.
+    /// Starts capturing on the fabric's `br0`; returns once tcpdump says it is listening.
     pub fn start(lab: &Lab) -> anyhow::Result<UnderlayCapture> {
-        let file = lab.dir().join("underlay.pcap");
-        let log = lab.dir().join("tcpdump.log");
+        Self::start_on(lab, &lab.fabric(), "br0", &[])
+    }
+
+    /// Starts capturing on `iface` in namespace `ns`, the packets `filter` (tcpdump's
+    /// expression, word by word) selects; returns once tcpdump says it is listening.
+    pub fn start_on(
+        lab: &Lab,
+        ns: &str,
+        iface: &str,
+        filter: &[&str],
+    ) -> anyhow::Result<UnderlayCapture> {
+        let file = lab.dir().join(format!("{ns}-{iface}.pcap"));
+        let log = lab.dir().join(format!("{ns}-{iface}.tcpdump.log"));
         let child = Command::new("ip")
-            .args(["netns", "exec", &lab.fabric(), "tcpdump", "-Z", "root"])
-            .args(["--immediate-mode", "-i", "br0", "-nn", "-U", "-w"])
+            .args(["netns", "exec", ns, "tcpdump", "-Z", "root"])
+            .args(["--immediate-mode", "-i", iface, "-nn", "-U", "-w"])
             .arg(&file)
+            .args(filter)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log)?)
             .spawn()

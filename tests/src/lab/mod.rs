@@ -20,6 +20,7 @@ mod config;
 mod fabric;
 pub mod nat;
 mod pods;
+mod secrets;
 
 use std::collections::BTreeMap;
 use std::fs;
