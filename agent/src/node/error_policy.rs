@@ -34,7 +34,12 @@ pub(super) fn reconciled(
     let took = o.started.elapsed().as_secs_f64();
     match result {
         Ok(r) => {
-            log_report(&r);
+            let before = inputs
+                .snapshot
+                .read(|s| s.last_errors.clone())
+                .unwrap_or_default();
+            log_changes(&r);
+            log_new_errors(&before, &r.errors);
             inputs.metrics.pass(took, !r.errors.is_empty());
             inputs.snapshot.update(|s| {
                 s.passes += 1;
@@ -84,11 +89,27 @@ pub(super) fn subnet_file_failed(e: &SubnetFileError) {
 }
 
 pub(super) fn log_report(report: &DataplaneReport) {
+    log_changes(report);
+    for error in &report.errors {
+        warn!(error = %error, "data plane");
+    }
+}
+
+fn log_changes(report: &DataplaneReport) {
     for change in &report.changes {
         info!(change = %change, "data plane");
     }
-    for error in &report.errors {
+}
+
+/// A pass's errors, each logged once: an error the previous pass had too (a port still
+/// taken, a route the kernel still refuses) is not repeated at every pass; `weft status`,
+/// `weft doctor` and `/metrics` show it meanwhile. Their end is logged too.
+fn log_new_errors(before: &[String], now: &[String]) {
+    for error in now.iter().filter(|e| !before.contains(e)) {
         warn!(error = %error, "data plane");
+    }
+    if now.is_empty() && !before.is_empty() {
+        info!(errors = before.len(), "data plane errors resolved");
     }
 }
 

@@ -111,6 +111,11 @@ impl Shared {
         self.0.read().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// What `f` reads from the snapshot, without copying all of it.
+    pub fn read<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> Option<T> {
+        self.0.read().ok().map(|s| f(&s))
+    }
+
     pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
         if let Ok(mut s) = self.0.write() {
             f(&mut s);

@@ -197,7 +197,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
             .extend(routing.applied.iter().map(ToString::to_string));
         report
             .errors
-            .extend(routing.failed.iter().map(|(c, e)| format!("{c}: {e}")));
+            .extend(super::port_taken::routing_errors(state, &routing.failed));
         Ok(())
     }
 
@@ -332,7 +332,13 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
             Err(e) => {
                 // What the device holds now is unknown: the next pass reads it.
                 self.wg_seen.remove(&t.device);
-                report.errors.push(e.to_string());
+                report.errors.push(
+                    if change.listen_port.is_some() && super::port_taken::in_use(&e) {
+                        super::port_taken::message(&t.device, t.listen_port, "ListenPort")
+                    } else {
+                        e.to_string()
+                    },
+                );
                 Ok((created, Vec::new()))
             }
         }

@@ -11,6 +11,7 @@ mod fake;
 pub mod monitor;
 mod netlink;
 mod nft;
+mod port_taken;
 #[cfg(test)]
 mod reconcile_tests;
 mod routing;
@@ -30,6 +31,7 @@ pub use netlink::{
 pub use nft::{
     expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
 };
+pub use port_taken::holder as udp_port_holder;
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
 pub use underlay::Underlay;

@@ -13,7 +13,7 @@ use super::ApplyError;
 use crate::model::{format_mac, VxlanSpec};
 
 /// The kernel's vxlan port when none is configured (Linux's default, as flannel relies on).
-const KERNEL_DEFAULT_PORT: u16 = 8472;
+pub(crate) const KERNEL_DEFAULT_PORT: u16 = 8472;
 
 fn wanted_info(spec: &VxlanSpec, underlay_index: Option<u32>) -> VxlanInfo {
     VxlanInfo {

@@ -80,6 +80,19 @@ pub fn peers_on_device(snapshot: &Snapshot, device: &WgDevice) -> Check {
     )
 }
 
+/// What the agent's last pass could not do (a tunnel port taken, a route refused).
+pub fn dataplane_errors(snapshot: &Snapshot) -> Check {
+    Check::fail(
+        "data plane",
+        format!(
+            "the agent's last pass left {} error(s): {}",
+            snapshot.last_errors.len(),
+            snapshot.last_errors.join("; ")
+        ),
+        "each error says what failed and why; the agent retries at every pass",
+    )
+}
+
 pub fn left_out(snapshot: &Snapshot) -> Check {
     let list: Vec<String> = snapshot
         .left_out

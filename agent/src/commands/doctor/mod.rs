@@ -109,6 +109,9 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
         out.push(local::published_key(snapshot, d));
         out.push(local::peers_on_device(snapshot, d));
     }
+    if !snapshot.last_errors.is_empty() {
+        out.push(local::dataplane_errors(snapshot));
+    }
     if !snapshot.left_out.is_empty() {
         out.push(local::left_out(snapshot));
     }

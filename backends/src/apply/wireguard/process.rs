@@ -235,11 +235,8 @@ impl WgDevices for UserspaceProcess {
             .exchange("get=1\n")
             .await
             .map_err(err(format!("reading userspace WireGuard device {device}")))?;
-        uapi::parse_get(&answer).map_err(|e| {
-            err(format!("reading userspace WireGuard device {device}"))(std::io::Error::other(
-                e.to_string(),
-            ))
-        })
+        uapi::parse_get(&answer)
+            .map_err(|e| err(format!("reading userspace WireGuard device {device}"))(e.into()))
     }
 
     /// Sends the `set=1` requests of `change`, one peer per request, updates as remove +
@@ -252,11 +249,16 @@ impl WgDevices for UserspaceProcess {
     ) -> Result<(), ApplyError> {
         let mut client = self.client(device).await?;
         let op = format!("configuring userspace WireGuard device {device}");
+        // boringtun gives up its sockets before it binds the new port: were that port
+        // taken, the device would be left with none (and its threads panic at the next
+        // packet). So the port is tried here first.
+        if let Some(port) = change.listen_port {
+            port_free(port).map_err(err(op.clone()))?;
+        }
         for request in encode_set(change, key, false) {
             self.writes += 1;
             let answer = client.exchange(&request).await.map_err(err(op.clone()))?;
-            uapi::parse_get(&answer)
-                .map_err(|e| err(op.clone())(std::io::Error::other(e.to_string())))?;
+            uapi::parse_get(&answer).map_err(|e| err(op.clone())(e.into()))?;
         }
         Ok(())
     }
@@ -273,5 +275,15 @@ impl Default for UserspaceProcess {
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "weft".into());
         UserspaceProcess::new(vec![exe, "userspace-device".into()])
+    }
+}
+
+/// Whether UDP `port` can be bound on IPv4 and IPv6 (a family this host lacks does not
+/// count): `AddrInUse` if someone holds it.
+fn port_free(port: u16) -> std::io::Result<()> {
+    std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))?;
+    match std::net::UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, port)) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(e),
+        _ => Ok(()),
     }
 }

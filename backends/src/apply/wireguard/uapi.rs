@@ -22,6 +22,17 @@ pub enum UapiError {
     },
 }
 
+/// As an I/O error: the device's errno is the OS's (a taken port is `AddrInUse`, as from
+/// the kernel), anything else is "other".
+impl From<UapiError> for std::io::Error {
+    fn from(e: UapiError) -> Self {
+        match e {
+            UapiError::Errno(n) => std::io::Error::from_raw_os_error(n),
+            other => std::io::Error::other(other.to_string()),
+        }
+    }
+}
+
 fn hex(bytes: &[u8; KEY_LEN]) -> String {
     bytes.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");

@@ -63,6 +63,10 @@ pub async fn read_request<R: AsyncRead + Unpin>(
     Ok(Some(request))
 }
 
+/// How long a device may take to answer one request (one with 5000 peers takes well
+/// under a second).
+pub const UAPI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A connection to a device's UAPI socket.
 pub struct UapiClient {
     stream: BufReader<UnixStream>,
@@ -82,13 +86,27 @@ impl UapiClient {
     }
 
     /// Sends one request (`get=1\n\n` or a `set=1` block ending in a blank line) and
-    /// returns the answer.
+    /// returns the answer; a device that does not answer within `UAPI_TIMEOUT` is an error
+    /// (a wedged device must not wedge the agent or the operator's tools).
     pub async fn exchange(&mut self, request: &str) -> std::io::Result<String> {
         let mut text = request.to_string();
         if request.trim_end() == "get=1" {
             text = "get=1\n\n".into();
         }
-        self.stream.get_mut().write_all(text.as_bytes()).await?;
-        read_answer(&mut self.stream).await
+        let exchange = async {
+            self.stream.get_mut().write_all(text.as_bytes()).await?;
+            read_answer(&mut self.stream).await
+        };
+        tokio::time::timeout(UAPI_TIMEOUT, exchange)
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the device did not answer within {} s",
+                        UAPI_TIMEOUT.as_secs()
+                    ),
+                )
+            })?
     }
 }

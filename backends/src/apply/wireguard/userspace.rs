@@ -319,7 +319,7 @@ fn interface_exists(name: &str) -> bool {
 fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
     ApplyError::Io {
         op: format!("{what} WireGuard device {device}"),
-        source: std::io::Error::other(e.to_string()),
+        source: e.into(),
     }
 }
 

@@ -1,0 +1,130 @@
+//! The tunnel's UDP port already taken on a node: by a process (a test thread here) or by
+//! another device's kernel socket. The agent says so once, naming the port, the holder
+//! and the fix, `weft doctor` reports it, and once the port is free the node comes up.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::netns::in_named_netns;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// Holds UDP `port` in namespace `ns` until the returned sender is dropped.
+fn hold_port(ns: &str, port: u16) -> mpsc::Sender<()> {
+    let (release, released) = mpsc::channel::<()>();
+    let (bound, is_bound) = mpsc::channel();
+    in_named_netns(ns, move || {
+        // The old device's socket may take a moment to go.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let socket = loop {
+            match std::net::UdpSocket::bind(("0.0.0.0", port)) {
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => break other,
+            }
+        };
+        let _ = bound.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        let _ = released.recv();
+        drop(socket);
+    });
+    is_bound
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the holder thread")
+        .expect("binding the port");
+    release
+}
+
+fn wait_for_log(lab: &Lab, i: usize, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = std::fs::read_to_string(lab.nodes[i].agent_log()).unwrap_or_default();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn port_taken_then_freed(mut cfg: LabConfig, device: &str, port: u16, field: &str) {
+    // Nothing else wakes the agent once the port is freed: its resync retries.
+    cfg.extra_args.push("--resync-period=3".into());
+    let mut lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    lab.stop_agent(0, "TERM").unwrap();
+    lab.on_node(0, &format!("ip link del {device}")).unwrap();
+    let release = hold_port(&lab.nodes[0].ns, port);
+    lab.start_agent(0).unwrap();
+    let want = format!(
+        "{device} cannot use UDP port {port}: it is taken by pid {} (",
+        std::process::id()
+    );
+    let log = wait_for_log(&lab, 0, &want);
+    let error_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| !l.contains("boringtun"))
+        .collect();
+    println!("{}", error_lines.join("\n"));
+    // One clear error, with the fix; not repeated at each pass, and no stream of route
+    // errors behind it.
+    let taken: Vec<&&str> = error_lines.iter().filter(|l| l.contains(&want)).collect();
+    assert_eq!(taken.len(), 1, "{log}");
+    assert!(
+        taken[0].contains(&format!("(Backend.{field} in net-conf.json)")),
+        "{}",
+        taken[0]
+    );
+    assert!(
+        !log.contains("Network is down"),
+        "route errors behind the port error:\n{log}"
+    );
+    // The doctor says the same.
+    let doctor = lab
+        .on_node(0, &format!("{WEFT} doctor --handshake-wait=1; true"))
+        .unwrap();
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.starts_with("FAIL  data plane:") && l.contains(&want)),
+        "{doctor}"
+    );
+    // Freed, the node comes up at the next pass (the 3 s resync at the latest).
+    drop(release);
+    let freed = Instant::now();
+    let deadline = freed + Duration::from_secs(10);
+    while !lab.all_pairs(Duration::from_secs(1)).1.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "not up after the port was freed\n{}",
+            lab.logs()
+        );
+    }
+    println!(
+        "up {:.1} s after the port was freed",
+        freed.elapsed().as_secs_f64()
+    );
+    wait_for_log(&lab, 0, "data plane errors resolved");
+}
+
+#[test]
+fn a_taken_wireguard_port_is_one_clear_error_naming_its_holder() {
+    port_taken_then_freed(
+        LabConfig::wireguard(2, WEFT),
+        "flannel-wg",
+        51820,
+        "ListenPort",
+    );
+}
+
+#[test]
+fn a_taken_vxlan_port_is_one_clear_error_naming_its_holder() {
+    port_taken_then_freed(
+        LabConfig::backend(2, WEFT, "vxlan", false),
+        "flannel.1",
+        8472,
+        "Port",
+    );
+}
