@@ -1,6 +1,8 @@
 //! The tunnel's UDP port already taken on a node: by a process (a test thread here) or by
 //! another device's kernel socket. The agent says so once, naming the port, the holder
-//! and the fix, `weft doctor` reports it, and once the port is free the node comes up.
+//! and the fix, `weft doctor` reports it, and once the port is free the node comes up. A
+//! port still held by a userspace device going away (`SO_REUSEADDR`, as devices bind) is
+//! not taken.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -9,6 +11,44 @@ use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::in_named_netns;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// A UDP socket bound to `port` on 0.0.0.0 with `SO_REUSEADDR`, as a userspace device
+/// binds its port.
+fn bind_reusable(port: u16) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns from its creation.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        if libc::setsockopt(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            len,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: 0 },
+            sin_zero: [0; 8],
+        };
+        let addr_len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(raw, (&addr as *const libc::sockaddr_in).cast(), addr_len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(fd)
+    }
+}
 
 /// Holds UDP `port` in namespace `ns` until the returned sender is dropped.
 fn hold_port(ns: &str, port: u16) -> mpsc::Sender<()> {
@@ -127,4 +167,51 @@ fn a_taken_vxlan_port_is_one_clear_error_naming_its_holder() {
         8472,
         "Port",
     );
+}
+
+/// A userspace device still going away holds the port as devices do, with `SO_REUSEADDR`
+/// (a reboot, or a device deleted and recreated): that is not a taken port, and the new
+/// device comes up at once.
+#[test]
+fn a_port_held_by_a_device_going_away_is_not_taken() {
+    let mut lab = Lab::start(LabConfig::wireguard(2, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    // Only userspace devices bind their port from a process.
+    let kind = lab.on_node(0, "ip -d link show flannel-wg").unwrap();
+    if !kind.contains("tun") {
+        assert_eq!(lab.implementation(0), Some("kernel"), "{kind}");
+        return;
+    }
+    lab.stop_agent(0, "TERM").unwrap();
+    lab.on_node(0, "ip link del flannel-wg").unwrap();
+    let (release, released) = mpsc::channel::<()>();
+    let (bound, is_bound) = mpsc::channel();
+    in_named_netns(&lab.nodes[0].ns, move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let socket = loop {
+            match bind_reusable(51820) {
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => break other,
+            }
+        };
+        let _ = bound.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        let _ = released.recv();
+        drop(socket);
+    });
+    is_bound
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the holder thread")
+        .expect("binding the port");
+    lab.start_agent(0).unwrap();
+    let (a, b) = (&lab.nodes[1].pods[0], &lab.nodes[0].pods[0]);
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
+        "{}",
+        lab.logs()
+    );
+    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
+    assert!(!log.contains("cannot use UDP port"), "{log}");
+    drop(release);
 }

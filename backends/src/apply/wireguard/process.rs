@@ -278,12 +278,27 @@ impl Default for UserspaceProcess {
     }
 }
 
-/// Whether UDP `port` can be bound on IPv4 and IPv6 (a family this host lacks does not
-/// count): `AddrInUse` if someone holds it.
+/// Whether UDP `port` can be bound on IPv4 and IPv6 as boringtun binds it (with
+/// `SO_REUSEADDR`, so a device process that is still going away does not count); a family
+/// this host lacks does not count either. `AddrInUse` if someone else holds it.
 fn port_free(port: u16) -> std::io::Result<()> {
-    std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, port))?;
-    match std::net::UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, port)) {
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Err(e),
-        _ => Ok(()),
+    use socket2::{Domain, Protocol, Socket, Type};
+    let addrs: [std::net::SocketAddr; 2] = [
+        (std::net::Ipv4Addr::UNSPECIFIED, port).into(),
+        (std::net::Ipv6Addr::UNSPECIFIED, port).into(),
+    ];
+    for addr in addrs {
+        let socket = match Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        {
+            Ok(s) => s,
+            Err(_) if addr.is_ipv6() => continue,
+            Err(e) => return Err(e),
+        };
+        socket.set_reuse_address(true)?;
+        match socket.bind(&addr.into()) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(e),
+            _ => {}
+        }
     }
+    Ok(())
 }
