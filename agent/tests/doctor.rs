@@ -11,19 +11,7 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 /// `weft doctor` on node `i`: (exit code, output).
 fn doctor(lab: &Lab, i: usize) -> (i32, String) {
-    let out = lab
-        .on_node(
-            i,
-            &format!("{WEFT} doctor --handshake-wait=3; echo \"exit=$?\""),
-        )
-        .unwrap();
-    let code = out
-        .lines()
-        .last()
-        .and_then(|l| l.strip_prefix("exit="))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(-1);
-    (code, out)
+    lab.doctor(i, 3)
 }
 
 /// The verdict line of check `name`.

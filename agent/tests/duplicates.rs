@@ -152,16 +152,11 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
             && l.contains("which keeps it")),
         "{log}"
     );
-    let doctor = lab
-        .on_node(0, &format!("{WEFT} doctor --handshake-wait=1; true"))
-        .unwrap();
-    assert!(
-        doctor
-            .lines()
-            .any(|l| l.contains("left out: 3 node(s)")
-                && l.contains("10.244.250.0-24: its public key")),
-        "{doctor}"
+    let (said, doctor) = lab.doctor_says(
+        0,
+        &["left out: 3 node(s)", "10.244.250.0-24: its public key"],
     );
+    assert!(said, "{doctor}");
     let node = &lab.nodes[0];
     let (code, metrics) = http_get(&node.ns, &format!("{}:{PORT}", node.ip), "/metrics");
     assert_eq!(code, 200, "{metrics}");

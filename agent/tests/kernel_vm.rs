@@ -3,7 +3,8 @@
 //! (`WEFT_LAB_IMPLEMENTATION=kernel`): the mesh (all-pairs ping, leak capture), the TCP
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
 //! tests with 1000 peers (`WEFT_REQUIRE_KERNEL_WG=1`: no silent skip), `weft status`,
-//! `/metrics`, `weft doctor` and a taken listen port on kernel devices, and a mixed mesh of
+//! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
+//! kernel devices, and a mixed mesh of
 //! kernel and userspace nodes. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
 //! `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the words.
@@ -56,7 +57,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
         sibling_test("wg_devices"),
     );
     let (status, doctor) = (sibling_test("status_metrics"), sibling_test("doctor"));
-    let port_taken = sibling_test("port_taken");
+    let (port_taken, kill_loop) = (sibling_test("port_taken"), sibling_test("kill_loop"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -93,6 +94,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "doctor_finds_each_broken_part_of_a_wireguard_node",
         ),
         ("port taken: kernel", kernel, &port_taken, "wireguard"),
+        ("kill loop: kernel", kernel, &kill_loop, ""),
     ];
     // WEFT_VM_ONLY=doctor,heal runs only the steps whose labels contain one of the words.
     let only = std::env::var("WEFT_VM_ONLY").unwrap_or_default();

@@ -50,15 +50,19 @@ fn bind_reusable(port: u16) -> std::io::Result<std::os::fd::OwnedFd> {
     }
 }
 
-/// Holds UDP `port` in namespace `ns` until the returned sender is dropped.
-fn hold_port(ns: &str, port: u16) -> mpsc::Sender<()> {
+/// Holds UDP `port` in namespace `ns`, bound by `bind` (retried while the old device's
+/// socket goes), until the returned sender is dropped.
+fn hold_port<S: Send + 'static>(
+    ns: &str,
+    port: u16,
+    bind: fn(u16) -> std::io::Result<S>,
+) -> mpsc::Sender<()> {
     let (release, released) = mpsc::channel::<()>();
     let (bound, is_bound) = mpsc::channel();
     in_named_netns(ns, move || {
-        // The old device's socket may take a moment to go.
         let deadline = Instant::now() + Duration::from_secs(5);
         let socket = loop {
-            match std::net::UdpSocket::bind(("0.0.0.0", port)) {
+            match bind(port) {
                 Err(_) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20))
                 }
@@ -74,6 +78,11 @@ fn hold_port(ns: &str, port: u16) -> mpsc::Sender<()> {
         .expect("the holder thread")
         .expect("binding the port");
     release
+}
+
+/// A plain UDP socket on 0.0.0.0:`port`, as any other program would bind it.
+fn bind_plain(port: u16) -> std::io::Result<std::net::UdpSocket> {
+    std::net::UdpSocket::bind(("0.0.0.0", port))
 }
 
 fn wait_for_log(lab: &Lab, i: usize, what: &str) -> String {
@@ -95,7 +104,7 @@ fn port_taken_then_freed(mut cfg: LabConfig, device: &str, port: u16, field: &st
     lab.assert_all_pairs();
     lab.stop_agent(0, "TERM").unwrap();
     lab.on_node(0, &format!("ip link del {device}")).unwrap();
-    let release = hold_port(&lab.nodes[0].ns, port);
+    let release = hold_port(&lab.nodes[0].ns, port, bind_plain);
     lab.start_agent(0).unwrap();
     let want = format!(
         "{device} cannot use UDP port {port}: it is taken by pid {} (",
@@ -122,15 +131,8 @@ fn port_taken_then_freed(mut cfg: LabConfig, device: &str, port: u16, field: &st
         "route errors behind the port error:\n{log}"
     );
     // The doctor says the same.
-    let doctor = lab
-        .on_node(0, &format!("{WEFT} doctor --handshake-wait=1; true"))
-        .unwrap();
-    assert!(
-        doctor
-            .lines()
-            .any(|l| l.starts_with("FAIL  data plane:") && l.contains(&want)),
-        "{doctor}"
-    );
+    let (said, doctor) = lab.doctor_says(0, &["FAIL  data plane:", &want]);
+    assert!(said, "{doctor}");
     // Freed, the node comes up at the next pass (the 3 s resync at the latest).
     drop(release);
     let freed = Instant::now();
@@ -184,26 +186,7 @@ fn a_port_held_by_a_device_going_away_is_not_taken() {
     }
     lab.stop_agent(0, "TERM").unwrap();
     lab.on_node(0, "ip link del flannel-wg").unwrap();
-    let (release, released) = mpsc::channel::<()>();
-    let (bound, is_bound) = mpsc::channel();
-    in_named_netns(&lab.nodes[0].ns, move || {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let socket = loop {
-            match bind_reusable(51820) {
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                other => break other,
-            }
-        };
-        let _ = bound.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-        let _ = released.recv();
-        drop(socket);
-    });
-    is_bound
-        .recv_timeout(Duration::from_secs(5))
-        .expect("the holder thread")
-        .expect("binding the port");
+    let release = hold_port(&lab.nodes[0].ns, 51820, bind_reusable);
     lab.start_agent(0).unwrap();
     let (a, b) = (&lab.nodes[1].pods[0], &lab.nodes[0].pods[0]);
     assert!(

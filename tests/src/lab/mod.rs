@@ -19,6 +19,7 @@ pub mod cni;
 mod config;
 mod fabric;
 pub mod nat;
+mod operator;
 mod pods;
 mod secrets;
 

@@ -1,0 +1,71 @@
+//! The agent killed in a loop: 50 SIGKILLs, each at another moment of the agent's start
+//! (from before it runs to after its first pass), leak nothing: one device (and, for a
+//! userspace device, one device process), the routes and blackhole as before, only the
+//! agent's and the device's sockets, and traffic flows once the last agent runs.
+
+use std::time::{Duration, Instant};
+
+use weft_lab::lab::{Lab, LabConfig};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// What node `i` holds that an agent could leak.
+fn holdings(lab: &Lab, i: usize) -> String {
+    let script = "echo links: $(ip -o link show | grep -o 'flannel[^:@]*' | sort); \
+         echo routes:; ip route show proto 87; ip route show table all type blackhole; \
+         echo sockets: $(ls /run/weft /var/run/wireguard 2>/dev/null | sort)";
+    let held = lab.on_node(i, script).unwrap();
+    format!(
+        "{held}device processes: {}\n",
+        device_processes(&lab.nodes[i].ns)
+    )
+}
+
+/// The userspace device processes running in network namespace `ns`.
+fn device_processes(ns: &str) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(wanted) = std::fs::metadata(format!("/run/netns/{ns}")) else {
+        return 0;
+    };
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            let in_ns = std::fs::metadata(p.path().join("ns/net"))
+                .is_ok_and(|m| m.ino() == wanted.ino() && m.dev() == wanted.dev());
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            in_ns && cmdline.contains("userspace-device flannel-wg")
+        })
+        .count()
+}
+
+#[test]
+fn fifty_kills_during_start_leak_no_process_device_socket_or_route() {
+    let mut lab = Lab::start(LabConfig::wireguard(2, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    let before = holdings(&lab, 0);
+    println!("{before}");
+    let started = Instant::now();
+    for round in 0..50u64 {
+        lab.stop_agent(0, "KILL").unwrap();
+        lab.start_agent(0).unwrap();
+        // Fault injection: each kill at another moment of the start, 0 to 450 ms in.
+        std::thread::sleep(Duration::from_millis(round % 10 * 50));
+    }
+    println!("50 kills in {:.1} s", started.elapsed().as_secs_f64());
+    // The last agent comes up and takes over what is there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lab.on_node(0, &format!("{WEFT} status")).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the last agent never answered\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lab.assert_all_pairs();
+    let after = holdings(&lab, 0);
+    assert_eq!(after, before, "something leaked or went missing");
+    assert!(after.contains("links: flannel-wg\n"), "one device: {after}");
+}
