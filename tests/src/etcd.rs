@@ -20,6 +20,9 @@ pub struct Etcd {
     peer_port: u16,
     /// A named network namespace to run in (the lab's), instead of the caller's.
     netns: Option<String>,
+    /// Serve TLS only, and require client certificates, with the certificates of this
+    /// directory (`pki::Pki`): `https://` endpoints.
+    tls: Option<PathBuf>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -41,9 +44,20 @@ impl Etcd {
     /// A running etcd. The free ports are picked before etcd binds them, so another test
     /// may take one in between; then it starts again on fresh ports.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(None)
+    }
+
+    /// A running etcd that speaks only TLS, with the server certificate and CA of `pki`,
+    /// and requires a client certificate signed by that CA (`--client-cert-auth`).
+    pub fn start_tls(pki: &crate::pki::Pki) -> anyhow::Result<Self> {
+        Self::start_with(Some(pki.dir().to_path_buf()))
+    }
+
+    fn start_with(tls: Option<PathBuf>) -> anyhow::Result<Self> {
         let mut attempt = 0;
         loop {
             let mut etcd = Etcd::reserve()?;
+            etcd.tls = tls.clone();
             match etcd.launch() {
                 Ok(()) => return Ok(etcd),
                 Err(e) if attempt < 4 && format!("{e:#}").contains("address already in use") => {
@@ -63,6 +77,7 @@ impl Etcd {
             client_port: free_port()?,
             peer_port: free_port()?,
             netns: None,
+            tls: None,
         })
     }
 
@@ -75,6 +90,7 @@ impl Etcd {
             client_port: 2379,
             peer_port: 2380,
             netns: Some(netns.to_string()),
+            tls: None,
         })
     }
 
@@ -83,8 +99,14 @@ impl Etcd {
         let mut command = self.command_in_netns("etcdctl");
         command
             .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoint()))
-            .args(args);
+            .arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(dir) = &self.tls {
+            command
+                .arg(format!("--cacert={}", dir.join("ca.pem").display()))
+                .arg(format!("--cert={}", dir.join("client.pem").display()))
+                .arg(format!("--key={}", dir.join("client-key.pem").display()));
+        }
+        command.args(args);
         let out = command.output().context("running etcdctl")?;
         if !out.status.success() {
             bail!(
@@ -139,7 +161,8 @@ impl Etcd {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://{}:{}", self.host, self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host, self.client_port)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -178,6 +201,16 @@ impl Etcd {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        if let Some(dir) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(dir.join("server.pem"))
+                .arg("--key-file")
+                .arg(dir.join("server-key.pem"))
+                .arg("--trusted-ca-file")
+                .arg(dir.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
         self.child = Some(command.spawn().context("starting etcd")?);
         self.wait_healthy()
     }
@@ -205,7 +238,7 @@ impl Etcd {
     }
 
     fn healthy(&self) -> bool {
-        if self.netns.is_some() {
+        if self.netns.is_some() || self.tls.is_some() {
             return self.etcdctl(&["endpoint", "health"]).is_ok();
         }
         let Ok(mut conn) = TcpStream::connect(("127.0.0.1", self.client_port)) else {

@@ -13,6 +13,7 @@ pub mod kube_api;
 pub mod lab;
 pub mod live_demo;
 pub mod netns;
+pub mod pki;
 pub mod tcp;
 pub mod traffic;
 pub mod vm;

@@ -69,6 +69,18 @@ pub struct AgentArgs {
     #[arg(long, default_value = "", hide_default_value = true)]
     pub etcd_password: String,
 
+    /// The CA that signed etcd's certificate (PEM), for https:// endpoints.
+    #[arg(long, default_value = "")]
+    pub etcd_cafile: String,
+
+    /// This node's client certificate (PEM), for an etcd that requires one.
+    #[arg(long, default_value = "")]
+    pub etcd_certfile: String,
+
+    /// The key of --etcd-certfile (PEM).
+    #[arg(long, default_value = "")]
+    pub etcd_keyfile: String,
+
     /// Accept sending secrets (the etcd password, the cluster PSK) to etcd endpoints that
     /// are not https://, where anyone on the path can read them. Without it the agent
     /// refuses to start in that case.

@@ -86,7 +86,7 @@ pub enum KeysCommand {
     /// Rotate WireGuard keys with bounded disruption: this node's (through the local
     /// agent), or with --all / --node every or some node's, through the registry, a batch
     /// at a time, waiting for each to use its new key. See docs/key-rotation.md.
-    Rotate(RotateArgs),
+    Rotate(Box<RotateArgs>),
 }
 
 impl Cli {

@@ -91,6 +91,23 @@ fn environment_fallbacks_in_order_cli_weft_flanneld() {
     .unwrap();
     assert_eq!(a.public_ip, Some("198.51.100.7".parse().unwrap()));
     assert_eq!(a.resync_period.as_secs(), 5);
+    // flanneld's TLS flags, by their environment names too.
+    let a = parse(
+        &["weft", "agent", "--etcd-keyfile=/k.pem"],
+        &[
+            ("FLANNELD_ETCD_CAFILE", "/ca.pem"),
+            ("WEFT_ETCD_CERTFILE", "/cert.pem"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            a.etcd_cafile.as_str(),
+            a.etcd_certfile.as_str(),
+            a.etcd_keyfile.as_str()
+        ),
+        ("/ca.pem", "/cert.pem", "/k.pem")
+    );
 }
 
 #[test]

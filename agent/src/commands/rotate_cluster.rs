@@ -57,14 +57,18 @@ impl Target {
                 prefix: args.kube_annotation_prefix.clone(),
             });
         }
-        // The agents' etcd client: the same auth, the same refusal to send the password
-        // in clear, the same paginated listing.
-        let mut cfg =
-            crate::registry::EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
-        cfg.insecure = args.etcd_insecure;
-        if !args.etcd_username.is_empty() {
-            cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
-        }
+        // The agents' etcd client: the same auth and TLS, the same refusal to send the
+        // password in clear, the same paginated listing.
+        let cfg =
+            crate::registry::EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone())
+                .with_access(crate::registry::EtcdAccess {
+                    username: &args.etcd_username,
+                    password: &args.etcd_password,
+                    insecure: args.etcd_insecure,
+                    cafile: &args.etcd_cafile,
+                    certfile: &args.etcd_certfile,
+                    keyfile: &args.etcd_keyfile,
+                });
         let registry = crate::registry::EtcdRegistry::connect(cfg).await?;
         Ok(Target::Etcd(Box::new(registry)))
     }

@@ -23,7 +23,9 @@ use crate::observe::http::{Health, Readiness};
 use crate::observe::metrics::Metrics;
 use crate::observe::snapshot;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
-use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
+use crate::registry::{
+    self, AcquireRequest, EtcdAccess, EtcdConfig, EtcdRegistry, LocalAttrs, Registry,
+};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
 /// succeeds; logs each failure. Each attempt counts as a heartbeat: retrying is alive. Evaluates to `None` if shutdown came first.
@@ -155,11 +157,17 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         };
         serve(&args, KubeRegistry::new(client, cfg), start, shutdown).await
     } else {
-        let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone());
+        let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone())
+            .with_access(EtcdAccess {
+                username: &args.etcd_username,
+                password: &args.etcd_password,
+                insecure: args.etcd_insecure,
+                cafile: &args.etcd_cafile,
+                certfile: &args.etcd_certfile,
+                keyfile: &args.etcd_keyfile,
+            });
         cfg.renew_margin = args.subnet_lease_renew_margin;
-        cfg.insecure = args.etcd_insecure;
-        if !args.etcd_username.is_empty() {
-            cfg.auth = Some((args.etcd_username.clone(), args.etcd_password.clone()));
+        if cfg.auth.is_some() {
             cfg.refuse_in_clear("the etcd password")?;
         }
         info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");

@@ -21,7 +21,7 @@ use tracing::info;
 use weft_backends::model::{ClusterView, Lease, LeaseAttrs, NextKey};
 use weft_backends::netconf::{BackendKind, NetConf};
 
-pub use etcd::{EtcdConfig, EtcdRegistry, RegistryError};
+pub use etcd::{EtcdAccess, EtcdConfig, EtcdRegistry, RegistryError};
 pub use kube::{KubeConfig, KubeError, KubeRegistry};
 
 /// What this node publishes about itself.

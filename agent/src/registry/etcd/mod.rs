@@ -5,6 +5,7 @@
 mod acquire;
 mod follow;
 pub mod kv;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -16,6 +17,17 @@ use weft_backends::netconf::{self, ConfigErrors, NetConf};
 use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
 
+/// The flags that say how to reach etcd (`--etcd-username`, `--etcd-password`,
+/// `--etcd-insecure`, `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+pub struct EtcdAccess<'a> {
+    pub username: &'a str,
+    pub password: &'a str,
+    pub insecure: bool,
+    pub cafile: &'a str,
+    pub certfile: &'a str,
+    pub keyfile: &'a str,
+}
+
 /// How to reach etcd and how to hold the lease.
 #[derive(Debug, Clone)]
 pub struct EtcdConfig {
@@ -23,6 +35,8 @@ pub struct EtcdConfig {
     pub prefix: String,
     /// `(user, password)` for etcd's auth.
     pub auth: Option<(String, String)>,
+    /// TLS files (`--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+    pub tls: tls::EtcdTls,
     /// Secrets may go to endpoints that are not https:// (`--etcd-insecure`).
     pub insecure: bool,
     pub lease_ttl: Duration,
@@ -45,6 +59,7 @@ impl EtcdConfig {
             endpoints,
             prefix: prefix.into().trim_end_matches('/').to_string(),
             auth: None,
+            tls: tls::EtcdTls::default(),
             insecure: false,
             lease_ttl: Duration::from_secs(24 * 3600),
             renew_margin: Duration::from_secs(3600),
@@ -53,6 +68,22 @@ impl EtcdConfig {
             list_page: 1000,
             alloc_seed: None,
         }
+    }
+
+    /// With the access flags the agent and `weft keys rotate --all` share: auth when
+    /// `username` is set, TLS files where given (empty: not given), `--etcd-insecure`.
+    pub fn with_access(mut self, a: EtcdAccess<'_>) -> Self {
+        if !a.username.is_empty() {
+            self.auth = Some((a.username.to_string(), a.password.to_string()));
+        }
+        let path = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+        self.tls = tls::EtcdTls {
+            ca: path(a.cafile),
+            cert: path(a.certfile),
+            key: path(a.keyfile),
+        };
+        self.insecure = a.insecure;
+        self
     }
 
     pub fn config_key(&self) -> String {
@@ -103,11 +134,13 @@ impl EtcdConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("etcd at {endpoints}: {op} {key}: {source}")]
+    #[error("etcd at {endpoints}: {op} {key}: {}", tls::explain(.source, *.client_cert))]
     Etcd {
         endpoints: String,
         op: &'static str,
         key: String,
+        /// Whether a client certificate was given (what a refused handshake means).
+        client_cert: bool,
         #[source]
         source: etcd_client::Error,
     },
@@ -134,6 +167,8 @@ pub enum RegistryError {
     LeaseExpired { lease: i64, key: String },
     #[error("{what} would cross the network in clear: etcd endpoint(s) {endpoints} are not https://; use https:// endpoints, or --etcd-insecure to accept that anyone on the path can read it")]
     SecretInClear { what: String, endpoints: String },
+    #[error("etcd TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 pub struct EtcdRegistry {
@@ -165,12 +200,16 @@ impl EtcdRegistry {
         if let Some((user, password)) = &cfg.auth {
             options = options.with_user(user.clone(), password.clone());
         }
+        if let Some(tls) = cfg.tls.options(&cfg.endpoints)? {
+            options = options.with_tls(tls);
+        }
         let client = Client::connect(&cfg.endpoints, Some(options))
             .await
             .map_err(|source| RegistryError::Etcd {
                 endpoints: cfg.endpoints.join(","),
                 op: "connecting to",
                 key: String::new(),
+                client_cert: cfg.tls.cert.is_some(),
                 source,
             })?;
         Ok(EtcdRegistry {
@@ -209,10 +248,12 @@ impl EtcdRegistry {
         key: &str,
     ) -> impl FnOnce(etcd_client::Error) -> RegistryError {
         let (endpoints, key) = (self.cfg.endpoints.join(","), key.to_string());
+        let client_cert = self.cfg.tls.cert.is_some();
         move |source| RegistryError::Etcd {
             endpoints,
             op,
             key,
+            client_cert,
             source,
         }
     }
