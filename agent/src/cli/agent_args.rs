@@ -61,31 +61,8 @@ pub struct AgentArgs {
     #[arg(long, default_value = "/coreos.com/network")]
     pub etcd_prefix: String,
 
-    /// etcd user name (with --etcd-password).
-    #[arg(long, default_value = "")]
-    pub etcd_username: String,
-
-    /// etcd password.
-    #[arg(long, default_value = "", hide_default_value = true)]
-    pub etcd_password: String,
-
-    /// The CA that signed etcd's certificate (PEM), for https:// endpoints.
-    #[arg(long, default_value = "")]
-    pub etcd_cafile: String,
-
-    /// This node's client certificate (PEM), for an etcd that requires one.
-    #[arg(long, default_value = "")]
-    pub etcd_certfile: String,
-
-    /// The key of --etcd-certfile (PEM).
-    #[arg(long, default_value = "")]
-    pub etcd_keyfile: String,
-
-    /// Accept sending secrets (the etcd password, the cluster PSK) to etcd endpoints that
-    /// are not https://, where anyone on the path can read them. Without it the agent
-    /// refuses to start in that case.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
-    pub etcd_insecure: bool,
+    #[command(flatten)]
+    pub etcd: super::EtcdAccessArgs,
 
     /// Interface (name or address) to use for inter-node traffic; may be repeated.
     #[arg(long, value_delimiter = ',')]

@@ -6,6 +6,7 @@
 
 mod agent_args;
 mod env;
+mod etcd_args;
 mod rotate_args;
 
 use std::ffi::OsString;
@@ -15,6 +16,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use agent_args::{AgentArgs, DEFAULT_NET_CONFIG_PATH};
 pub use env::{env_suffix, with_env_fallbacks};
+pub use etcd_args::EtcdAccessArgs;
 pub use rotate_args::RotateArgs;
 
 #[derive(Debug, Parser)]

@@ -29,22 +29,7 @@ pub struct RotateArgs {
     /// etcd key prefix.
     #[arg(long, default_value = "/coreos.com/network")]
     pub etcd_prefix: String,
-    /// etcd user name (with --etcd-password), as the agents'.
-    #[arg(long, default_value = "")]
-    pub etcd_username: String,
-    /// etcd password.
-    #[arg(long, default_value = "", hide_default_value = true)]
-    pub etcd_password: String,
-    /// The CA that signed etcd's certificate (PEM), for https:// endpoints.
-    #[arg(long, default_value = "")]
-    pub etcd_cafile: String,
-    /// This node's client certificate (PEM), for an etcd that requires one.
-    #[arg(long, default_value = "")]
-    pub etcd_certfile: String,
-    /// The key of --etcd-certfile (PEM).
-    #[arg(long, default_value = "")]
-    pub etcd_keyfile: String,
-    /// Accept sending the etcd password to endpoints that are not https://.
-    #[arg(long)]
-    pub etcd_insecure: bool,
+    /// Auth and TLS to etcd, as the agents'.
+    #[command(flatten)]
+    pub etcd: super::EtcdAccessArgs,
 }

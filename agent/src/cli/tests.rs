@@ -102,9 +102,9 @@ fn environment_fallbacks_in_order_cli_weft_flanneld() {
     .unwrap();
     assert_eq!(
         (
-            a.etcd_cafile.as_str(),
-            a.etcd_certfile.as_str(),
-            a.etcd_keyfile.as_str()
+            a.etcd.etcd_cafile.as_str(),
+            a.etcd.etcd_certfile.as_str(),
+            a.etcd.etcd_keyfile.as_str()
         ),
         ("/ca.pem", "/cert.pem", "/k.pem")
     );

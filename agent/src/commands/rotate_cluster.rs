@@ -61,14 +61,7 @@ impl Target {
         // password in clear, the same paginated listing.
         let cfg =
             crate::registry::EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone())
-                .with_access(crate::registry::EtcdAccess {
-                    username: &args.etcd_username,
-                    password: &args.etcd_password,
-                    insecure: args.etcd_insecure,
-                    cafile: &args.etcd_cafile,
-                    certfile: &args.etcd_certfile,
-                    keyfile: &args.etcd_keyfile,
-                });
+                .with_access(args.etcd.access());
         let registry = crate::registry::EtcdRegistry::connect(cfg).await?;
         Ok(Target::Etcd(Box::new(registry)))
     }

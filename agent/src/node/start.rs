@@ -23,9 +23,7 @@ use crate::observe::http::{Health, Readiness};
 use crate::observe::metrics::Metrics;
 use crate::observe::snapshot;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
-use crate::registry::{
-    self, AcquireRequest, EtcdAccess, EtcdConfig, EtcdRegistry, LocalAttrs, Registry,
-};
+use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
 /// succeeds; logs each failure. Each attempt counts as a heartbeat: retrying is alive. Evaluates to `None` if shutdown came first.
@@ -158,14 +156,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         serve(&args, KubeRegistry::new(client, cfg), start, shutdown).await
     } else {
         let mut cfg = EtcdConfig::new(args.etcd_endpoints.clone(), args.etcd_prefix.clone())
-            .with_access(EtcdAccess {
-                username: &args.etcd_username,
-                password: &args.etcd_password,
-                insecure: args.etcd_insecure,
-                cafile: &args.etcd_cafile,
-                certfile: &args.etcd_certfile,
-                keyfile: &args.etcd_keyfile,
-            });
+            .with_access(args.etcd.access());
         cfg.renew_margin = args.subnet_lease_renew_margin;
         if cfg.auth.is_some() {
             cfg.refuse_in_clear("the etcd password")?;

@@ -86,6 +86,17 @@ impl EtcdConfig {
         self
     }
 
+    /// How the client speaks to these endpoints.
+    pub fn tls_use(&self) -> tls::TlsUse {
+        if !self.clear_endpoints().is_empty() {
+            tls::TlsUse::None
+        } else if self.tls.cert.is_some() {
+            tls::TlsUse::ClientCert
+        } else {
+            tls::TlsUse::ServerOnly
+        }
+    }
+
     pub fn config_key(&self) -> String {
         format!("{}/config", self.prefix)
     }
@@ -134,13 +145,13 @@ impl EtcdConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("etcd at {endpoints}: {op} {key}: {}", tls::explain(.source, *.client_cert))]
+    #[error("etcd at {endpoints}: {op} {key}: {}", tls::explain(.source, *.tls))]
     Etcd {
         endpoints: String,
         op: &'static str,
         key: String,
-        /// Whether a client certificate was given (what a refused handshake means).
-        client_cert: bool,
+        /// How the client spoke to etcd (what a refused handshake means).
+        tls: tls::TlsUse,
         #[source]
         source: etcd_client::Error,
     },
@@ -209,7 +220,7 @@ impl EtcdRegistry {
                 endpoints: cfg.endpoints.join(","),
                 op: "connecting to",
                 key: String::new(),
-                client_cert: cfg.tls.cert.is_some(),
+                tls: cfg.tls_use(),
                 source,
             })?;
         Ok(EtcdRegistry {
@@ -248,12 +259,12 @@ impl EtcdRegistry {
         key: &str,
     ) -> impl FnOnce(etcd_client::Error) -> RegistryError {
         let (endpoints, key) = (self.cfg.endpoints.join(","), key.to_string());
-        let client_cert = self.cfg.tls.cert.is_some();
+        let tls = self.cfg.tls_use();
         move |source| RegistryError::Etcd {
             endpoints,
             op,
             key,
-            client_cert,
+            tls,
             source,
         }
     }

@@ -105,10 +105,21 @@ impl EtcdTls {
     }
 }
 
+/// How this client speaks to etcd, for what a failure means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsUse {
+    None,
+    /// TLS, checking etcd's certificate only.
+    ServerOnly,
+    /// TLS with this node's client certificate.
+    ClientCert,
+}
+
 /// `e` as an operator can act on it: what a TLS or auth failure means, then the
-/// transport's own words. `client_cert`: whether this node gave a client certificate (etcd
-/// answers a missing one and a refused one alike).
-pub fn explain(e: &etcd_client::Error, client_cert: bool) -> String {
+/// transport's own words. etcd answers a missing client certificate and a refused one
+/// alike (sometimes only by closing the connection), so `tls` says which this was.
+pub fn explain(e: &etcd_client::Error, tls: TlsUse) -> String {
+    let client_cert = tls == TlsUse::ClientCert;
     let mut chain = format!("{e}");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -145,7 +156,20 @@ pub fn explain(e: &etcd_client::Error, client_cert: bool) -> String {
     ]
     .into_iter()
     .find(|(marker, _)| text.contains(marker))
-    .map(|(_, meaning)| meaning);
+    .map(|(_, meaning)| meaning.to_string());
+    // Closed at once under TLS: the alert that says why did not arrive first.
+    let closed = [
+        "connection closed",
+        "operation was canceled",
+        "broken pipe",
+        "connection reset",
+    ]
+    .iter()
+    .any(|m| text.contains(m));
+    let meaning = meaning.or_else(|| {
+        (tls != TlsUse::None && closed)
+            .then(|| format!("etcd closed the connection at TLS setup; most likely {refused}"))
+    });
     match meaning {
         Some(m) => format!("{m} ({chain})"),
         None => chain,
