@@ -251,11 +251,19 @@ fn psk_everywhere(lab: &Lab, psk: &str) -> bool {
 fn wait_psk(lab: &Lab, psk: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while !psk_everywhere(lab, psk) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "PSK {psk} not on every device\n{}",
-            lab.logs()
-        );
+        if std::time::Instant::now() >= deadline {
+            let devices: Vec<String> = (0..lab.nodes.len())
+                .map(|i| {
+                    let keys = lab.on_node(i, "wg show flannel-wg preshared-keys");
+                    format!("node {}: {}", i + 1, keys.unwrap_or_else(|e| e.to_string()))
+                })
+                .collect();
+            panic!(
+                "PSK {psk} not on every device:\n{}\n{}",
+                devices.join("\n"),
+                lab.logs()
+            );
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }

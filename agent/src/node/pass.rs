@@ -107,6 +107,7 @@ impl Controller<'_> {
     fn plan(&mut self, device: BTreeMap<PublicKey, PeerObserved>) -> Option<DesiredState> {
         let view = &self.raw_view;
         let now = SystemTime::now();
+        self.planned_at = now;
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
         let observed = Observed {
             peers: self.roaming.observed(device),

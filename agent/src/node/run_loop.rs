@@ -62,6 +62,8 @@ pub(super) struct Controller<'a> {
     pub(super) me: Lease,
     pub(super) switchover: Switchover,
     pub(super) roaming: super::roaming::Roaming,
+    /// The moment the last plan was made for (what PSK was in force then).
+    pub(super) planned_at: SystemTime,
     resync: tokio::time::Interval,
     nft_check: tokio::time::Interval,
     psk_check: tokio::time::Interval,
@@ -110,6 +112,7 @@ pub(crate) async fn control_loop(
         me,
         switchover: Switchover::default(),
         roaming: Default::default(),
+        planned_at: SystemTime::UNIX_EPOCH,
         resync: tokio::time::interval(args.resync_period),
         nft_check: tokio::time::interval(NFT_CHECK),
         psk_check: tokio::time::interval(Duration::from_secs(1)),
@@ -158,12 +161,15 @@ impl Controller<'_> {
     /// (the nftables check, rotation requests).
     async fn wait(&mut self) -> Wake {
         loop {
+            // An announced PSK takes over at its moment. The pass owed is the first planned
+            // after it, even if the loop was busy elsewhere (the nftables check, a
+            // rotation) when the moment came: measured from the last plan, not from now.
             let psk_switch = self
                 .inputs
                 .psk
                 .state
                 .as_ref()
-                .and_then(|p| p.next_switch(SystemTime::now()));
+                .and_then(|p| p.next_switch(self.planned_at));
             let watch = self.last.as_ref().and_then(|s| s.key_watch.as_ref());
             let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
