@@ -2,7 +2,7 @@
 //! `separate` mode), one peer per node, the covering route per family (fail closed) and one
 //! route per peer subnet; and the `backend-data` this node publishes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -226,8 +226,7 @@ pub(crate) fn plan(
             input.now,
             &mut state.planned_endpoints,
         );
-        let order: Vec<&str> = candidates.iter().map(|c| c.lease.node.as_str()).collect();
-        drop_duplicate_keys(&mut peers, &order, &mut left_out);
+        drop_duplicate_keys(&mut peers, &mut left_out);
         let addresses = device_addresses(input, ours, &dev, &mut state);
         for p in &peers {
             for dst in &p.allowed_ips {
@@ -399,21 +398,16 @@ const STAGED: &str = " (next key)";
 /// One key, one peer: two entries with one key cannot be told apart on the wire, so the
 /// key stays with its incumbent and every other node claiming it is left out, all of its
 /// entries. A node's current key comes before any announced next key (announcing another
-/// node's key takes nothing from it); among equals, the older entry (`seniority`, the
-/// order the candidates come in) keeps it.
-fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, order: &[&str], left_out: &mut Vec<LeftOut>) {
-    let places: HashMap<&str, usize> = order.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+/// node's key takes nothing from it); among equals, the older entry keeps it: `peers` are
+/// in the candidates' order, oldest first (`peers::seniority`).
+fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, left_out: &mut Vec<LeftOut>) {
     let mut holder: BTreeMap<PublicKey, (bool, usize, &str)> = BTreeMap::new();
-    for p in peers.iter() {
+    for (place, p) in peers.iter().enumerate() {
         let (base, staged) = match p.node.strip_suffix(STAGED) {
             Some(node) => (node, true),
             None => (p.node.as_str(), false),
         };
-        let rank = (
-            staged,
-            places.get(base).copied().unwrap_or(usize::MAX),
-            base,
-        );
+        let rank = (staged, place, base);
         let e = holder.entry(p.public_key).or_insert(rank);
         if rank < *e {
             *e = rank;
