@@ -94,6 +94,20 @@ impl Metrics {
         self.keys.lock().ok()?.get(node).map(|(_, g)| *g)
     }
 
+    /// The registry's warnings.
+    fn register_alerts(&self, registry: &mut Registry) {
+        registry.register(
+            "steering_annotation_changes",
+            "Changes to public-ip-overwrite or node-public-ip on this node's own Node",
+            self.alerts.steering_changes.clone(),
+        );
+        registry.register(
+            "leases_defended",
+            "Foreign writes to this node's etcd lease, written back",
+            self.alerts.leases_defended.clone(),
+        );
+    }
+
     /// The exposition for `snapshot`, with the device read now.
     pub async fn render(&self, snapshot: &Snapshot) -> String {
         let mut registry = Registry::with_prefix("weft");
@@ -117,16 +131,7 @@ impl Metrics {
             "Nodes that joined, changed or left, as the registry reported them",
             self.registry_events.clone(),
         );
-        registry.register(
-            "steering_annotation_changes",
-            "Changes to public-ip-overwrite or node-public-ip on this node's own Node",
-            self.alerts.steering_changes.clone(),
-        );
-        registry.register(
-            "leases_defended",
-            "Foreign writes to this node's etcd lease, written back",
-            self.alerts.leases_defended.clone(),
-        );
+        self.register_alerts(&mut registry);
         let left_out: Family<Labels, Gauge> = Family::default();
         for l in &snapshot.left_out {
             left_out

@@ -21,23 +21,34 @@ fn peer_keys(state: &DesiredState) -> Vec<(weft_crypto::PublicKey, usize)> {
         .collect()
 }
 
-#[test]
-fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grace() {
-    let at = |offset_ms: i64| (NOW.as_millis() as i64 + offset_ms) as u64;
-    let announced = |switch_at_ms: u64, public_key: String| {
-        let mut b = good_peer();
-        b.next_key = Some(crate::model::NextKey {
-            public_key,
-            switch_at_ms,
-            generation: 2,
-        });
-        b
-    };
-    let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-    let in_use = Observed {
+/// `offset_ms` from the planner's now, in milliseconds since the epoch.
+fn at(offset_ms: i64) -> u64 {
+    (NOW.as_millis() as i64 + offset_ms) as u64
+}
+
+/// The good peer, announcing `public_key` as its next key, switching at `switch_at_ms`.
+fn announced(switch_at_ms: u64, public_key: String) -> Lease {
+    let mut b = good_peer();
+    b.next_key = Some(crate::model::NextKey {
+        public_key,
+        switch_at_ms,
+        generation: 2,
+    });
+    b
+}
+
+/// The device showed the announced key (22) in use.
+fn in_use() -> Observed {
+    Observed {
         next_keys_in_use: [key(22)].into(),
         ..Observed::default()
-    };
+    }
+}
+
+#[test]
+fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grace() {
+    let moment = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+    let in_use = in_use();
     let none = Observed::default();
     let (staged, switched) = (vec![(key(22), 0), (key(2), 1)], vec![(key(22), 1)]);
     // (switch moment relative to now, what the device showed, expected peers, clock
@@ -107,6 +118,11 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
             assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
         }
     }
+}
+
+#[test]
+fn an_announced_key_that_is_junk_the_peers_own_or_ours_is_not_staged() {
+    let in_use = in_use();
     // An announced key that does not parse is ignored; so is one equal to the peer's
     // current key.
     for junk in ["junk".to_string(), key(2).to_string()] {
