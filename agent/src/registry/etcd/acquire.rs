@@ -223,6 +223,17 @@ impl EtcdRegistry {
         }
     }
 
+    /// A write of this node's `value` to `key` under etcd lease `id`, if `when` holds;
+    /// remembered as ours (see `defend`).
+    fn leased_put(&mut self, key: &str, value: Vec<u8>, id: i64, when: Compare) -> Txn {
+        self.wrote(&value);
+        Txn::new().when([when]).and_then([TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(id)),
+        )])
+    }
+
     /// Remembers a value written to our lease (the last few).
     fn wrote(&mut self, value: &[u8]) {
         const KEEP: usize = 8;
@@ -251,18 +262,8 @@ impl EtcdRegistry {
             foreign_lease = format_args!("{:#x}", kv.lease()),
             "someone else wrote this node's lease; writing this node's value back"
         );
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                kv.mod_revision(),
-            )])
-            .and_then([TxnOp::put(
-                key.clone(),
-                ours.clone(),
-                Some(PutOptions::new().with_lease(id)),
-            )]);
-        self.wrote(&ours);
+        let unchanged = Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision());
+        let txn = self.leased_put(&key, ours, id, unchanged);
         let mut client = self.client.clone();
         self.call("writing back", &key, client.txn(txn)).await?;
         Ok(true)
@@ -279,14 +280,8 @@ impl EtcdRegistry {
         };
         let key = self.cfg.subnet_key(&subnet);
         let value = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
-        let txn = Txn::new()
-            .when([Compare::lease(key.clone(), CompareOp::Equal, id)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(id)),
-            )]);
-        self.wrote(&value);
+        let still_ours = Compare::lease(key.clone(), CompareOp::Equal, id);
+        let txn = self.leased_put(&key, value, id, still_ours);
         let mut client = self.client.clone();
         let updated = request.attrs.to_lease_attrs().into_lease(
             lease.node.clone(),
