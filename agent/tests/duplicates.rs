@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
 
@@ -83,6 +84,15 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
         .as_str()
         .unwrap()
         .to_string();
+    let watch = ClearWatch::start(&lab).unwrap();
+    // A record whose key is not a key: skipped, nothing else changes.
+    put(
+        &lab,
+        "10.244.249.0-24",
+        &serde_json::json!({
+        "PublicIP": "198.51.100.96", "BackendType": "wireguard",
+        "BackendData": {"PublicKey": "not a key", "Port": 51820}}),
+    );
     // A stale or forged record with node 2's key.
     put(
         &lab,
@@ -142,8 +152,11 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
         "{}",
         rows[2]
     );
-    // Node 2 is still everyone's peer, and every pod pair still works.
+    // Node 2 is still everyone's peer, every pod pair still works, and no pod packet
+    // went out in clear while the bad entries came.
     lab.assert_all_pairs();
+    let watched = watch.finish().unwrap();
+    eprintln!("bad entries: {watched:?}, nothing in clear");
     // The log, the doctor and /metrics name the newcomer too.
     let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
     assert!(
@@ -154,7 +167,7 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
     );
     let (said, doctor) = lab.doctor_says(
         0,
-        &["left out: 3 node(s)", "10.244.250.0-24: its public key"],
+        &["left out: 4 node(s)", "10.244.250.0-24: its public key"],
     );
     assert!(said, "{doctor}");
     let node = &lab.nodes[0];

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use weft_lab::lab::capture::UnderlayCapture;
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig, EXT_IP};
 use weft_lab::live_demo::transfer;
 
@@ -79,6 +80,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
     );
     let node = &lab.nodes[0];
 
+    let watch = ClearWatch::start(&lab).unwrap();
     in_ns(&node.ns, "ip link del flannel-wg").unwrap();
     let back = wait_until(
         "flannel-wg back with both peers and its routes",
@@ -96,6 +98,8 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
         || in_ns(&a.ns, &format!("ping -c 1 -W 1 -q {}", b.ip)).is_ok(),
     );
     eprintln!("device deleted -> back with peers and routes in {back:?}; pod traffic flowing again {traffic:?} after that");
+    let watched = watch.finish().unwrap();
+    eprintln!("device deleted and recreated: {watched:?}, nothing in clear");
 
     in_ns(&node.ns, "nft flush table ip flannel-ipv4").unwrap();
     let rules = wait_until(

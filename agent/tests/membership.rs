@@ -9,6 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -100,10 +101,13 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         &b.to_string(),
     ]);
     let pinger = std::thread::spawn(move || ping.output());
+    let watch = ClearWatch::start(&lab).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     lab.stop_agent(1, "KILL").unwrap();
     lab.start_agent(1).unwrap();
     let out = pinger.join().unwrap().unwrap();
+    let watched = watch.finish().unwrap();
+    eprintln!("SIGKILL and restart: {watched:?}, nothing in clear");
     let text = String::from_utf8_lossy(&out.stdout);
     let summary = text
         .lines()

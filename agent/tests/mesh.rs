@@ -2,7 +2,9 @@
 //! registry, wireguard backend, userspace implementation) in their own namespaces, with
 //! two pods each. Every pod reaches every pod on the other nodes, and a capture on the
 //! underlay during that traffic shows only WireGuard's UDP: no packet carries a pod
-//! address in clear.
+//! address in clear. A watch from before the first agent starts (the underlay captured
+//! whole, pods pinging with a marker payload as soon as they exist) sees no pod packet in
+//! clear while the mesh forms.
 
 use weft_lab::lab::capture::{assert_tunnelled, UnderlayCapture};
 use weft_lab::lab::{Lab, LabConfig};
@@ -11,9 +13,15 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 #[test]
 fn three_nodes_every_pod_reaches_every_pod_and_nothing_leaks() {
-    let lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
-    let capture = UnderlayCapture::start(&lab).unwrap();
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.watch_start = true;
+    let mut lab = Lab::start(cfg).unwrap();
+    let start = lab.take_start_watch().unwrap();
+    lab.assert_all_pairs();
+    let watched = start.finish().unwrap();
+    eprintln!("lab start: {watched:?}, nothing in clear");
 
+    let capture = UnderlayCapture::start(&lab).unwrap();
     assert_eq!(lab.assert_all_pairs(), 24);
 
     let text = capture.finish().unwrap();

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig, ETCD_IP};
 use weft_lab::traffic::{Disruption, Probe};
 
@@ -64,10 +65,13 @@ fn rotate_one_locally(lab: &Lab) -> Disruption {
     let before = wg_key(lab, 0);
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
+    let watch = ClearWatch::start(lab).unwrap();
     let out = lab.on_node(0, &format!("{WEFT} keys rotate")).unwrap();
     println!("{out}");
     std::thread::sleep(Duration::from_secs(2));
     let d = probe.finish().unwrap();
+    let watched = watch.finish().unwrap();
+    eprintln!("one-node rotation: {watched:?}, nothing in clear");
     let after = wg_key(lab, 0);
     assert_ne!(before, after, "the key did not change");
     assert!(out.contains(&after), "{out}");
@@ -95,6 +99,7 @@ fn rotate_all(lab: &Lab, registry_flags: &str) -> (String, Disruption) {
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
     let before: Vec<String> = (0..lab.nodes.len()).map(|i| wg_key(lab, i)).collect();
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
+    let watch = ClearWatch::start(lab).unwrap();
     let out = in_ns(
         &format!("{}-etcd", lab.tag),
         &format!("{WEFT} keys rotate --all --timeout 30 {registry_flags}"),
@@ -103,6 +108,8 @@ fn rotate_all(lab: &Lab, registry_flags: &str) -> (String, Disruption) {
     println!("{out}");
     std::thread::sleep(Duration::from_secs(1));
     let d = probe.finish().unwrap();
+    let watched = watch.finish().unwrap();
+    eprintln!("all-node rotation: {watched:?}, nothing in clear");
     for (i, old) in before.iter().enumerate() {
         assert_ne!(*old, wg_key(lab, i), "node {} kept its key", i + 1);
     }

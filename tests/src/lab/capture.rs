@@ -64,11 +64,29 @@ impl UnderlayCapture {
     }
 
     /// Stops the capture; returns it as tcpdump's text, one packet a line.
-    pub fn finish(mut self) -> anyhow::Result<String> {
+    pub fn finish(self) -> anyhow::Result<String> {
+        Ok(self.finish_with_bytes()?.0)
+    }
+
+    /// Stops the capture; returns tcpdump's text and the capture file's bytes (every
+    /// packet whole, payloads included).
+    pub fn finish_with_bytes(mut self) -> anyhow::Result<(String, Vec<u8>)> {
         run(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
         self.child.wait()?;
         let out = run(Command::new("tcpdump").args(["-nn", "-r"]).arg(&self.file))?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let bytes =
+            fs::read(&self.file).with_context(|| format!("reading {}", self.file.display()))?;
+        Ok((String::from_utf8_lossy(&out.stdout).into_owned(), bytes))
+    }
+}
+
+impl Drop for UnderlayCapture {
+    /// A capture not finished (its test failed first) leaves no tcpdump running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

@@ -51,6 +51,9 @@ pub struct LabConfig {
     pub launchers: BTreeMap<usize, AgentLauncher>,
     /// The etcd prefix of an etcd lab; agents get `--etcd-prefix` when it is not flannel's.
     pub etcd_prefix: String,
+    /// Capture the underlay from before the first agent starts, and start the clear-traffic
+    /// watch's pod streams as soon as the pods exist (`Lab::take_start_watch`).
+    pub watch_start: bool,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -81,6 +84,7 @@ impl LabConfig {
             zones: Vec::new(),
             launchers: BTreeMap::new(),
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
+            watch_start: false,
         }
     }
 

@@ -15,6 +15,7 @@
 //! traffic never leaves the namespaces the lab made.
 
 pub mod capture;
+pub mod clear_watch;
 pub mod cni;
 mod config;
 mod fabric;
@@ -22,6 +23,7 @@ pub mod nat;
 mod operator;
 mod pods;
 mod secrets;
+mod turn;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -80,8 +82,12 @@ pub struct Lab {
     pub nodes: Vec<Node>,
     cni_bin: PathBuf,
     cfg: LabConfig,
+    /// The watch `LabConfig::watch_start` began.
+    start_watch: Option<clear_watch::ClearWatch>,
     /// Dropped last (after `Lab::drop` stops the processes): removes every namespace.
     namespaces: Namespaces,
+    /// Released after everything else: the next lab of this process may start.
+    _turn: turn::Turn,
 }
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
@@ -90,6 +96,7 @@ impl Lab {
     /// Builds the fabric, etcd and the nodes, starts every agent and wires the pods once
     /// each node has its subnet.
     pub fn start(mut cfg: LabConfig) -> anyhow::Result<Lab> {
+        let turn = turn::Turn::take();
         clean_stale();
         if !cfg.weft.exists() {
             bail!(
@@ -166,19 +173,36 @@ impl Lab {
             nodes: Vec::new(),
             cni_bin,
             cfg,
+            start_watch: None,
             namespaces,
+            _turn: turn,
         };
         for _ in 0..count {
             lab.create_node()?;
         }
+        let capture = match lab.cfg.watch_start {
+            true => Some(capture::UnderlayCapture::start(&lab)?),
+            false => None,
+        };
         for i in 0..count {
             lab.start_agent(i)?;
         }
         for i in 0..count {
             lab.wire_pods(i)?;
+        }
+        if let Some(capture) = capture {
+            lab.start_watch = Some(clear_watch::ClearWatch::with_capture(&lab, capture)?);
+        }
+        for i in 0..count {
             lab.check_implementation(i)?;
         }
         Ok(lab)
+    }
+
+    /// The clear-traffic watch running since before the agents started
+    /// (`LabConfig::watch_start`).
+    pub fn take_start_watch(&mut self) -> Option<clear_watch::ClearWatch> {
+        self.start_watch.take()
     }
 
     /// The WireGuard implementation node `i` was asked to run, if the lab chose one.

@@ -1,0 +1,146 @@
+//! Watching a window for clear pod traffic: a capture of every byte on the underlay while
+//! each node's first pod pings the next node's first pod without pause (20 a second), every
+//! echo carrying a marker. Encrypted, the marker never shows on the wire; any packet that
+//! leaves a node in clear (a missing blackhole, a route via the underlay for a moment, a
+//! device recreated before its peers) carries it, in the headers tcpdump prints or in the
+//! bytes of the capture.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use super::capture::{leaks, wireguard_packets, UnderlayCapture};
+use super::{run, Lab};
+
+/// The payload pattern of the watch's pings (`ping -p`): 16 bytes that encrypted traffic
+/// shows with probability 2^-128.
+pub const MARKER: &[u8; 16] = b"weft:clear-leak!";
+
+/// A running watch; `finish` ends it and judges it.
+pub struct ClearWatch {
+    /// Taken by `finish`.
+    capture: Option<UnderlayCapture>,
+    streams: Vec<(String, Child, PathBuf)>,
+}
+
+/// What a watch saw: every stream's sent and answered echoes, and the WireGuard packets.
+#[derive(Debug)]
+pub struct Watched {
+    pub sent: usize,
+    pub answered: usize,
+    pub wireguard: usize,
+}
+
+impl ClearWatch {
+    /// Starts the capture (returning once tcpdump listens), then the pod streams.
+    pub fn start(lab: &Lab) -> anyhow::Result<ClearWatch> {
+        let capture = UnderlayCapture::start(lab)?;
+        Self::with_capture(lab, capture)
+    }
+
+    /// Starts the pod streams under a capture already running (one started before the
+    /// lab's agents, to watch the lab's start).
+    pub fn with_capture(lab: &Lab, capture: UnderlayCapture) -> anyhow::Result<ClearWatch> {
+        let pattern: String = MARKER.iter().map(|b| format!("{b:02x}")).collect();
+        let mut streams = Vec::new();
+        let count = lab.nodes.len();
+        for (i, node) in lab.nodes.iter().enumerate() {
+            let peer = &lab.nodes[(i + 1) % count];
+            let (Some(from), Some(to)) = (node.pods.first(), peer.pods.first()) else {
+                continue;
+            };
+            if count < 2 {
+                break;
+            }
+            let label = format!("{} ({}) -> {} ({})", from.ip, node.index, to.ip, peer.index);
+            let out = lab.dir().join(format!("watch-{}.ping", node.index));
+            let child = Command::new("ip")
+                .args(["netns", "exec", &from.ns, "ping", "-n", "-i", "0.05", "-p"])
+                .arg(&pattern)
+                .arg(to.ip.to_string())
+                .stdout(fs::File::create(&out)?)
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting a watch stream")?;
+            streams.push((label, child, out));
+        }
+        Ok(ClearWatch {
+            capture: Some(capture),
+            streams,
+        })
+    }
+
+    /// Stops the streams and the capture. Fails if the marker or a pod address was seen
+    /// in clear, or if the window was not watched: no stream got an answer, or no
+    /// WireGuard packet crossed the wire.
+    pub fn finish(mut self) -> anyhow::Result<Watched> {
+        let mut sent = 0;
+        let mut answered = 0;
+        let mut silent = Vec::new();
+        for (label, mut child, out) in std::mem::take(&mut self.streams) {
+            run(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
+            child.wait()?;
+            let text = fs::read_to_string(&out).unwrap_or_default();
+            let (s, a) = ping_summary(&text)
+                .with_context(|| format!("stream {label} printed no summary: {text}"))?;
+            if a == 0 {
+                silent.push(label);
+            }
+            sent += s;
+            answered += a;
+        }
+        let capture = self.capture.take().context("the watch's capture")?;
+        let (text, bytes) = capture.finish_with_bytes()?;
+        let in_clear = bytes.windows(MARKER.len()).filter(|w| w == MARKER).count();
+        let leaked = leaks(&text);
+        if in_clear > 0 || !leaked.is_empty() {
+            bail!(
+                "clear pod traffic on the underlay: the marker {in_clear} times; packets with a pod address:\n{}",
+                leaked.join("\n")
+            );
+        }
+        let wireguard = wireguard_packets(&text);
+        if !silent.is_empty() || wireguard == 0 {
+            bail!(
+                "the window was not watched: streams with no answer {silent:?}, {wireguard} WireGuard packets"
+            );
+        }
+        Ok(Watched {
+            sent,
+            answered,
+            wireguard,
+        })
+    }
+}
+
+impl Drop for ClearWatch {
+    /// A watch not finished (its test failed first) leaves no ping running.
+    fn drop(&mut self) {
+        for (_, child, _) in &mut self.streams {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `(transmitted, received)` from ping's summary line.
+fn ping_summary(text: &str) -> Option<(usize, usize)> {
+    let line = text.lines().find(|l| l.contains("packets transmitted"))?;
+    let mut numbers = line
+        .split(',')
+        .filter_map(|part| part.split_whitespace().next()?.parse::<usize>().ok());
+    Some((numbers.next()?, numbers.next()?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ping_summaries_are_read() {
+        let text = "64 bytes from 10.244.2.2\n\n--- 10.244.2.2 ping statistics ---\n\
+                    41 packets transmitted, 39 received, 4.87805% packet loss, time 2003ms\n";
+        assert_eq!(super::ping_summary(text), Some((41, 39)));
+        assert_eq!(super::ping_summary("no summary"), None);
+    }
+}
