@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -261,7 +262,26 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         for i in 0..2 {
             lab.start_agent(i).unwrap();
         }
+        // Onto wireguard: once its agents have read the config (until then the node runs
+        // the backend it had), no pod packet in clear.
+        let watch = (backend == "wireguard").then(|| {
+            for i in 0..2 {
+                wait_until(
+                    "the agent sealing the pod network",
+                    Duration::from_secs(10),
+                    || {
+                        std::fs::read_to_string(lab.nodes[i].agent_log())
+                            .is_ok_and(|l| l.contains("pod networks sealed"))
+                    },
+                );
+            }
+            ClearWatch::start(&lab).unwrap()
+        });
         lab.assert_all_pairs();
+        if let Some(watch) = watch {
+            let watched = watch.finish().unwrap();
+            eprintln!("host-gw -> wireguard: {watched:?}, nothing in clear");
+        }
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
             for dev in &gone {

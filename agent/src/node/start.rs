@@ -346,6 +346,36 @@ async fn network_config<R: Registry>(
     }
 }
 
+/// With an encrypting backend, the pod networks are sealed before anything else is done
+/// (`weft_backends::apply::seal`): routes another backend left stop carrying pod packets
+/// in clear now, not at the first pass. A failure is logged; the first pass tries again.
+async fn seal_early(net: &weft_backends::netconf::NetConf) {
+    if !matches!(net.backend, Backend::Wireguard(_)) {
+        return;
+    }
+    let networks: Vec<ipnet::IpNet> = [false, true]
+        .into_iter()
+        .filter_map(|v6| net.network(v6).map(|n| n.network))
+        .collect();
+    let tunnels = [
+        weft_backends::plan::WG_DEVICE,
+        weft_backends::plan::WG_DEVICE_V6,
+    ];
+    let sealed = match weft_backends::apply::RtNetlink::connect() {
+        Ok(mut nl) => weft_backends::apply::seal(&mut nl, &networks, &tunnels).await,
+        Err(e) => Err(e),
+    };
+    match sealed {
+        Ok(changes) => {
+            for change in changes {
+                info!(change = %change, "data plane sealed");
+            }
+            info!(networks = ?networks, "pod networks sealed: from here on a pod packet to a peer enters a tunnel or is dropped");
+        }
+        Err(e) => warn!(error = %e, "sealing the pod networks before the first pass"),
+    }
+}
+
 /// Config, lease, data plane, then the control loop until shutdown; the same for every
 /// registry.
 async fn serve<R: Registry>(
@@ -367,6 +397,7 @@ async fn serve<R: Registry>(
     let Some(net) = network_config(&mut registry, &mut shutdown, &health).await? else {
         return Ok(0);
     };
+    seal_early(&net).await;
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);

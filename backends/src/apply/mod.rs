@@ -17,6 +17,7 @@ mod reconcile_tests;
 mod routing;
 mod rtnl;
 mod rtnl_vxlan;
+mod seal;
 mod underlay;
 mod vxlan;
 pub mod wireguard;
@@ -34,6 +35,7 @@ pub use nft::{
 pub use port_taken::holder as udp_port_holder;
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
+pub use seal::seal;
 pub use underlay::Underlay;
 pub use vxlan::reconcile_vxlan;
 
