@@ -56,6 +56,7 @@ pub async fn serve(path: &Path, state: ControlState) -> anyhow::Result<()> {
             get(|State(s): State<ControlState>| async move { Json(s.snapshot.get()) }),
         )
         .route("/rotate", axum::routing::post(rotate))
+        .layer(axum::middleware::from_fn(no_body))
         .with_state(state);
     info!(socket = %path.display(), "serving the control socket");
     // The socket's owner is the agent's effective user.
@@ -113,6 +114,26 @@ impl axum::serve::Listener for RootOnly {
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
         self.inner.local_addr()
     }
+}
+
+/// No request on the control socket has a body: one that announces a body (any
+/// `Content-Length` but 0, or `Transfer-Encoding`) is refused with 413 before it is read.
+async fn no_body(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    use axum::response::IntoResponse;
+    let headers = request.headers();
+    let length = headers.get(CONTENT_LENGTH).map(|v| v.as_bytes());
+    if headers.contains_key(TRANSFER_ENCODING) || length.is_some_and(|l| l != b"0") {
+        return (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "the control socket's requests have no body\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Starts a key rotation; answers the announcement (or 409 with why not).
