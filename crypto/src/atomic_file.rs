@@ -99,3 +99,34 @@ mod tests {
         assert!(err.to_string().contains("missing-dir"), "{err}");
     }
 }
+
+/// Reads a small text file weft or an operator wrote (a key, a PSK, rotation state), at
+/// most `limit` bytes: a larger file is refused by its size (`InvalidData`, naming both)
+/// before it is read, so a runaway or hostile file costs no memory.
+pub fn read_bounded(path: &Path, limit: u64) -> io::Result<String> {
+    use std::io::Read;
+    let file = File::open(path)?;
+    let mut text = String::new();
+    file.take(limit + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        text.clear();
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("more than {limit} bytes: too large for what it should hold"),
+        ));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    #[test]
+    fn a_file_over_the_limit_is_refused_by_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "x".repeat(65)).unwrap();
+        let e = super::read_bounded(&path, 64).unwrap_err();
+        assert!(e.to_string().contains("more than 64 bytes"), "{e}");
+        assert_eq!(super::read_bounded(&path, 65).unwrap().len(), 65);
+    }
+}

@@ -7,7 +7,7 @@
 //! read or that does not hold a key is refused, with the fix in the message.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -86,19 +86,21 @@ fn load(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
             mode,
         });
     }
-    let mut text = String::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_string(&mut text))
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::InvalidData {
-                KeyFileError::Malformed {
-                    path: path.to_path_buf(),
-                    source: KeyError::Base64("the file is not text".into()),
-                }
-            } else {
-                io_err("reading key file", path)(e)
+    // A key is 44 characters; the file holds one line.
+    let mut text = crate::atomic_file::read_bounded(path, 1024).map_err(|e| {
+        if e.kind() == io::ErrorKind::InvalidData {
+            KeyFileError::Malformed {
+                path: path.to_path_buf(),
+                // Too large (read_bounded's own message), or not UTF-8.
+                source: KeyError::Base64(match e.get_ref() {
+                    Some(why) if why.to_string().contains("bytes") => why.to_string(),
+                    _ => "the file is not text".into(),
+                }),
             }
-        })?;
+        } else {
+            io_err("reading key file", path)(e)
+        }
+    })?;
     let key = text.parse().map_err(|source| KeyFileError::Malformed {
         path: path.to_path_buf(),
         source,

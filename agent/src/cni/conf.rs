@@ -46,8 +46,18 @@ fn object_field(doc: &Map<String, Value>, key: &str) -> Result<Map<String, Value
     }
 }
 
+/// The largest network config read from stdin: a conflist's entry with a runtime's
+/// `prevResult` and capabilities is a few KiB.
+pub const MAX_STDIN_BYTES: usize = 256 << 10;
+
 impl PluginConf {
     pub fn parse(stdin: &[u8]) -> Result<PluginConf, CniError> {
+        if stdin.len() > MAX_STDIN_BYTES {
+            return Err(CniError::decode(format!(
+                "the network config on stdin is {} bytes, more than {MAX_STDIN_BYTES}",
+                stdin.len()
+            )));
+        }
         let doc: Value = serde_json::from_slice(stdin).map_err(|e| {
             CniError::decode(format!("the network config on stdin is not JSON: {e}"))
         })?;
@@ -109,6 +119,9 @@ impl SubnetEnv {
     }
 
     pub fn parse(text: &str) -> Result<SubnetEnv, SubnetEnvError> {
+        if text.len() > MAX_SUBNET_ENV_BYTES {
+            return Err(SubnetEnvError::TooLarge { size: text.len() });
+        }
         let mut env = SubnetEnv {
             networks: vec![],
             subnet: None,
@@ -169,10 +182,13 @@ impl SubnetEnv {
     }
 }
 
+/// The largest subnet.env read: the agent writes about 150 bytes.
+pub const MAX_SUBNET_ENV_BYTES: usize = 16 << 10;
+
 /// What is wrong with `subnet.env`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SubnetEnvError {
-    #[error("{key}={value:?} is not {expected}")]
+    #[error("{key}={:?} is not {expected}", weft_backends::model::clip(value))]
     BadValue {
         key: String,
         value: String,
@@ -180,6 +196,8 @@ pub enum SubnetEnvError {
     },
     #[error("no FLANNEL_SUBNET or FLANNEL_IPV6_SUBNET")]
     NoSubnet,
+    #[error("subnet.env is {size} bytes, more than {MAX_SUBNET_ENV_BYTES}")]
+    TooLarge { size: usize },
     #[error("FLANNEL_SUBNET without FLANNEL_NETWORK")]
     SubnetWithoutNetwork,
     #[error("no FLANNEL_MTU")]

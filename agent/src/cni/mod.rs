@@ -109,10 +109,20 @@ pub struct Invocation {
     pub stdin: Vec<u8>,
 }
 
+/// The longest `CNI_*` value taken: a path list or a netns path, at most PATH_MAX.
+const MAX_ENV_BYTES: usize = 4096;
+
 fn require(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, CniError> {
-    env(name)
+    let value = env(name)
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| CniError::env(format!("required environment variable {name} is missing")))
+        .ok_or_else(|| CniError::env(format!("required environment variable {name} is missing")))?;
+    if value.len() > MAX_ENV_BYTES {
+        return Err(CniError::env(format!(
+            "{name} is {} bytes, more than {MAX_ENV_BYTES}",
+            value.len()
+        )));
+    }
+    Ok(value)
 }
 
 /// The CNI spec's container ID pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`: it names a file
@@ -144,7 +154,7 @@ impl Invocation {
             return Err(CniError::env(format!(
                 "CNI_CONTAINERID {:?} must start with a letter or digit and hold only letters, \
                  digits, '_', '.' and '-' (the CNI spec's pattern)",
-                inv.container_id
+                weft_backends::model::clip(&inv.container_id)
             )));
         }
         if inv.command != "DEL" {
@@ -201,7 +211,8 @@ pub fn handle(inv: &Invocation) -> Result<Vec<u8>, (CniError, String)> {
             Ok(Vec::new())
         }
         other => Err(fail(CniError::env(format!(
-            "unknown CNI_COMMAND {other:?}"
+            "unknown CNI_COMMAND {:?}",
+            weft_backends::model::clip(other)
         )))),
     }
 }

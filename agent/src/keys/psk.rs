@@ -115,17 +115,31 @@ pub enum PskError {
         #[source]
         source: weft_crypto::KeyError,
     },
-    #[error("{}/switch-at {value:?} is not milliseconds since the Unix epoch", dir.display())]
+    #[error("{}/switch-at {:?} is not milliseconds since the Unix epoch", dir.display(), weft_backends::model::clip(value))]
     SwitchAt {
         dir: std::path::PathBuf,
         value: String,
     },
     #[error("{}: next-psk and switch-at go together", dir.display())]
     Incomplete { dir: std::path::PathBuf },
-    #[error("the PSK in etcd is not {{\"PSK\": …, \"NextPSK\": …, \"SwitchAt\": ms}}: {0}")]
+    #[error("the PSK in etcd is not {{\"PSK\": …, \"NextPSK\": …, \"SwitchAt\": ms}}: {}", no_values(.0))]
     EtcdJson(#[source] serde_json::Error),
     #[error("NextPSK needs SwitchAt")]
     NextWithoutSwitchAt,
+    #[error("the PSK in etcd is {size} bytes, more than the {MAX_ETCD_BYTES} its JSON holds")]
+    TooLarge { size: usize },
+}
+
+/// serde's message without the values it quotes: a PSK is a secret, even a malformed one.
+fn no_values(e: &serde_json::Error) -> String {
+    let mut out = String::new();
+    for (i, part) in e.to_string().split('"').enumerate() {
+        match i % 2 {
+            0 => out.push_str(part),
+            _ => out.push_str("\"…\""),
+        }
+    }
+    out
 }
 
 fn psk(text: &str, what: &str) -> Result<PresharedKey, PskError> {
@@ -138,7 +152,8 @@ fn psk(text: &str, what: &str) -> Result<PresharedKey, PskError> {
 /// Reads a Secret mounted as a directory. `Ok(None)` if the directory has no `psk`.
 pub fn read_dir(dir: &Path) -> Result<Option<PskState>, PskError> {
     let read = |name: &str| -> Result<Option<String>, PskError> {
-        match std::fs::read_to_string(dir.join(name)) {
+        // A PSK is 44 characters, a moment 13 digits.
+        match weft_crypto::atomic_file::read_bounded(&dir.join(name), 1024) {
             Ok(t) => Ok(Some(t)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(PskError::Read {
@@ -183,8 +198,14 @@ struct EtcdPsk {
     switch_at: Option<u64>,
 }
 
+/// The largest PSK value read from etcd: two keys and a moment take about 140 bytes.
+pub const MAX_ETCD_BYTES: usize = 4096;
+
 /// Parses the etcd key's value.
 pub fn parse_etcd(value: &str) -> Result<PskState, PskError> {
+    if value.len() > MAX_ETCD_BYTES {
+        return Err(PskError::TooLarge { size: value.len() });
+    }
     let v: EtcdPsk = serde_json::from_str(value).map_err(PskError::EtcdJson)?;
     let current = psk(&v.psk, "PSK")?;
     let next = match (v.next_psk, v.switch_at) {
@@ -244,5 +265,14 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(ok.next.unwrap().1, at_ms(5));
+    }
+
+    #[test]
+    fn a_malformed_etcd_value_is_not_echoed() {
+        let e = parse_etcd(r#"{"PSK": "a-secret-that-is-not-base64", "SwitchAt": "a-secret-too"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("a-secret"), "{e}");
+        assert!(e.contains("the PSK in etcd"), "{e}");
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use tracing::warn;
 use weft_backends::model::NextKey;
+use weft_crypto::atomic_file::read_bounded;
 use weft_crypto::{read_key, write_new_key, PrivateKey};
 
 /// How far ahead of the switch a rotation is announced: time for every peer to see the
@@ -56,29 +57,48 @@ impl Rotation {
     /// resumed; one whose files are unreadable is dropped (logged) and the current key
     /// stays.
     pub fn load(key_path: &Path) -> Rotation {
+        Self::load_explained(key_path).0
+    }
+
+    /// As `load`, also saying why an unfinished rotation was dropped, if one was.
+    pub fn load_explained(key_path: &Path) -> (Rotation, Option<String>) {
         let mut r = Rotation {
             key_path: key_path.to_path_buf(),
             pending: None,
             generation: 1,
         };
-        r.generation = std::fs::read_to_string(r.generation_path())
+        r.generation = read_bounded(&r.generation_path(), 64)
             .ok()
             .and_then(|g| g.trim().parse().ok())
             .unwrap_or(1);
-        let announced = std::fs::read_to_string(r.announcement_path()).ok();
+        let announced = match read_bounded(&r.announcement_path(), 4096) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", r.announcement_path().display())),
+        };
         let key = read_key(&r.next_path());
-        match (announced, key) {
-            (None, Ok(None)) => {}
-            (Some(text), Ok(Some(key))) => match serde_json::from_str::<NextKey>(&text) {
+        let why = match (announced, key) {
+            (Ok(None), Ok(None)) => None,
+            (Ok(Some(text)), Ok(Some(key))) => match serde_json::from_str::<NextKey>(&text) {
                 Ok(next) if next.public_key == key.public_key().to_string() => {
                     r.pending = Some((key, next));
+                    None
                 }
-                _ => r.drop_files("the announcement does not match the next key"),
+                Ok(_) => Some("the announcement does not match the next key".to_string()),
+                Err(e) => Some(format!(
+                    "{}: {}",
+                    r.announcement_path().display(),
+                    weft_backends::model::json_error(&e)
+                )),
             },
-            (_, Err(e)) => r.drop_files(&e.to_string()),
-            _ => r.drop_files("the next key or its announcement is missing"),
+            (Err(e), _) => Some(e),
+            (_, Err(e)) => Some(e.to_string()),
+            _ => Some("the next key or its announcement is missing".to_string()),
+        };
+        if let Some(why) = &why {
+            r.drop_files(why);
         }
-        r
+        (r, why)
     }
 
     fn drop_files(&mut self, why: &str) {

@@ -46,7 +46,10 @@ pub enum BadAnnotation {
         annotation: String,
         detail: String,
     },
-    #[error("node {node}: annotation {annotation} {value:?} is not an {family} address")]
+    #[error(
+        "node {node}: annotation {annotation} {:?} is not an {family} address",
+        super::clip(value)
+    )]
     NotAnAddress {
         node: String,
         annotation: String,
@@ -94,7 +97,7 @@ pub fn read(
                 .map_err(|e| BadAnnotation::NotJson {
                     node: node.to_string(),
                     annotation: format!("{prefix}/{name}"),
-                    detail: e.to_string(),
+                    detail: super::json_error(&e),
                 }),
         }
     };

@@ -17,14 +17,14 @@ pub enum BackendDataError {
         expected: &'static str,
     },
     /// Another node publishes the same value; `by` names it ("node x", "another node").
-    #[error("{field} {value} is also published by {by}")]
+    #[error("{field} {} is also published by {by}", super::clip(value))]
     Duplicate {
         field: &'static str,
         value: String,
         by: String,
     },
     /// `value` as published (JSON).
-    #[error("{field} {value}: {source}")]
+    #[error("{field} {}: {source}", super::clip(value))]
     BadKey {
         field: &'static str,
         value: String,
@@ -32,7 +32,7 @@ pub enum BackendDataError {
         source: weft_crypto::KeyError,
     },
     /// `value` as published (JSON).
-    #[error("{field} {value} {problem}")]
+    #[error("{field} {} {problem}", super::clip(value))]
     BadValue {
         field: &'static str,
         value: String,

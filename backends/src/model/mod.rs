@@ -19,3 +19,51 @@ pub use desired::{
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;
 pub use observed::{KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SWITCH_GRACE, WATCH_BEFORE};
+
+/// Text from outside (a key, a value) as an error message shows it: whole up to 80
+/// characters, else its start and its length, so a huge value is never echoed back.
+pub fn clip(text: &str) -> String {
+    const SHOWN: usize = 80;
+    if text.chars().count() <= SHOWN {
+        return text.to_string();
+    }
+    let start: String = text.chars().take(SHOWN).collect();
+    format!("{start}… ({} bytes)", text.len())
+}
+
+/// serde_json's message with each value it quotes clipped (`clip`): its own wording (the
+/// field, the type expected, the place) stays, a long value does not come back whole.
+pub fn json_error(e: &serde_json::Error) -> String {
+    let mut out = String::new();
+    for (i, part) in e.to_string().split('"').enumerate() {
+        match i % 2 {
+            0 => out.push_str(part),
+            _ => {
+                out.push('"');
+                out.push_str(&clip(part));
+                out.push('"');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod clip_tests {
+    #[test]
+    fn long_text_is_cut_with_its_length() {
+        assert_eq!(super::clip("short"), "short");
+        let long = "x".repeat(1000);
+        let shown = super::clip(&long);
+        assert!(shown.starts_with(&"x".repeat(80)) && shown.ends_with("… (1000 bytes)"));
+    }
+
+    #[test]
+    fn json_errors_keep_their_words_and_clip_their_values() {
+        let long = "y".repeat(500);
+        let e = serde_json::from_str::<u64>(&format!("\"{long}\"")).unwrap_err();
+        let shown = super::json_error(&e);
+        assert!(shown.starts_with("invalid type: string \"yyy"), "{shown}");
+        assert!(shown.contains("(500 bytes)\", expected u64"), "{shown}");
+    }
+}

@@ -67,9 +67,12 @@ impl UnknownBackend {
     fn message(&self) -> String {
         let valid = BackendKind::ALL.map(|k| k.as_str()).join(", ");
         if FLANNEL_ONLY.contains(&self.0.to_ascii_lowercase().as_str()) {
-            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard encrypts, vxlan and host-gw do not)", self.0)
+            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard encrypts, vxlan and host-gw do not)", crate::model::clip(&self.0))
         } else {
-            format!("unknown backend type {:?}; valid types: {valid}", self.0)
+            format!(
+                "unknown backend type {:?}; valid types: {valid}",
+                crate::model::clip(&self.0)
+            )
         }
     }
 }

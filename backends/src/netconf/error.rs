@@ -11,7 +11,7 @@ pub enum ConfigError {
         column: usize,
         message: String,
     },
-    #[error("unknown key `{key}`{}; valid keys{}: {}", Suggestion(suggestion), Within(within), valid.join(", "))]
+    #[error("unknown key `{}`{}; valid keys{}: {}", crate::model::clip(key), Suggestion(suggestion), Within(within), valid.join(", "))]
     UnknownKey {
         key: String,
         within: Option<&'static str>,
@@ -20,7 +20,7 @@ pub enum ConfigError {
     },
     #[error("`{key}` is required: {why}")]
     Missing { key: String, why: String },
-    #[error("`{key}` = {value}: {problem}")]
+    #[error("`{key}` = {}: {problem}", crate::model::clip(value))]
     Invalid {
         key: String,
         value: String,
@@ -84,8 +84,13 @@ impl fmt::Display for ConfigErrors {
             "net-conf.json has {n} problem{}:",
             if n == 1 { "" } else { "s" }
         )?;
-        for e in &self.0 {
+        // A file of junk has a problem per key: the first ones say enough.
+        const SHOWN: usize = 10;
+        for e in self.0.iter().take(SHOWN) {
             write!(f, "\n  - {e}")?;
+        }
+        if n > SHOWN {
+            write!(f, "\n  - and {} more", n - SHOWN)?;
         }
         Ok(())
     }

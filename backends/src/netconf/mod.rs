@@ -95,8 +95,18 @@ impl fmt::Display for NetConf {
     }
 }
 
+/// The largest net-conf.json read: a full one is under 1 KiB.
+pub const MAX_CONF_BYTES: usize = 64 << 10;
+
 /// Parses and validates net-conf.json text, returning every problem at once.
 pub fn parse(text: &str) -> Result<NetConf, ConfigErrors> {
+    if text.len() > MAX_CONF_BYTES {
+        return Err(ConfigErrors(vec![ConfigError::invalid(
+            "(top level)",
+            format!("{} bytes", text.len()),
+            format!("net-conf.json holds at most {MAX_CONF_BYTES} bytes"),
+        )]));
+    }
     let value: Value = serde_json::from_str(text).map_err(|e| {
         ConfigErrors(vec![ConfigError::Json {
             line: e.line(),
@@ -139,7 +149,7 @@ pub fn parse(text: &str) -> Result<NetConf, ConfigErrors> {
 
 /// serde_json's message without its trailing " at line L column C" (we say that ourselves).
 fn json_message(e: &serde_json::Error) -> String {
-    let full = e.to_string();
+    let full = crate::model::json_error(e);
     match full.rfind(" at line ") {
         Some(i) => full[..i].to_string(),
         None => full,

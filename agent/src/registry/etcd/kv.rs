@@ -35,7 +35,10 @@ pub enum BadLease {
     NotAnObject { key: String, got: String },
     #[error("key {key}: the value is {size} bytes, more than {MAX_LEASE_BYTES}")]
     TooLarge { key: String, size: usize },
-    #[error("key {key}: the value is not flannel lease JSON: {source}")]
+    #[error(
+        "key {key}: the value is not flannel lease JSON: {}",
+        weft_backends::model::json_error(source)
+    )]
     Value {
         key: String,
         #[source]
@@ -54,9 +57,11 @@ pub fn lease_of(subnets_dir: &str, kv: &etcd_client::KeyValue) -> Result<Lease, 
 /// Reads one stored lease. `full_key` is the whole etcd key; `subnets_dir` is
 /// `<prefix>/subnets/`.
 pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<Lease, BadLease> {
-    let key = String::from_utf8_lossy(full_key).into_owned();
-    let name = key.strip_prefix(subnets_dir).unwrap_or(&key).to_string();
-    let subnet = parse_subnet_key(&name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
+    let full = String::from_utf8_lossy(full_key);
+    let name = full.strip_prefix(subnets_dir).unwrap_or(&full);
+    // The key as messages show it: a hostile key is not echoed whole.
+    let key = weft_backends::model::clip(&full);
+    let subnet = parse_subnet_key(name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
     if value.len() > MAX_LEASE_BYTES {
         return Err(BadLease::TooLarge {
             key,
@@ -80,7 +85,7 @@ pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<L
         IpNet::V4(_) => (Some(subnet), None),
         IpNet::V6(_) => (None, Some(subnet)),
     };
-    Ok(attrs.into_lease(name, v4, v6))
+    Ok(attrs.into_lease(name.to_string(), v4, v6))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! get when the node is found through the agent's own pod.
 
 mod follow;
-mod node;
+pub mod node;
 mod publish;
 
 use std::path::PathBuf;

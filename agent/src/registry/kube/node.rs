@@ -24,7 +24,10 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// A Node whose data weft cannot use; it names the node and the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BadNode {
-    #[error("node {node}: {field} {value:?} is not a CIDR")]
+    #[error(
+        "node {node}: {field} {:?} is not a CIDR",
+        weft_backends::model::clip(value)
+    )]
     PodCidr {
         node: String,
         field: &'static str,

@@ -14,7 +14,7 @@ use crate::model::PeerSpec;
 pub enum UapiError {
     #[error("the device answered errno={0}")]
     Errno(i32),
-    #[error("line {line}: {problem}: {text:?}")]
+    #[error("line {line}: {problem}: {:?}", crate::model::clip(text))]
     Bad {
         line: usize,
         problem: &'static str,
@@ -150,6 +150,10 @@ pub fn parse_get(text: &str) -> Result<WgDevice, UapiError> {
             problem,
             text: line.chars().take(80).collect(),
         };
+        // The longest line of a `get` answer is a key: 64 hex digits and its name.
+        if line.len() > 4096 {
+            return Err(bad("longer than 4096 bytes"));
+        }
         let (key, value) = line.split_once('=').ok_or_else(|| bad("not key=value"))?;
         let num = |v: &str| v.parse::<u64>().map_err(|_| bad("not a number"));
         match key {
