@@ -9,6 +9,7 @@ pub use proxy::CutProxy;
 pub mod bench;
 pub mod demo;
 pub mod fixtures;
+pub mod fuzz;
 pub mod kube_api;
 pub mod lab;
 pub mod live_demo;

@@ -5,10 +5,16 @@
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
 //!   `weft-lab bench data-plane [--runs 3] [--bytes N]` and `weft-lab bench rotation
 //!   [--runs 5]`: the benchmarks of BENCHMARKS.md.
+//! - `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…]`: every parser of outside data
+//!   fuzzed (`weft_lab::fuzz`), with allocations counted.
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
 //!   WireGuard, this machine's root read-only); prints its output, exits with its status.
 
 use std::process::ExitCode;
+
+/// Counted, for the fuzzer's allocation bound; a pass-through to the system allocator.
+#[global_allocator]
+static ALLOCATOR: weft_lab::fuzz::alloc::Counting = weft_lab::fuzz::alloc::Counting;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -37,13 +43,14 @@ fn main() -> ExitCode {
             .and_then(|bytes| weft_lab::tcp::source(arg(1), bytes))
             .map(|out| println!("{out}")),
         "bench" => bench(&args[1..]),
+        "fuzz" => weft_lab::fuzz::command(&args[1..]),
         "vm" => match vm(arg(1)) {
             Ok(code) => return ExitCode::from(code),
             Err(e) => Err(e),
         },
         _ => {
             eprintln!(
-                "usage: weft-lab demo [wireguard|vxlan|host-gw] [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | vm SCRIPT"
+                "usage: weft-lab demo [wireguard|vxlan|host-gw] [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | bench … | fuzz … | vm SCRIPT"
             );
             return ExitCode::from(2);
         }
