@@ -189,6 +189,10 @@ impl EtcdRegistry {
             previous: lease.subnet,
             ..request
         };
+        // Our key is gone; so may be our etcd lease (etcd restored from a snapshot taken
+        // before it was granted answers "requested lease not found" forever). A fresh one
+        // is granted; the old, if it lives, holds nothing and expires.
+        self.lease_id = None;
         self.acquire_lease(&net, &request).await
     }
 
