@@ -96,7 +96,8 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let mut shutdown = shutdown_on_signals()?;
     let health = Health::new(args.resync_period);
     let snapshot = snapshot::Shared::default();
-    let metrics = Metrics::default();
+    let mut metrics = Metrics::default();
+    metrics.alerts.registry = health.registry();
     let endpoints = crate::observe::http::Endpoints {
         health: health.clone(),
         metrics: metrics.clone(),

@@ -7,7 +7,8 @@
 //!   retry; no beat for `max(2 × resync period, 60 s)` means the loop is wedged (a hung
 //!   netlink call, a deadlock) and the kubelet should restart the container.
 //! - `/readyz` (readiness): the lease is acquired, the data plane has been programmed,
-//!   and subnet.env is written. The body names what is still missing.
+//!   subnet.env is written, and the registry answers. The body names what is missing;
+//!   while the registry is away it says why (the data plane stays as it was).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +32,25 @@ pub enum Readiness {
 #[derive(Clone)]
 pub struct Health(Arc<Inner>);
 
+/// Why the registry cannot be followed now (`None`: it answers). The registry sets it,
+/// `/readyz` says it.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryStatus(Arc<std::sync::Mutex<Option<String>>>);
+
+impl RegistryStatus {
+    pub fn lost(&self, why: impl std::fmt::Display) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+    }
+
+    pub fn back(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    pub fn why(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 struct Inner {
     started: Instant,
     /// Milliseconds after `started` of the last beat.
@@ -39,6 +59,7 @@ struct Inner {
     lease: AtomicBool,
     dataplane: AtomicBool,
     subnet_file: AtomicBool,
+    registry: RegistryStatus,
 }
 
 impl Health {
@@ -50,7 +71,13 @@ impl Health {
             lease: AtomicBool::new(false),
             dataplane: AtomicBool::new(false),
             subnet_file: AtomicBool::new(false),
+            registry: RegistryStatus::default(),
         }))
+    }
+
+    /// The registry's status, which readiness includes.
+    pub fn registry(&self) -> RegistryStatus {
+        self.0.registry.clone()
     }
 
     pub fn beat(&self) {
@@ -90,15 +117,18 @@ impl Health {
 
     /// `Ok` once everything is in place; `Err` names what is missing.
     pub fn readiness(&self) -> Result<String, Unhealthy> {
-        let missing: Vec<&str> = [
+        let mut missing: Vec<String> = [
             (Readiness::LeaseAcquired, "lease"),
             (Readiness::DataplaneProgrammed, "data plane"),
             (Readiness::SubnetFileWritten, "subnet file"),
         ]
         .into_iter()
         .filter(|(what, _)| !self.flag(*what).load(Ordering::Relaxed))
-        .map(|(_, name)| name)
+        .map(|(_, name)| name.to_string())
         .collect();
+        if let Some(why) = self.0.registry.why() {
+            missing.push(format!("the registry ({why})"));
+        }
         if missing.is_empty() {
             Ok("ready".into())
         } else {
@@ -117,7 +147,7 @@ pub enum Unhealthy {
     )]
     Wedged { silent: Duration, limit: Duration },
     #[error("not ready; waiting for: {}", missing.join(", "))]
-    NotReady { missing: Vec<&'static str> },
+    NotReady { missing: Vec<String> },
 }
 
 fn answer(result: Result<String, Unhealthy>) -> (StatusCode, String) {
@@ -234,5 +264,14 @@ mod tests {
         assert_eq!(h.readiness().unwrap(), "ready");
         h.unset(Readiness::DataplaneProgrammed);
         assert!(h.readiness().is_err());
+        h.set(Readiness::DataplaneProgrammed);
+        h.registry()
+            .lost("etcd at http://x:2379: connection refused");
+        assert_eq!(
+            h.readiness().unwrap_err().to_string(),
+            "not ready; waiting for: the registry (etcd at http://x:2379: connection refused)"
+        );
+        h.registry().back();
+        assert_eq!(h.readiness().unwrap(), "ready");
     }
 }

@@ -80,6 +80,8 @@ pub struct Alerts {
     pub steering_changes: Counter,
     /// Foreign writes to this node's etcd lease, written back.
     pub leases_defended: Counter,
+    /// Whether the registry answers; `follow` sets it, `/readyz` says it.
+    pub registry: crate::observe::http::RegistryStatus,
 }
 
 /// The channels `follow` works with.

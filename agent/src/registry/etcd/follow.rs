@@ -38,6 +38,7 @@ pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
             Err(e) => {
                 let delay = backoff.next_delay();
                 warn!(error = %e, retry_in = ?delay, "etcd registry");
+                links.alerts.registry.lost(&e);
                 if sleep_or_shutdown(delay, &mut links.shutdown).await {
                     return;
                 }
@@ -207,6 +208,7 @@ async fn session(
     }
     let listed = reg.list().await?;
     backoff.reset();
+    links.alerts.registry.back();
     let ours = reg
         .held
         .as_ref()
