@@ -1,12 +1,12 @@
 //! Following every Node with kube's watcher: a LIST, then a WATCH from its
 //! resourceVersion; on `410 Gone` (the API server no longer has that history) it lists
 //! again, and the listing replaces the view, so a node deleted while the watch was down
-//! leaves it too. Connection errors are retried with the watcher's backoff.
+//! leaves it too. Connection errors are retried with the agent's own backoff (250 ms
+//! doubling to 10 s, `WatchBackoff`): kube's default grows to 30 s, which after an outage
+//! kept the watch down past one resync of the API server's return.
 //!
 //! Also: publishing new attributes (and re-publishing when someone removes or changes this
 //! node's annotations), and clearing `NetworkUnavailable` once the data plane is up.
-
-use std::pin::pin;
 
 use futures::StreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -26,9 +26,41 @@ struct Pending {
     retry_at: Option<Instant>,
 }
 
+/// The node watch's retry delays: the registry's `Backoff`.
+struct WatchBackoff(crate::backoff::Backoff);
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(self.0.next_delay())
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
+/// A LIST and WATCH of every Node from scratch.
+fn watch_nodes(
+    reg: &KubeRegistry,
+) -> std::pin::Pin<Box<impl futures::Stream<Item = watcher::Result<Event<SlimNode>>>>> {
+    Box::pin(
+        watcher::watcher(reg.nodes.clone(), watcher::Config::default())
+            .backoff(WatchBackoff(reg.cfg.backoff)),
+    )
+}
+
+/// How often a failing API server is asked again for this node (`GET`), besides the
+/// watch's own retries: the first answer starts a fresh watch at once, instead of at the
+/// end of the watch's backoff.
+const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
-    let stream = watcher::watcher(reg.nodes.clone(), watcher::Config::default()).default_backoff();
-    let mut stream = pin!(stream);
+    let mut stream = watch_nodes(&reg);
+    let mut probe = tokio::time::interval(PROBE_EVERY);
     let mut view = ClusterView::default();
     let mut listing: Option<ClusterView> = None;
     let mut listed_once = false;
@@ -65,6 +97,12 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     backoff.reset();
                 }
             },
+            _ = probe.tick(), if links.alerts.registry.why().is_some() => {
+                if reg.nodes.get(&reg.cfg.node_name).await.is_ok() {
+                    info!("the API server answers again; watching the nodes afresh");
+                    stream = watch_nodes(&reg);
+                }
+            },
             event = stream.next() => match event {
                 Some(Ok(Event::Init)) => listing = Some(ClusterView::default()),
                 Some(Ok(Event::InitApply(node))) => {
@@ -74,6 +112,7 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     own_node(&mut reg, &node, &mut pending, &links);
                 }
                 Some(Ok(Event::InitDone)) => {
+                    links.alerts.registry.back();
                     if let Some(fresh) = listing.take() {
                         info!(nodes = fresh.len(), "listed nodes");
                         publish_view(&mut view, fresh, &links, !listed_once);
@@ -81,6 +120,7 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     }
                 }
                 Some(Ok(Event::Apply(node))) => {
+                    links.alerts.registry.back();
                     let mut next = view.clone();
                     apply(&reg, &mut next, &node);
                     publish_view(&mut view, next, &links, false);
@@ -91,7 +131,10 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     next.remove(node.name());
                     publish_view(&mut view, next, &links, false);
                 }
-                Some(Err(e)) => warn!(error = %e, "watching nodes (retried with backoff; a 410 Gone lists again)"),
+                Some(Err(e)) => {
+                    warn!(error = %e, "watching nodes (retried with backoff; a 410 Gone lists again)");
+                    links.alerts.registry.lost(format!("the API server: {e}"));
+                }
                 None => {
                     warn!("the node watch ended");
                     return;
