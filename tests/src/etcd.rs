@@ -271,6 +271,36 @@ impl Etcd {
         self.stop();
         self.launch()
     }
+
+    /// `etcdctl snapshot save` to `path`.
+    pub fn snapshot(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        self.etcdctl(&["snapshot", "save", &path.to_string_lossy()])
+            .map(|_| ())
+    }
+
+    /// Kills etcd, wipes its data, restores `snapshot` into it (as an operator recovering
+    /// a lost member would) and starts it again.
+    pub fn wipe_and_restore(&mut self, snapshot: &std::path::Path) -> anyhow::Result<()> {
+        self.stop();
+        let data = self.dir.path().join("data");
+        std::fs::remove_dir_all(&data).context("wiping etcd's data")?;
+        let peer = format!("http://{}:{}", self.host, self.peer_port);
+        let out = Command::new("etcdctl")
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .arg(format!("--data-dir={}", data.display()))
+            .args(["--name=lab", &format!("--initial-cluster=lab={peer}")])
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .output()
+            .context("etcdctl snapshot restore")?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl snapshot restore: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.launch()
+    }
 }
 
 impl Drop for Etcd {

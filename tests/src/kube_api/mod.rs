@@ -25,8 +25,23 @@ use store::{new_node, Event};
 /// The bearer token clients must present.
 pub const TOKEN: &str = "weft-lab-token";
 
+/// How the test API server misbehaves, as real ones do under load or in an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fault {
+    #[default]
+    None,
+    /// Every request answered `500 InternalError`.
+    Errors,
+    /// Every request accepted and left unanswered while the fault lasts (then failed
+    /// with 503, as a stalled server that recovers does).
+    Hang,
+    /// Watches served, each closed after this long (a load balancer's idle cut).
+    ShortWatches(std::time::Duration),
+}
+
 pub struct Shared {
     store: Mutex<Store>,
+    fault: Mutex<Fault>,
     requests: Mutex<BTreeMap<(String, String), u64>>,
     conflicts: AtomicU64,
 }
@@ -43,6 +58,10 @@ impl Shared {
             .entry((verb.to_string(), resource.to_string()))
             .and_modify(|n| *n += 1)
             .or_insert(1);
+    }
+
+    fn fault(&self) -> Fault {
+        *self.fault.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn count_conflict(&self) {
@@ -62,6 +81,7 @@ impl KubeApi {
     pub fn start(netns: Option<&str>, ip: IpAddr, port: u16) -> anyhow::Result<KubeApi> {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
+            fault: Mutex::new(Fault::None),
             requests: Mutex::new(BTreeMap::new()),
             conflicts: AtomicU64::new(0),
         });
@@ -122,6 +142,16 @@ impl KubeApi {
             stop: Some(stop),
             thread: Some(thread),
         })
+    }
+
+    /// From now on, misbehave as `fault` says (`Fault::None`: serve again).
+    /// `Errors` and `Hang` also end every open watch (the server went down and came back
+    /// failing), so clients meet the fault at once, not at their watch's timeout.
+    pub fn set_fault(&self, fault: Fault) {
+        *self.shared.fault.lock().unwrap_or_else(|p| p.into_inner()) = fault;
+        if matches!(fault, Fault::Errors | Fault::Hang) {
+            let _ = self.store().events.send(Event::EndWatches);
+        }
     }
 
     pub fn url(&self) -> String {

@@ -30,7 +30,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::patch;
 use super::store::{status, Event};
-use super::{Shared, TOKEN};
+use super::{Fault, Shared, TOKEN};
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
@@ -51,7 +51,28 @@ pub fn router(shared: Arc<Shared>) -> Router {
                 ),
             )
         })
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), faults))
         .with_state(shared)
+}
+
+/// `Fault::Errors` and `Fault::Hang` answer for every route.
+async fn faults(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match shared.fault() {
+        Fault::Errors => failure(500, "InternalError", "an injected server error"),
+        Fault::Hang => {
+            // Unanswered while the fault lasts; then failed, as a stalled server that
+            // recovers fails what it held.
+            while shared.fault() == Fault::Hang {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            failure(503, "ServiceUnavailable", "the server was stalled")
+        }
+        _ => next.run(request).await,
+    }
 }
 
 fn reply(code: StatusCode, body: Value) -> Response {
@@ -177,11 +198,15 @@ fn watch(shared: Arc<Shared>, q: &HashMap<String, String>) -> Response {
         .get("resourceVersion")
         .and_then(|rv| rv.parse::<u64>().ok())
         .unwrap_or(0);
-    let timeout = q
+    let asked = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
-        .unwrap_or(300)
-        .min(300);
+        .map_or(Duration::from_secs(300), Duration::from_secs)
+        .min(Duration::from_secs(300));
+    let timeout = match shared.fault() {
+        Fault::ShortWatches(cut) => asked.min(cut),
+        _ => asked,
+    };
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     let (initial, mut events, mut last) = {
@@ -224,7 +249,7 @@ fn watch(shared: Arc<Shared>, q: &HashMap<String, String>) -> Response {
         let Some(events) = events.as_mut() else {
             return;
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        let deadline = tokio::time::Instant::now() + timeout;
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             let out = tokio::select! {

@@ -511,6 +511,14 @@ impl Lab {
             None => panic!("this lab runs the Kubernetes registry; it has no etcd"),
         }
     }
+
+    /// The lab's etcd, to stop, restart or restore it.
+    pub fn etcd_mut(&mut self) -> &mut Etcd {
+        match &mut self.etcd {
+            Some(etcd) => etcd,
+            None => panic!("this lab runs the Kubernetes registry; it has no etcd"),
+        }
+    }
 }
 
 impl Drop for Lab {

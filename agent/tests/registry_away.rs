@@ -1,0 +1,256 @@
+//! The registry away, in the lab: etcd down for 60 s, etcd wiped and restored from a
+//! snapshot, and the Kubernetes API server answering 500s, hanging, or closing its watches
+//! every few seconds. Throughout, pod traffic flows (a stream between every pair of nodes
+//! counts its answers), the data plane is not written (every pass logs `writes=0`), and
+//! `/readyz` says why the node is not ready. Afterwards a change in the registry reaches
+//! the data plane within one resync.
+
+use std::time::{Duration, Instant};
+
+use weft_lab::kube_api::Fault;
+use weft_lab::lab::clear_watch::ClearWatch;
+use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::netns::http_get;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+const PORT: u16 = 10_251;
+const RESYNC_S: u64 = 10;
+
+fn config(mut cfg: LabConfig) -> LabConfig {
+    cfg.extra_args.push(format!("--healthz-port={PORT}"));
+    cfg.extra_args.push(format!("--resync-period={RESYNC_S}"));
+    cfg
+}
+
+fn readyz(lab: &Lab, i: usize) -> (u16, String) {
+    let node = &lab.nodes[i];
+    http_get(&node.ns, &format!("{}:{PORT}", node.ip), "/readyz")
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !ok() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    started.elapsed()
+}
+
+/// How many lines each agent's log has now.
+fn log_marks(lab: &Lab) -> Vec<usize> {
+    (0..lab.nodes.len())
+        .map(|i| log(lab, i).lines().count())
+        .collect()
+}
+
+fn log(lab: &Lab, i: usize) -> String {
+    std::fs::read_to_string(lab.nodes[i].agent_log()).unwrap_or_default()
+}
+
+/// The data plane writes each agent logged after `marks`; panics unless every pass since
+/// wrote nothing. Returns the number of passes seen.
+fn assert_no_writes_since(lab: &Lab, marks: &[usize]) -> usize {
+    let mut passes = 0;
+    for (i, mark) in marks.iter().enumerate() {
+        let text = log(lab, i);
+        for line in text
+            .lines()
+            .skip(*mark)
+            .filter(|l| l.contains(" reconciled "))
+        {
+            passes += 1;
+            assert!(
+                line.contains(" writes=0 "),
+                "node {} wrote to its data plane while the registry was away: {line}",
+                i + 1
+            );
+        }
+    }
+    passes
+}
+
+/// Adds a node and waits until every other node has it as a peer; returns how long.
+fn join_and_time(lab: &mut Lab) -> Duration {
+    let started = Instant::now();
+    let new = lab.add_node().unwrap();
+    let key = lab
+        .on_node(new, "wg show flannel-wg public-key")
+        .unwrap()
+        .trim()
+        .to_string();
+    for i in 0..new {
+        wait_for(
+            "the new node as a peer everywhere",
+            Duration::from_secs(RESYNC_S),
+            || {
+                lab.on_node(i, "wg show flannel-wg peers")
+                    .is_ok_and(|p| p.contains(&key))
+            },
+        );
+    }
+    started.elapsed()
+}
+
+#[test]
+fn etcd_away_for_60_s_leaves_the_data_plane_alone_and_readiness_says_why() {
+    let mut lab = Lab::start(config(LabConfig::wireguard(3, WEFT))).unwrap();
+    lab.assert_all_pairs();
+    wait_for("ready", Duration::from_secs(10), || {
+        readyz(&lab, 0).0 == 200
+    });
+    let watch = ClearWatch::start(&lab).unwrap();
+    let marks = log_marks(&lab);
+
+    lab.etcd_mut().stop();
+    wait_for(
+        "/readyz saying the registry is away",
+        Duration::from_secs(RESYNC_S * 2),
+        || {
+            let (code, body) = readyz(&lab, 0);
+            code == 503 && body.contains("the registry (") && body.contains("198.51.100.250:2379")
+        },
+    );
+    eprintln!("etcd away: /readyz says {:?}", readyz(&lab, 1).1.trim());
+    std::thread::sleep(Duration::from_secs(60));
+    let passes = assert_no_writes_since(&lab, &marks);
+    assert!(
+        passes >= 3 * 60 / RESYNC_S as usize / 2,
+        "only {passes} passes in 60 s"
+    );
+    let watched = watch.finish().unwrap();
+    assert!(
+        watched.sent - watched.answered <= 3,
+        "pod traffic lost while etcd was away: {watched:?}"
+    );
+    eprintln!("etcd away 60 s: {passes} passes, none wrote; pod streams {watched:?}");
+
+    let back = Instant::now();
+    lab.etcd_mut().launch().unwrap();
+    for i in 0..3 {
+        wait_for("ready again", Duration::from_secs(RESYNC_S), || {
+            readyz(&lab, i).0 == 200
+        });
+    }
+    let ready_in = back.elapsed();
+    let joined = join_and_time(&mut lab);
+    lab.assert_all_pairs();
+    eprintln!(
+        "etcd back: ready in {ready_in:?}; a node joining after reached everywhere in {joined:?}"
+    );
+}
+
+#[test]
+fn etcd_wiped_and_restored_from_a_snapshot_keeps_every_subnet_once() {
+    let mut lab = Lab::start(config(LabConfig::wireguard(3, WEFT))).unwrap();
+    lab.assert_all_pairs();
+    let snapshot = lab.dir().join("etcd.snapshot");
+    lab.etcd().snapshot(&snapshot).unwrap();
+    // A node joins after the snapshot: the restore loses its lease.
+    let late = lab.add_node().unwrap();
+    lab.assert_all_pairs();
+    let subnets: Vec<_> = lab.nodes.iter().map(|n| n.subnet.unwrap()).collect();
+
+    lab.etcd_mut().wipe_and_restore(&snapshot).unwrap();
+    let leases = || {
+        lab.etcd()
+            .etcdctl(&[
+                "get",
+                "--prefix",
+                "--keys-only",
+                "/coreos.com/network/subnets/",
+            ])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let restored = Instant::now();
+    while leases().len() != 4 {
+        assert!(
+            restored.elapsed() < Duration::from_secs(RESYNC_S * 3),
+            "the late node's lease not claimed again: {:?}\n{}",
+            leases(),
+            log(&lab, late)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let back = restored.elapsed();
+    let keys = leases();
+    for (i, s) in subnets.iter().enumerate() {
+        let key = format!(
+            "/coreos.com/network/subnets/{}-{}",
+            s.network(),
+            s.prefix_len()
+        );
+        assert!(
+            keys.contains(&key),
+            "node {} lost subnet {s}: {keys:?}",
+            i + 1
+        );
+    }
+    let log = log(&lab, late);
+    assert!(log.contains("claiming it again"), "{log}");
+    lab.assert_all_pairs();
+    eprintln!("etcd restored from a snapshot without node {}'s lease: claimed again with the same subnet in {back:?}; 4 leases, all pairs", late + 1);
+}
+
+/// One fault of the test API server for `lasting`, with the streams running; then the
+/// fault ends and a new node must be reached within one resync.
+fn api_fault(lab: &mut Lab, fault: Fault, lasting: Duration, says_why: bool) {
+    let watch = ClearWatch::start(lab).unwrap();
+    let marks = log_marks(lab);
+    let api = lab.kube.as_ref().unwrap();
+    api.set_fault(fault);
+    if says_why {
+        wait_for(
+            "/readyz saying the API server fails",
+            Duration::from_secs(RESYNC_S * 2),
+            || {
+                let (code, body) = readyz(lab, 0);
+                code == 503 && body.contains("the registry (the API server")
+            },
+        );
+    }
+    std::thread::sleep(lasting);
+    let passes = assert_no_writes_since(lab, &marks);
+    lab.kube.as_ref().unwrap().set_fault(Fault::None);
+    let watched = watch.finish().unwrap();
+    assert!(
+        watched.sent - watched.answered <= 3,
+        "pod traffic lost during {fault:?}: {watched:?}"
+    );
+    let ended = Instant::now();
+    for i in 0..lab.nodes.len() {
+        while readyz(lab, i).0 != 200 {
+            assert!(
+                ended.elapsed() < Duration::from_secs(RESYNC_S),
+                "node {} not ready within one resync after {fault:?} ended: {:?}\n{}",
+                i + 1,
+                readyz(lab, i),
+                log(lab, i)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let ready_in = ended.elapsed();
+    let joined = join_and_time(lab);
+    eprintln!(
+        "{fault:?} for {lasting:?}: {passes} passes, none wrote; streams {watched:?}; ready {ready_in:?} after, a new node reached in {joined:?}"
+    );
+}
+
+#[test]
+fn the_api_server_failing_hanging_or_cutting_watches_leaves_the_data_plane_alone() {
+    let mut lab = Lab::start(config(LabConfig::kube(2, WEFT))).unwrap();
+    lab.assert_all_pairs();
+    api_fault(&mut lab, Fault::Errors, Duration::from_secs(20), true);
+    api_fault(&mut lab, Fault::Hang, Duration::from_secs(20), false);
+    api_fault(
+        &mut lab,
+        Fault::ShortWatches(Duration::from_secs(2)),
+        Duration::from_secs(20),
+        false,
+    );
+    lab.assert_all_pairs();
+}
