@@ -6,7 +6,7 @@
 use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 use tracing::{info, warn};
-use weft_backends::model::ClusterView;
+use weft_backends::model::{ClusterView, Lease};
 
 use super::kv::lease_of;
 use super::{EtcdRegistry, RegistryError};
@@ -67,6 +67,14 @@ async fn read_and_watch(
         )
         .await?;
     Ok((resp.kvs().first().map(|kv| kv.value().to_vec()), stream))
+}
+
+/// Whether two leases publish the same attributes (what a node writes, not when or by
+/// which etcd lease).
+fn same_attrs(a: &Lease, b: &Lease) -> bool {
+    (a.public_ip, a.public_ipv6, &a.backend_type) == (b.public_ip, b.public_ipv6, &b.backend_type)
+        && (&a.backend_data, &a.backend_v6_data, &a.next_key)
+            == (&b.backend_data, &b.backend_v6_data, &b.next_key)
 }
 
 /// Passes a rotation request on to the agent, once per id.
@@ -219,6 +227,19 @@ async fn session(
         let lease = reg.reacquire().await?;
         links.local.send_replace(lease);
         return Ok(Ended::Relist("lease re-acquired"));
+    }
+    // An update whose write failed (etcd away, a connection cut by an address change) was
+    // taken from the queue: what is stored is then not what this node means to publish.
+    if let (Some((held, request)), Some(stored)) = (
+        reg.held.clone(),
+        listed.leases.iter().find(|s| s.lease.node == ours),
+    ) {
+        if !same_attrs(&held, &stored.lease) {
+            info!(lease = %ours, "publishing the attributes an earlier update could not");
+            let lease = reg.republish(request.attrs).await?;
+            links.local.send_replace(lease);
+            return Ok(Ended::Relist("attributes published again"));
+        }
     }
     let mut fresh = ClusterView::default();
     for stored in listed.leases {
