@@ -219,7 +219,8 @@ impl KeyState {
         true
     }
 
-    async fn publish(&self) {
+    /// Hands the attributes to the registry to publish.
+    pub(crate) async fn publish(&self) {
         if self.updates.send(self.attrs.clone()).await.is_err() {
             warn!("the registry has stopped; the new attributes are not published");
         }

@@ -5,10 +5,11 @@
 //!   it; `pass` runs one pass; `error_policy` says what a failure means;
 //! - `backend_setup`: what each backend needs before the first plan;
 //! - `roaming`: what the loop remembers of its peers' endpoints, for the plan;
-//! - `iface`: the address this node advertises;
+//! - `iface`: the address this node advertises; `address`: following it when it changes;
 //! - `one_agent`: the lock that keeps a second agent off the node;
 //! - `subnet_file`: `/run/flannel/subnet.env`.
 
+mod address;
 pub mod backend_setup;
 mod error_policy;
 pub mod iface;

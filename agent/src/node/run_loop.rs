@@ -181,7 +181,10 @@ impl Controller<'_> {
                 // deleted device is recreated and read afresh; so a deletion (often one of
                 // the agent's own) needs no full pass.
                 Some(()) = self.inputs.deletions.recv() => return Wake::Pass { full: false },
-                _ = self.nft_check.tick() => self.check_nft().await,
+                _ = self.nft_check.tick() => {
+                    self.check_nft().await;
+                    self.follow_address().await;
+                }
                 Some(request) = self.inputs.rotate.recv() => self.rotate_on_request(request).await,
                 Some(id) = self.inputs.registry_rotations.recv() => self.rotate_from_registry(&id).await,
                 // This node's announced switch.
