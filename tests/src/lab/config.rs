@@ -54,6 +54,9 @@ pub struct LabConfig {
     /// Capture the underlay from before the first agent starts, and start the clear-traffic
     /// watch's pod streams as soon as the pods exist (`Lab::take_start_watch`).
     pub watch_start: bool,
+    /// Nodes (by index) whose agent gets `--iface=eth0` instead of `--public-ip`: it finds
+    /// its address itself, and follows it when it changes.
+    pub own_address: Vec<usize>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -85,6 +88,7 @@ impl LabConfig {
             launchers: BTreeMap::new(),
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
             watch_start: false,
+            own_address: Vec::new(),
         }
     }
 

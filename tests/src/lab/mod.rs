@@ -379,10 +379,13 @@ impl Lab {
                 self.cfg.etcd_prefix
             )
         };
+        let address = match self.cfg.own_address.contains(&i) {
+            true => "--iface=eth0".to_string(),
+            false => format!("--public-ip={}", node.ip),
+        };
         let script = format!(
-            "exec {weft} agent {registry} --public-ip={ip} {extra}",
+            "exec {weft} agent {registry} {address} {extra}",
             weft = self.cfg.weft.display(),
-            ip = node.ip,
             extra = self.cfg.extra_args.join(" "),
         );
         let script = match self
