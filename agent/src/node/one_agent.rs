@@ -5,7 +5,7 @@
 //! ends; the userspace device process does not inherit it.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,13 +34,20 @@ pub fn take(dir: &Path) -> Result<AgentLock, LockError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io)?;
+    // The lock is held on a read-only descriptor: the agent keeps no file open for writing
+    // in the state directory, which can then be remounted read-only under a running agent
+    // (a filesystem's errors=remount-ro, an operator); the pid goes in through another,
+    // closed at once.
+    let write = || {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)
+    };
+    drop(write()?);
+    let mut file = File::open(&path).map_err(io)?;
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
@@ -51,13 +58,12 @@ pub fn take(dir: &Path) -> Result<AgentLock, LockError> {
         }
         Err(TryLockError::Error(e)) => return Err(io(e)),
     }
-    file.set_len(0).map_err(io)?;
-    file.rewind().map_err(io)?;
-    writeln!(file, "{}", std::process::id()).map_err(io)?;
+    let mut pid = write()?;
+    pid.set_len(0).map_err(io)?;
+    writeln!(pid, "{}", std::process::id()).map_err(io)?;
     Ok(AgentLock { _file: file })
 }
 
-/// "pid 1234 (weft agent …)" from the pid the holder wrote, as far as /proc tells.
 fn describe(pid: &str) -> String {
     let Ok(pid) = pid.parse::<u32>() else {
         return "its pid is not recorded".into();
