@@ -5,7 +5,8 @@
 //! - `keys`: key rotation, a peer's key switchover, the pre-shared key;
 //! - `observe`: the snapshot, metrics, the health endpoints and the control socket;
 //! - `cli` and `commands`: the command line and the operator's commands;
-//! - `cni`: the CNI plugin `weft-cni`.
+//! - `cni`: the CNI plugin `weft-cni`;
+//! - `report`: an error with its causes, as one line.
 
 pub mod backoff;
 pub mod cli;
@@ -15,3 +16,4 @@ pub mod keys;
 pub mod node;
 pub mod observe;
 pub mod registry;
+pub mod report;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("weft: error: {e:#}");
+            eprintln!("weft: error: {}", weft::report::error_text(&e));
             ExitCode::from(1)
         }
     }

@@ -180,7 +180,7 @@ pub enum RotateError {
     #[error("only the wireguard backend has a key to rotate")]
     NoKey,
     /// Writing the next key or its announcement failed (the chain names the file).
-    #[error("{0:#}")]
+    #[error("{}", crate::report::error_text(.0))]
     State(anyhow::Error),
 }
 
