@@ -24,7 +24,8 @@ pub struct Switchover {
 
 impl Switchover {
     /// What the plan takes as input. Keys no peer announces any more are forgotten first.
-    pub fn observed(&mut self, view: &ClusterView, me: &str) -> &Observed {
+    /// Announced keys seen for the first time are noted at `now` (`SEEN_LEAD`).
+    pub fn observed(&mut self, view: &ClusterView, me: &str, now: SystemTime) -> &Observed {
         let announced: Vec<PublicKey> = view
             .leases
             .values()
@@ -34,6 +35,12 @@ impl Switchover {
         self.observed
             .next_keys_in_use
             .retain(|k| announced.contains(k));
+        self.observed
+            .next_keys_seen
+            .retain(|k, _| announced.contains(k));
+        for key in announced {
+            self.observed.next_keys_seen.entry(key).or_insert(now);
+        }
         &self.observed
     }
 
@@ -112,9 +119,15 @@ mod tests {
         assert_eq!(s.poll_at(Some(&watch), t), Some(t + HANDSHAKE_POLL));
         assert!(s.observe(&watch, &HashMap::from([(key, Duration::from_secs(1))]), t));
         assert!(!s.observe(&watch, &HashMap::from([(key, Duration::from_secs(1))]), t));
-        assert!(s.observed(&view, "me").next_keys_in_use.contains(&key));
+        assert!(s
+            .observed(&view, "me", SystemTime::now())
+            .next_keys_in_use
+            .contains(&key));
         // Once no peer announces it, it is forgotten.
         view.insert(lease("peer", None));
-        assert!(s.observed(&view, "me").next_keys_in_use.is_empty());
+        assert!(s
+            .observed(&view, "me", SystemTime::now())
+            .next_keys_in_use
+            .is_empty());
     }
 }

@@ -111,7 +111,7 @@ impl Controller<'_> {
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
         let observed = Observed {
             peers: self.roaming.observed(device),
-            ..self.switchover.observed(view, &self.me.node).clone()
+            ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let state = plan(&PlanInput {
             local: &self.me,

@@ -16,6 +16,11 @@ pub const SWITCH_GRACE: Duration = Duration::from_secs(2);
 pub const HANDSHAKE_POLL: Duration = Duration::from_millis(20);
 /// How long before an announced moment the watching starts.
 pub const WATCH_BEFORE: Duration = Duration::from_millis(300);
+/// An announced moment is taken as no earlier than this long after this node first saw
+/// the announcement (the lead a rotating node announces with). A clock running ahead
+/// (an hour, say) would otherwise find every moment past on sight and switch before the
+/// rotating node does; a late one waits for the handshake or the new backend-data.
+pub const SEEN_LEAD: Duration = Duration::from_secs(3);
 
 /// The devices' reports that the plan depends on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,6 +28,8 @@ pub struct Observed {
     /// Peers' announced next keys that have handshaken on this node's device: each is in
     /// use, so it takes over at once.
     pub next_keys_in_use: BTreeSet<PublicKey>,
+    /// When this node first saw each announced next key, by its own clock (`SEEN_LEAD`).
+    pub next_keys_seen: BTreeMap<PublicKey, SystemTime>,
     /// Each peer on this node's WireGuard devices, by key: what the device holds, and
     /// what this agent did to it.
     pub peers: BTreeMap<PublicKey, PeerObserved>,

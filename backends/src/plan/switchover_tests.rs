@@ -141,3 +141,28 @@ fn an_announced_key_that_is_junk_the_peers_own_or_ours_is_not_staged() {
         )
     );
 }
+
+#[test]
+fn a_clock_running_an_hour_ahead_waits_for_the_lead_after_seeing_the_announcement() {
+    let now = SystemTime::UNIX_EPOCH + NOW;
+    let seen = |ago_ms: u64| Observed {
+        next_keys_seen: [(key(22), now - Duration::from_millis(ago_ms))].into(),
+        ..Observed::default()
+    };
+    // The rotating node's moment is an hour behind this node's clock.
+    let lease = || announced(at(-3_600_000), key(22).to_string());
+    // Just seen: staged, switched by the clock only SEEN_LEAD + the grace after seeing it.
+    let state = run_observed(vec![lease()], &seen(0));
+    assert_eq!(peer_keys(&state), vec![(key(22), 0), (key(2), 1)]);
+    let lead = crate::model::SEEN_LEAD;
+    assert_eq!(state.next_switch, Some(now + lead + SWITCH_GRACE));
+    // Its handshake still switches it at once.
+    let mut handshaken = seen(0);
+    handshaken.next_keys_in_use = [key(22)].into();
+    let state = run_observed(vec![lease()], &handshaken);
+    assert_eq!(peer_keys(&state), vec![(key(22), 1)]);
+    // Seen long enough ago: the clock switches it.
+    let ago = (lead + SWITCH_GRACE).as_millis() as u64;
+    let state = run_observed(vec![lease()], &seen(ago));
+    assert_eq!(peer_keys(&state), vec![(key(22), 1)]);
+}

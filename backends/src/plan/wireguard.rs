@@ -13,7 +13,7 @@ use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{
     BackendDataError, DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec,
-    RouteRole, RouteSpec, TunnelSpec, SWITCH_GRACE,
+    RouteRole, RouteSpec, TunnelSpec, SEEN_LEAD, SWITCH_GRACE,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -360,7 +360,8 @@ fn peer(
 
 /// `p` as the peer's announced rotation makes it now: switched to the next key once that
 /// key is in use (it has handshaken on our device) or `SWITCH_GRACE` after its announced
-/// moment, whichever comes first; before that, with the next key staged beside it
+/// moment (by this node's clock, and not before `SEEN_LEAD` after it first saw the
+/// announcement), whichever comes first; before that, with the next key staged beside it
 /// (returned second, with the moment the clock switches it). Switching on the handshake
 /// rather than on the clock means no packet goes to a key not yet in use.
 fn rotated(
@@ -378,7 +379,14 @@ fn rotated(
     if key == p.public_key || key == own_key {
         return (p, None);
     }
-    let at = next.switch_at() + SWITCH_GRACE;
+    // The moment, but never before `SEEN_LEAD` after this node saw the announcement: a
+    // clock running ahead must not switch before the rotating node does.
+    let seen = input.observed.next_keys_seen.get(&key).copied();
+    let moment = match seen {
+        Some(seen) => next.switch_at().max(seen + SEEN_LEAD),
+        None => next.switch_at(),
+    };
+    let at = moment + SWITCH_GRACE;
     if input.now >= at || input.observed.next_keys_in_use.contains(&key) {
         p.public_key = key;
         return (p, None);
