@@ -7,6 +7,7 @@ pub mod proxy;
 pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod bench;
+pub mod clock;
 pub mod demo;
 pub mod fixtures;
 pub mod fuzz;

@@ -57,6 +57,8 @@ pub struct LabConfig {
     /// Nodes (by index) whose agent gets `--iface=eth0` instead of `--public-ip`: it finds
     /// its address itself, and follows it when it changes.
     pub own_address: Vec<usize>,
+    /// Environment variables for one node's agent: (node index, name, value).
+    pub agent_env: Vec<(usize, String, String)>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -89,6 +91,7 @@ impl LabConfig {
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
             watch_start: false,
             own_address: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 

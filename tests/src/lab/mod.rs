@@ -400,6 +400,9 @@ impl Lab {
         command
             .env("RUST_LOG", "info")
             .env("NODE_NAME", format!("n{}", node.index));
+        for (_, name, value) in self.cfg.agent_env.iter().filter(|(n, _, _)| *n == i) {
+            command.env(name, value);
+        }
         command
     }
 
