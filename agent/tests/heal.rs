@@ -132,3 +132,26 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
         "the agent restarted:\n{log}"
     );
 }
+
+#[test]
+fn a_peer_removed_behind_the_agent_comes_back_with_the_resync() {
+    let mut cfg = LabConfig::wireguard(2, WEFT);
+    cfg.extra_args.push("--resync-period=3".into());
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    let peer = lab
+        .on_node(0, "wg show flannel-wg peers")
+        .unwrap()
+        .trim()
+        .to_string();
+    // A change no kernel event reports: only the periodic full pass can see it.
+    lab.on_node(0, &format!("wg set flannel-wg peer {peer} remove"))
+        .unwrap();
+    assert!(lab.on_node(0, "wg show flannel-wg peers").unwrap().trim().is_empty());
+    let back = wait_until("the peer back", Duration::from_secs(4), || {
+        lab.on_node(0, "wg show flannel-wg peers")
+            .is_ok_and(|p| p.trim() == peer)
+    });
+    lab.assert_all_pairs();
+    eprintln!("peer removed with wg set: back {back:?} later (resync every 3 s)");
+}

@@ -305,3 +305,36 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         }
     }
 }
+
+#[test]
+fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
+    let mut lab = Lab::start(LabConfig::backend(2, WEFT, "vxlan", false)).unwrap();
+    lab.assert_all_pairs();
+    let mac = |lab: &Lab| {
+        in_ns(&lab.nodes[0].ns, "cat /sys/class/net/flannel.1/address")
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let published = |lab: &Lab| {
+        let key = lab.lease_key(0).unwrap();
+        let v = lab.etcd().etcdctl(&["get", "--print-value-only", &key]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
+        v["BackendData"]["VtepMAC"].as_str().unwrap_or_default().to_string()
+    };
+    let before = mac(&lab);
+    assert_eq!(published(&lab), before);
+    // Restarted, and restarted with its device gone: the same MAC both times, so peers'
+    // neighbour and FDB entries stay right.
+    for delete in [false, true] {
+        lab.stop_agent(0, "TERM").unwrap();
+        if delete {
+            in_ns(&lab.nodes[0].ns, "ip link del flannel.1").unwrap();
+        }
+        lab.start_agent(0).unwrap();
+        wait_until("flannel.1 back", Duration::from_secs(10), || !mac(&lab).is_empty());
+        assert_eq!(mac(&lab), before, "deleted: {delete}");
+        assert_eq!(published(&lab), before, "deleted: {delete}");
+        lab.assert_all_pairs();
+    }
+}
