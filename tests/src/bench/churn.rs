@@ -77,6 +77,23 @@ pub fn analyse(
     start_line: usize,
     writes: &[Write],
 ) -> anyhow::Result<Vec<(&'static str, Vec<f64>)>> {
+    let mut out: Vec<(&'static str, Vec<f64>)> =
+        vec![("add", vec![]), ("remove", vec![]), ("key change", vec![])];
+    for (kind, _, ms) in programmed(log, start_line, writes)? {
+        if let Some(slot) = out.iter_mut().find(|(k, _)| *k == kind) {
+            slot.1.push(ms);
+        }
+    }
+    Ok(out)
+}
+
+/// Each write with its latency in ms: (kind, when written, ms); fails if a write was not
+/// programmed within 10 s.
+pub fn programmed(
+    log: &Path,
+    start_line: usize,
+    writes: &[Write],
+) -> anyhow::Result<Vec<(&'static str, SystemTime, f64)>> {
     // Wait until every written key shows up in the log (or give up after 10 s).
     let deadline = Instant::now() + Duration::from_secs(10);
     let text = loop {
@@ -117,16 +134,13 @@ pub fn analyse(
             added.get(key).copied()
         }
     };
-    let mut out: Vec<(&'static str, Vec<f64>)> =
-        vec![("add", vec![]), ("remove", vec![]), ("key change", vec![])];
+    let mut out = Vec::new();
     for (kind, id, at) in writes {
         if let Some(done) = seen(kind, id) {
-            if let Some(slot) = out.iter_mut().find(|(k, _)| k == kind) {
-                slot.1.push(ms_between(*at, done));
-            }
+            out.push((*kind, *at, ms_between(*at, done)));
         }
     }
-    let programmed: usize = out.iter().map(|(_, v)| v.len()).sum();
+    let programmed = out.len();
     if programmed < writes.len() {
         let missing: Vec<String> = writes
             .iter()

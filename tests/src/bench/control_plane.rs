@@ -109,7 +109,12 @@ pub(super) fn read_log(path: &Path) -> String {
 }
 
 /// The first line after `from` containing `needle`, waiting up to `limit`.
-fn wait_line(path: &Path, needle: &str, after: usize, limit: Duration) -> anyhow::Result<String> {
+pub(super) fn wait_line(
+    path: &Path,
+    needle: &str,
+    after: usize,
+    limit: Duration,
+) -> anyhow::Result<String> {
     let t = Instant::now();
     loop {
         let log = read_log(path);
@@ -135,7 +140,7 @@ pub(super) fn ms_between(a: SystemTime, b: SystemTime) -> f64 {
     b.duration_since(a).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-fn proc_field(pid: u32, key: &str) -> u64 {
+pub(super) fn proc_field(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -155,7 +160,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// The userspace device process in the same network namespace as `pid`.
-fn device_pid(pid: u32) -> Option<u32> {
+pub(super) fn device_pid(pid: u32) -> Option<u32> {
     let ns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let p: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -165,13 +170,9 @@ fn device_pid(pid: u32) -> Option<u32> {
     })
 }
 
-pub fn run(
-    weft: &Path,
-    registry: Registry,
-    nodes: usize,
-    churn: Duration,
-    rate: f64,
-) -> anyhow::Result<ControlPlane> {
+/// The lab of these benchmarks: one real agent (no pods), `nodes` synthetic nodes in
+/// `registry`.
+pub(super) fn start_lab(weft: &Path, registry: Registry, nodes: usize) -> anyhow::Result<Lab> {
     let mut cfg = match registry {
         Registry::Etcd => LabConfig::wireguard(1, weft),
         Registry::Kube => LabConfig::kube(1, weft),
@@ -193,7 +194,17 @@ pub fn run(
         }
         Registry::Kube => cfg.kube_seed = (0..nodes as u32).map(kube_node).collect(),
     }
-    let lab = Lab::start(cfg).context("starting the lab")?;
+    Lab::start(cfg).context("starting the lab")
+}
+
+pub fn run(
+    weft: &Path,
+    registry: Registry,
+    nodes: usize,
+    churn: Duration,
+    rate: f64,
+) -> anyhow::Result<ControlPlane> {
+    let lab = start_lab(weft, registry, nodes)?;
     let log = lab.nodes[0].agent_log();
     let listed = wait_line(&log, "first full listing", 0, Duration::from_secs(60))?;
     let after_listing = read_log(&log)
@@ -268,7 +279,18 @@ fn churn_phase(
     }
     let log = lab.nodes[0].agent_log();
     let start_line = read_log(&log).lines().count();
-    let writes = if let Some(api) = &lab.kube {
+    let writes = churn_writes(lab, nodes, span, rate)?;
+    churn::analyse(&log, start_line, &writes)
+}
+
+/// The churn's registry writes, as made (see `churn::schedule`).
+pub(super) fn churn_writes(
+    lab: &Lab,
+    nodes: u32,
+    span: Duration,
+    rate: f64,
+) -> anyhow::Result<Vec<churn::Write>> {
+    Ok(if let Some(api) = &lab.kube {
         churn::schedule(nodes, span, rate, |op| {
             match op {
                 Op::Add(i) => {
@@ -322,8 +344,7 @@ fn churn_phase(
         writer
             .join()
             .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???
-    };
-    churn::analyse(&log, start_line, &writes)
+    })
 }
 
 /// One table row per run, plus churn percentiles.

@@ -1,10 +1,11 @@
-//! The benchmarks (`weft-lab bench control-plane|data-plane|rotation`): figures as medians and
+//! The benchmarks (`weft-lab bench control-plane|data-plane|rotation|soak`): figures as medians and
 //! percentiles, from runs on this machine; the method and the tables are in BENCHMARKS.md.
 
 pub mod churn;
 pub mod control_plane;
 pub mod data_plane;
 pub mod rotation;
+pub mod soak;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -4,7 +4,8 @@
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
 //!   `weft-lab bench data-plane [--runs 3] [--bytes N]` and `weft-lab bench rotation
-//!   [--runs 5]`: the benchmarks of BENCHMARKS.md.
+//!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
+//!   benchmarks of BENCHMARKS.md.
 //! - `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…]`: every parser of outside data
 //!   fuzzed (`weft_lab::fuzz`), with allocations counted.
 //! - `weft-lab vm SCRIPT`: runs a `sh` script as root in the VM (a Debian kernel with
@@ -125,6 +126,18 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
             Ok(())
         }
-        _ => anyhow::bail!("usage: weft-lab bench control-plane|data-plane|rotation [options]"),
+        Some("soak") => {
+            let minutes: u64 = opt(args, "--minutes").unwrap_or("30").parse()?;
+            let nodes: usize = opt(args, "--nodes").unwrap_or("1000").parse()?;
+            let rate: f64 = opt(args, "--rate").unwrap_or("50").parse()?;
+            print!(
+                "{}",
+                weft_lab::bench::soak::run(&weft, nodes, minutes, rate)?
+            );
+            Ok(())
+        }
+        _ => {
+            anyhow::bail!("usage: weft-lab bench control-plane|data-plane|rotation|soak [options]")
+        }
     }
 }
