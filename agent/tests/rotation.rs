@@ -51,7 +51,7 @@ pub fn assert_one_peer_per_node(lab: &Lab) {
 fn assert_bounded(lab: &Lab, what: &str, d: &Disruption) {
     println!("{what}: {d}");
     // The benchmark measures 0–3 pings lost and stalls up to 52 ms (release build, one lab);
-    // these labs run debug builds, two at a time: at most 15 pings and 300 ms.
+    // these labs run debug builds (one lab at a time): at most 15 pings and 300 ms.
     let ok = d.stream_error.is_none()
         && d.stream_bytes > 0
         && d.pings_sent >= 100
