@@ -147,7 +147,11 @@ fn a_peer_removed_behind_the_agent_comes_back_with_the_resync() {
     // A change no kernel event reports: only the periodic full pass can see it.
     lab.on_node(0, &format!("wg set flannel-wg peer {peer} remove"))
         .unwrap();
-    assert!(lab.on_node(0, "wg show flannel-wg peers").unwrap().trim().is_empty());
+    assert!(lab
+        .on_node(0, "wg show flannel-wg peers")
+        .unwrap()
+        .trim()
+        .is_empty());
     let back = wait_until("the peer back", Duration::from_secs(4), || {
         lab.on_node(0, "wg show flannel-wg peers")
             .is_ok_and(|p| p.trim() == peer)

@@ -318,9 +318,15 @@ fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
     };
     let published = |lab: &Lab| {
         let key = lab.lease_key(0).unwrap();
-        let v = lab.etcd().etcdctl(&["get", "--print-value-only", &key]).unwrap();
+        let v = lab
+            .etcd()
+            .etcdctl(&["get", "--print-value-only", &key])
+            .unwrap();
         let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
-        v["BackendData"]["VtepMAC"].as_str().unwrap_or_default().to_string()
+        v["BackendData"]["VtepMAC"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     };
     let before = mac(&lab);
     assert_eq!(published(&lab), before);
@@ -332,7 +338,9 @@ fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
             in_ns(&lab.nodes[0].ns, "ip link del flannel.1").unwrap();
         }
         lab.start_agent(0).unwrap();
-        wait_until("flannel.1 back", Duration::from_secs(10), || !mac(&lab).is_empty());
+        wait_until("flannel.1 back", Duration::from_secs(10), || {
+            !mac(&lab).is_empty()
+        });
         assert_eq!(mac(&lab), before, "deleted: {delete}");
         assert_eq!(published(&lab), before, "deleted: {delete}");
         lab.assert_all_pairs();
