@@ -157,7 +157,11 @@ fn entries_copying_a_nodes_key_or_covering_its_subnet_leave_out_only_themselves(
     lab.assert_all_pairs();
     let watched = watch.finish().unwrap();
     eprintln!("bad entries: {watched:?}, nothing in clear");
-    // The log, the doctor and /metrics name the newcomer too.
+    assert_newcomer_named(&lab);
+}
+
+/// The log, the doctor and /metrics name the newcomer (the copied key's entry).
+fn assert_newcomer_named(lab: &Lab) {
     let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
     assert!(
         log.lines().any(|l| l.contains("peer left out")

@@ -158,7 +158,11 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         );
     }
 
-    // A second agent on node 2 is refused before it touches anything; the first runs on.
+    assert_second_agent_refused(&lab, &a, b);
+}
+
+/// A second agent on node 2 is refused before it touches anything; the first runs on.
+fn assert_second_agent_refused(lab: &Lab, a: &str, b: std::net::Ipv4Addr) {
     let second = lab
         .on_node(
             1,
@@ -179,7 +183,7 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         "the first agent's control socket: {status}"
     );
     assert!(
-        lab.ping(&a, b, Duration::from_millis(500)),
+        lab.ping(a, b, Duration::from_millis(500)),
         "no traffic after the second agent\n{}",
         lab.logs()
     );

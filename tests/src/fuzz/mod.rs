@@ -197,7 +197,9 @@ pub fn command(args: &[String]) -> anyhow::Result<()> {
             "--seed" => seed = value.parse().context("--seed")?,
             "--target" => only = value.split(',').map(str::to_string).collect(),
             "--out" => out = value.into(),
-            other => bail!("unknown option {other}; see `weft-lab fuzz --help` in BENCHMARKS.md"),
+            other => bail!(
+                "unknown option {other}; the options: --cases N, --seed S, --target NAME,…, --out DIR"
+            ),
         }
     }
     let chosen: Vec<Target> = targets()

@@ -142,28 +142,7 @@ impl Lab {
         }
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
         let cni_bin = cni::plugin_dir(dir.path(), &cfg.weft)?;
-        let (etcd, kube) = if cfg.kube {
-            let api = KubeApi::start(
-                Some(&format!("{tag}-etcd")),
-                ETCD_IP.parse()?,
-                KUBE_API_PORT,
-            )?;
-            api.write_kubeconfig(&dir.path().join("kubeconfig"))?;
-            for (name, cidr, annotations) in std::mem::take(&mut cfg.kube_seed) {
-                api.add_node_with(&name, &[&cidr], &BTreeMap::new(), &annotations);
-            }
-            fs::write(dir.path().join("net-conf.json"), &cfg.net_conf)?;
-            (None, Some(api))
-        } else {
-            let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
-            etcd.launch()?;
-            etcd.etcdctl(&["put", &format!("{}/config", cfg.etcd_prefix), &cfg.net_conf])?;
-            if !cfg.seed.is_empty() {
-                etcd.put_many(std::mem::take(&mut cfg.seed))
-                    .context("seeding etcd")?;
-            }
-            (Some(etcd), None)
-        };
+        let (etcd, kube) = start_registry(&mut cfg, &tag, dir.path())?;
         let count = cfg.nodes;
         let mut lab = Lab {
             tag,
@@ -524,6 +503,37 @@ impl Lab {
             Some(etcd) => etcd,
             None => panic!("this lab runs the Kubernetes registry; it has no etcd"),
         }
+    }
+}
+
+/// The lab's registry in its namespace: etcd with the net-conf and the seed, or (a kube
+/// lab) the API server with its kubeconfig and seeded Nodes.
+fn start_registry(
+    cfg: &mut LabConfig,
+    tag: &str,
+    dir: &Path,
+) -> anyhow::Result<(Option<Etcd>, Option<KubeApi>)> {
+    if cfg.kube {
+        let api = KubeApi::start(
+            Some(&format!("{tag}-etcd")),
+            ETCD_IP.parse()?,
+            KUBE_API_PORT,
+        )?;
+        api.write_kubeconfig(&dir.join("kubeconfig"))?;
+        for (name, cidr, annotations) in std::mem::take(&mut cfg.kube_seed) {
+            api.add_node_with(&name, &[&cidr], &BTreeMap::new(), &annotations);
+        }
+        fs::write(dir.join("net-conf.json"), &cfg.net_conf)?;
+        Ok((None, Some(api)))
+    } else {
+        let mut etcd = Etcd::reserve_in(&format!("{tag}-etcd"), ETCD_IP)?;
+        etcd.launch()?;
+        etcd.etcdctl(&["put", &format!("{}/config", cfg.etcd_prefix), &cfg.net_conf])?;
+        if !cfg.seed.is_empty() {
+            etcd.put_many(std::mem::take(&mut cfg.seed))
+                .context("seeding etcd")?;
+        }
+        Ok((Some(etcd), None))
     }
 }
 

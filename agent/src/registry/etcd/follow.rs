@@ -69,6 +69,30 @@ async fn read_and_watch(
     Ok((resp.kvs().first().map(|kv| kv.value().to_vec()), stream))
 }
 
+/// An update whose write failed (etcd away, a connection cut by an address change) was
+/// taken from the queue: if what is stored is not what this node means to publish, it is
+/// published now. True if it was.
+async fn publish_unpublished(
+    reg: &mut EtcdRegistry,
+    links: &FollowLinks,
+    stored: &[super::acquire::Stored],
+    ours: &str,
+) -> Result<bool, RegistryError> {
+    let (Some((held, request)), Some(stored)) = (
+        reg.held.clone(),
+        stored.iter().find(|s| s.lease.node == ours),
+    ) else {
+        return Ok(false);
+    };
+    if same_attrs(&held, &stored.lease) {
+        return Ok(false);
+    }
+    info!(lease = %ours, "publishing the attributes an earlier update could not");
+    let lease = reg.republish(request.attrs).await?;
+    links.local.send_replace(lease);
+    Ok(true)
+}
+
 /// Whether two leases publish the same attributes (what a node writes, not when or by
 /// which etcd lease).
 fn same_attrs(a: &Lease, b: &Lease) -> bool {
@@ -228,18 +252,8 @@ async fn session(
         links.local.send_replace(lease);
         return Ok(Ended::Relist("lease re-acquired"));
     }
-    // An update whose write failed (etcd away, a connection cut by an address change) was
-    // taken from the queue: what is stored is then not what this node means to publish.
-    if let (Some((held, request)), Some(stored)) = (
-        reg.held.clone(),
-        listed.leases.iter().find(|s| s.lease.node == ours),
-    ) {
-        if !same_attrs(&held, &stored.lease) {
-            info!(lease = %ours, "publishing the attributes an earlier update could not");
-            let lease = reg.republish(request.attrs).await?;
-            links.local.send_replace(lease);
-            return Ok(Ended::Relist("attributes published again"));
-        }
+    if publish_unpublished(reg, links, &listed.leases, &ours).await? {
+        return Ok(Ended::Relist("attributes published again"));
     }
     let mut fresh = ClusterView::default();
     for stored in listed.leases {
