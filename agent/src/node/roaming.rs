@@ -31,13 +31,39 @@ impl Roaming {
 
     /// Remembers a pass: the endpoints `state` planned, the peers whose endpoint the data
     /// plane set (`set`), and the peers seen for the first time.
+    /// Peers no longer planned are forgotten: under churn every departed or re-keyed peer
+    /// left its entries here for good (the 30-minute soak measured the agent growing by
+    /// 684 KiB a minute).
     pub(super) fn passed(&mut self, state: &DesiredState, set: &[PublicKey], now: SystemTime) {
-        self.planned.extend(&state.planned_endpoints);
+        let planned = &state.planned_endpoints;
+        self.planned.retain(|key, _| planned.contains_key(key));
+        self.set_at.retain(|key, _| planned.contains_key(key));
+        self.planned.extend(planned);
         for key in set {
             self.set_at.insert(*key, now);
         }
-        for key in state.planned_endpoints.keys() {
+        for key in planned.keys() {
             self.set_at.entry(*key).or_insert(now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_no_longer_planned_are_forgotten() {
+        let key = |n: u8| weft_crypto::PrivateKey::from_bytes([n; 32]).public_key();
+        let addr: SocketAddr = "198.51.100.1:51820".parse().unwrap();
+        let mut roaming = Roaming::default();
+        let mut state = DesiredState::default();
+        for n in 1..=100 {
+            state.planned_endpoints = [(key(n), addr)].into();
+            roaming.passed(&state, &[key(n)], SystemTime::now());
+        }
+        assert_eq!(roaming.planned.len(), 1);
+        assert_eq!(roaming.set_at.len(), 1);
+        assert!(roaming.planned.contains_key(&key(100)));
     }
 }
