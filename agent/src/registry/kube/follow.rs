@@ -98,7 +98,9 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                 }
             },
             _ = probe.tick(), if links.alerts.registry.why().is_some() => {
-                if reg.nodes.get(&reg.cfg.node_name).await.is_ok() {
+                // Bounded: a hanging server must not hold the loop (shutdown, updates).
+                let asked = tokio::time::timeout(PROBE_EVERY, reg.nodes.get(&reg.cfg.node_name));
+                if matches!(asked.await, Ok(Ok(_))) {
                     info!("the API server answers again; watching the nodes afresh");
                     stream = watch_nodes(&reg);
                 }
