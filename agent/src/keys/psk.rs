@@ -132,14 +132,7 @@ pub enum PskError {
 
 /// serde's message without the values it quotes: a PSK is a secret, even a malformed one.
 fn no_values(e: &serde_json::Error) -> String {
-    let mut out = String::new();
-    for (i, part) in e.to_string().split('"').enumerate() {
-        match i % 2 {
-            0 => out.push_str(part),
-            _ => out.push_str("\"…\""),
-        }
-    }
-    out
+    weft_backends::model::json_error_showing(e, |_| "…".to_string())
 }
 
 fn psk(text: &str, what: &str) -> Result<PresharedKey, PskError> {

@@ -36,13 +36,19 @@ pub fn clip(text: &str) -> String {
 /// serde_json's message with each value it quotes clipped (`clip`): its own wording (the
 /// field, the type expected, the place) stays, a long value does not come back whole.
 pub fn json_error(e: &serde_json::Error) -> String {
+    json_error_showing(e, clip)
+}
+
+/// serde_json's message with each value it quotes (between double quotes) replaced by
+/// `shown(value)`; `json_error` clips them, a secret's parser hides them.
+pub fn json_error_showing(e: &serde_json::Error, shown: impl Fn(&str) -> String) -> String {
     let mut out = String::new();
     for (i, part) in e.to_string().split('"').enumerate() {
         match i % 2 {
             0 => out.push_str(part),
             _ => {
                 out.push('"');
-                out.push_str(&clip(part));
+                out.push_str(&shown(part));
                 out.push('"');
             }
         }
