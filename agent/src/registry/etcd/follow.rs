@@ -6,7 +6,7 @@
 use etcd_client::{EventType, WatchOptions};
 use tokio::time::Instant;
 use tracing::{info, warn};
-use weft_backends::model::{ClusterView, Lease};
+use weft_backends::model::{ClusterView, LeaseAttrs};
 
 use super::kv::lease_of;
 use super::{EtcdRegistry, RegistryError};
@@ -84,21 +84,13 @@ async fn publish_unpublished(
     ) else {
         return Ok(false);
     };
-    if same_attrs(&held, &stored.lease) {
+    if LeaseAttrs::from_lease(&held) == LeaseAttrs::from_lease(&stored.lease) {
         return Ok(false);
     }
     info!(lease = %ours, "publishing the attributes an earlier update could not");
     let lease = reg.republish(request.attrs).await?;
     links.local.send_replace(lease);
     Ok(true)
-}
-
-/// Whether two leases publish the same attributes (what a node writes, not when or by
-/// which etcd lease).
-fn same_attrs(a: &Lease, b: &Lease) -> bool {
-    (a.public_ip, a.public_ipv6, &a.backend_type) == (b.public_ip, b.public_ipv6, &b.backend_type)
-        && (&a.backend_data, &a.backend_v6_data, &a.next_key)
-            == (&b.backend_data, &b.backend_v6_data, &b.next_key)
 }
 
 /// Passes a rotation request on to the agent, once per id.
