@@ -46,6 +46,11 @@ impl RegistryStatus {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
+    /// Whether the registry is away now (no copy of the reason).
+    pub fn is_lost(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
     pub fn why(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }

@@ -97,7 +97,7 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                     backoff.reset();
                 }
             },
-            _ = probe.tick(), if links.alerts.registry.why().is_some() => {
+            _ = probe.tick(), if links.alerts.registry.is_lost() => {
                 // Bounded: a hanging server must not hold the loop (shutdown, updates).
                 let asked = tokio::time::timeout(PROBE_EVERY, reg.nodes.get(&reg.cfg.node_name));
                 if matches!(asked.await, Ok(Ok(_))) {
