@@ -4,28 +4,18 @@
 //! restart: a deleted `flannel-wg` comes back with every peer and route, and a flushed or
 //! deleted nftables table comes back. Recovery times are measured and printed.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_lab::lab::capture::UnderlayCapture;
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig, EXT_IP};
 use weft_lab::live_demo::transfer;
+use weft_lab::wait::until;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 fn lab() -> Lab {
     Lab::start(LabConfig::wireguard(3, WEFT)).unwrap()
-}
-
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if ok() {
-            return started.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{what}: not within {limit:?}");
 }
 
 #[test]
@@ -82,7 +72,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
 
     let watch = ClearWatch::start(&lab).unwrap();
     in_ns(&node.ns, "ip link del flannel-wg").unwrap();
-    let back = wait_until(
+    let back = until(
         "flannel-wg back with both peers and its routes",
         Duration::from_secs(2),
         || {
@@ -92,7 +82,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
                     .is_ok_and(|r| r.lines().count() == 3)
         },
     );
-    let traffic = wait_until(
+    let traffic = until(
         "pod traffic through the recreated device",
         Duration::from_secs(5),
         || in_ns(&a.ns, &format!("ping -c 1 -W 1 -q {}", b.ip)).is_ok(),
@@ -102,7 +92,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
     eprintln!("device deleted and recreated: {watched:?}, nothing in clear");
 
     in_ns(&node.ns, "nft flush table ip flannel-ipv4").unwrap();
-    let rules = wait_until(
+    let rules = until(
         "masquerade rules back after a flush",
         Duration::from_secs(5),
         || {
@@ -111,7 +101,7 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
         },
     );
     in_ns(&node.ns, "nft delete table ip flannel-ipv4").unwrap();
-    let table = wait_until(
+    let table = until(
         "the table back after deletion",
         Duration::from_secs(5),
         || {
@@ -152,7 +142,7 @@ fn a_peer_removed_behind_the_agent_comes_back_with_the_resync() {
         .unwrap()
         .trim()
         .is_empty());
-    let back = wait_until("the peer back", Duration::from_secs(4), || {
+    let back = until("the peer back", Duration::from_secs(4), || {
         lab.on_node(0, "wg show flannel-wg peers")
             .is_ok_and(|p| p.trim() == peer)
     });

@@ -11,6 +11,7 @@ use weft_lab::kube_api::Fault;
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
+use weft_lab::wait::until;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10_251;
@@ -25,15 +26,6 @@ fn config(mut cfg: LabConfig) -> LabConfig {
 fn readyz(lab: &Lab, i: usize) -> (u16, String) {
     let node = &lab.nodes[i];
     http_get(&node.ns, &format!("{}:{PORT}", node.ip), "/readyz")
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    started.elapsed()
 }
 
 /// How many lines each agent's log has now.
@@ -79,7 +71,7 @@ fn join_and_time(lab: &mut Lab) -> Duration {
         .trim()
         .to_string();
     for i in 0..new {
-        wait_for(
+        until(
             "the new node as a peer everywhere",
             Duration::from_secs(RESYNC_S),
             || {
@@ -95,14 +87,14 @@ fn join_and_time(lab: &mut Lab) -> Duration {
 fn etcd_away_for_60_s_leaves_the_data_plane_alone_and_readiness_says_why() {
     let mut lab = Lab::start(config(LabConfig::wireguard(3, WEFT))).unwrap();
     lab.assert_all_pairs();
-    wait_for("ready", Duration::from_secs(10), || {
+    until("ready", Duration::from_secs(10), || {
         readyz(&lab, 0).0 == 200
     });
     let watch = ClearWatch::start(&lab).unwrap();
     let marks = log_marks(&lab);
 
     lab.etcd_mut().stop();
-    wait_for(
+    until(
         "/readyz saying the registry is away",
         Duration::from_secs(RESYNC_S * 2),
         || {
@@ -127,7 +119,7 @@ fn etcd_away_for_60_s_leaves_the_data_plane_alone_and_readiness_says_why() {
     let back = Instant::now();
     lab.etcd_mut().launch().unwrap();
     for i in 0..3 {
-        wait_for("ready again", Duration::from_secs(RESYNC_S), || {
+        until("ready again", Duration::from_secs(RESYNC_S), || {
             readyz(&lab, i).0 == 200
         });
     }
@@ -203,7 +195,7 @@ fn api_fault(lab: &mut Lab, fault: Fault, lasting: Duration, says_why: bool) {
     let api = lab.kube.as_ref().unwrap();
     api.set_fault(fault);
     if says_why {
-        wait_for(
+        until(
             "/readyz saying the API server fails",
             Duration::from_secs(RESYNC_S * 2),
             || {

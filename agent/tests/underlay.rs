@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig, EXT_IP};
+use weft_lab::wait::until_or;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -15,19 +16,6 @@ fn lab() -> Lab {
     let lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     lab
-}
-
-fn wait_for(what: &str, limit: Duration, lab: &Lab, mut ok: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !ok() {
-        assert!(
-            started.elapsed() < limit,
-            "{what}: not within {limit:?}\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    started.elapsed()
 }
 
 fn published_ip(lab: &Lab) -> String {
@@ -74,18 +62,18 @@ fn a_node_whose_address_changes_publishes_the_new_one_and_peers_follow() {
     )
     .unwrap();
     let changed = Instant::now();
-    let published = wait_for(
+    let published = until_or(
         "the new address published",
         Duration::from_secs(30),
-        &lab,
         || published_ip(&lab) == "198.51.100.31",
+        || lab.logs(),
     );
     for i in 1..3 {
-        wait_for(
+        until_or(
             "peers sending to the new address",
             Duration::from_secs(5),
-            &lab,
             || endpoint_on(&lab, i, &key) == "198.51.100.31:51820",
+            || lab.logs(),
         );
     }
     let followed = changed.elapsed();
@@ -128,11 +116,11 @@ fn the_underlay_link_down_and_up_leaves_the_mesh_as_it_was() {
     .unwrap();
     let up = Instant::now();
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
-    wait_for(
+    until_or(
         "pod traffic after the link came up",
         Duration::from_secs(5),
-        &lab,
         || in_ns(&a.ns, &format!("ping -c 1 -W 1 -q {}", b.ip)).is_ok(),
+        || lab.logs(),
     );
     let back = up.elapsed();
     lab.assert_all_pairs();

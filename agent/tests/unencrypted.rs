@@ -9,17 +9,9 @@ use std::time::{Duration, Instant};
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig};
+use weft_lab::wait::until;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
-
-fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    start.elapsed()
-}
 
 /// What node `i` published: (subnet network address, VTEP MAC, public IP).
 fn published(lab: &Lab, i: usize) -> (String, String, String) {
@@ -98,7 +90,7 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
 
     // flannel.1 deleted: back with every entry, without a restart.
     in_ns(&lab.nodes[0].ns, "ip link del flannel.1").unwrap();
-    let back = wait_until(
+    let back = until(
         "flannel.1 back with its entries",
         Duration::from_secs(2),
         || entries(&lab, 0) == expected(&lab, 0),
@@ -118,12 +110,12 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
         &format!("ip neigh del {gw} dev flannel.1"),
     )
     .unwrap();
-    wait_until("the neighbour entry back", Duration::from_secs(2), || {
+    until("the neighbour entry back", Duration::from_secs(2), || {
         entries(&lab, 0) == expected(&lab, 0)
     });
     let s3 = lab.nodes[2].subnet.unwrap();
     in_ns(&lab.nodes[0].ns, &format!("ip route del {s3}")).unwrap();
-    wait_until("the route back", Duration::from_secs(2), || {
+    until("the route back", Duration::from_secs(2), || {
         in_ns(&lab.nodes[0].ns, "ip -4 route show proto 87")
             .is_ok_and(|r| r.contains(&format!("{s3} via {} dev flannel.1 onlink", s3.network())))
     });
@@ -135,7 +127,7 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
         &format!("bridge fdb del {mac} dev flannel.1 dst {ip}"),
     )
     .unwrap();
-    wait_until("the FDB entry back", Duration::from_secs(2), || {
+    until("the FDB entry back", Duration::from_secs(2), || {
         entries(&lab, 0) == expected(&lab, 0)
     });
 
@@ -146,7 +138,7 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
     lab.on_node(1, "rm /var/lib/weft/vtep.mac").unwrap();
     lab.start_agent(1).unwrap();
     let t = Instant::now();
-    wait_until(
+    until(
         "node 2 publishes a new VTEP MAC",
         Duration::from_secs(10),
         || {
@@ -266,7 +258,7 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         // the backend it had), no pod packet in clear.
         let watch = (backend == "wireguard").then(|| {
             for i in 0..2 {
-                wait_until(
+                until(
                     "the agent sealing the pod network",
                     Duration::from_secs(10),
                     || {
@@ -285,7 +277,7 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
             for dev in &gone {
-                wait_until(
+                until(
                     &format!("{dev} gone after switching to {backend}"),
                     Duration::from_secs(5),
                     || in_ns(ns, &format!("ip link show {dev}")).is_err(),
@@ -338,7 +330,7 @@ fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
             in_ns(&lab.nodes[0].ns, "ip link del flannel.1").unwrap();
         }
         lab.start_agent(0).unwrap();
-        wait_until("flannel.1 back", Duration::from_secs(10), || {
+        until("flannel.1 back", Duration::from_secs(10), || {
             !mac(&lab).is_empty()
         });
         assert_eq!(mac(&lab), before, "deleted: {delete}");

@@ -19,3 +19,4 @@ pub mod pki;
 pub mod tcp;
 pub mod traffic;
 pub mod vm;
+pub mod wait;
