@@ -76,10 +76,15 @@ impl Metrics {
     }
 
     /// Notes each planned peer's key; a new key for a known node is a new generation.
+    /// Nodes no longer planned are forgotten (a node that comes back starts again at 1):
+    /// under churn, remembering every node ever seen grows without bound.
     pub fn peer_keys<'a>(&self, peers: impl Iterator<Item = (&'a str, &'a str)>) {
         let Ok(mut keys) = self.keys.lock() else {
             return;
         };
+        let peers: Vec<(&str, &str)> = peers.collect();
+        let planned: std::collections::HashSet<&str> = peers.iter().map(|(n, _)| *n).collect();
+        keys.retain(|node, _| planned.contains(node.as_str()));
         for (node, key) in peers {
             let entry = keys
                 .entry(node.to_string())
@@ -206,5 +211,27 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Metrics;
+
+    #[test]
+    fn key_generations_count_changes_and_forget_nodes_that_left() {
+        let m = Metrics::default();
+        m.peer_keys([("a", "k1"), ("b", "k2")].into_iter());
+        m.peer_keys([("a", "k3"), ("b", "k2")].into_iter());
+        assert_eq!(m.generation("a"), Some(2));
+        assert_eq!(m.generation("b"), Some(1));
+        // b leaves: forgotten, so churn does not grow the map.
+        m.peer_keys([("a", "k3")].into_iter());
+        assert_eq!(m.generation("b"), None);
+        assert_eq!(m.keys.lock().map(|k| k.len()).ok(), Some(1));
+        // b comes back: a first key again.
+        m.peer_keys([("a", "k3"), ("b", "k4")].into_iter());
+        assert_eq!(m.generation("b"), Some(1));
+        assert_eq!(m.generation("a"), Some(2));
     }
 }
