@@ -71,18 +71,22 @@ impl KeyWatch {
         Some(self.from.max(after_last))
     }
 
-    /// Adds `key`'s watch, announced to switch at `at`, unless it is already over at `now`.
+    /// Adds `key`'s watch, announced to switch at `announced` and switched by this node's
+    /// clock at `until`, unless it is already over at `now`. The watch starts
+    /// `WATCH_BEFORE` the announced moment, not the later one this node's clock keeps
+    /// (`SEEN_LEAD`): the rotating node switches at its announced moment however late the
+    /// announcement reached this node, and a handshake on its next key is proof enough.
     pub(crate) fn merge(
         watch: &mut Option<KeyWatch>,
         key: PublicKey,
-        at: SystemTime,
+        announced: SystemTime,
+        until: SystemTime,
         now: SystemTime,
     ) {
-        let until = at + SWITCH_GRACE;
         if now >= until {
             return;
         }
-        let from = at.checked_sub(WATCH_BEFORE).unwrap_or(at);
+        let from = announced.checked_sub(WATCH_BEFORE).unwrap_or(announced);
         match watch {
             Some(w) => {
                 w.keys.push(key);
@@ -109,7 +113,13 @@ mod tests {
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
         let key = weft_crypto::PrivateKey::from_bytes([9; 32]).public_key();
         let mut w = None;
-        KeyWatch::merge(&mut w, key, t, t - Duration::from_secs(10));
+        KeyWatch::merge(
+            &mut w,
+            key,
+            t,
+            t + SWITCH_GRACE,
+            t - Duration::from_secs(10),
+        );
         let w = w.unwrap();
         assert_eq!((w.from, w.until), (t - WATCH_BEFORE, t + SWITCH_GRACE));
         assert_eq!(
@@ -119,7 +129,7 @@ mod tests {
         assert_eq!(w.next_poll(Some(t), t), Some(t + HANDSHAKE_POLL));
         assert_eq!(w.next_poll(Some(t), t + SWITCH_GRACE), None);
         let mut over = None;
-        KeyWatch::merge(&mut over, key, t, t + SWITCH_GRACE);
+        KeyWatch::merge(&mut over, key, t, t + SWITCH_GRACE, t + SWITCH_GRACE);
         assert_eq!(over, None, "past the grace: the clock decides");
     }
 }

@@ -166,3 +166,28 @@ fn a_clock_running_an_hour_ahead_waits_for_the_lead_after_seeing_the_announcemen
     let state = run_observed(vec![lease()], &seen(ago));
     assert_eq!(peer_keys(&state), vec![(key(22), 1)]);
 }
+
+/// An announcement that reached this node late (its registry's delay) is switched by the
+/// clock no sooner than `SEEN_LEAD` after it was seen, but the handshake watch starts
+/// before the announced moment: the rotating node switches then, and a slow registry must
+/// not delay noticing it.
+#[test]
+fn a_late_announcement_is_watched_from_the_announced_moment() {
+    let now = SystemTime::UNIX_EPOCH + NOW;
+    let observed = Observed {
+        next_keys_seen: [(key(22), now)].into(),
+        ..Observed::default()
+    };
+    let state = run_observed(vec![announced(at(1_000), key(22).to_string())], &observed);
+    assert_eq!(peer_keys(&state), vec![(key(22), 0), (key(2), 1)]);
+    let until = now + crate::model::SEEN_LEAD + SWITCH_GRACE;
+    assert_eq!(state.next_switch, Some(until));
+    assert_eq!(
+        state.key_watch,
+        Some(KeyWatch {
+            keys: vec![key(22)],
+            from: SystemTime::UNIX_EPOCH + Duration::from_millis(at(1_000)) - WATCH_BEFORE,
+            until,
+        })
+    );
+}

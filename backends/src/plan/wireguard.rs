@@ -200,17 +200,23 @@ pub(crate) fn plan(
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
                     // from then on it is the peer's key.
                     let (p, staged) = rotated(p, c.lease, own_key, input);
-                    if let Some((s, at)) = staged {
+                    if let Some(Staged {
+                        entry,
+                        at,
+                        announced,
+                    }) = staged
+                    {
                         // The clock switches it at `at` at the latest; its first handshake
                         // switches it earlier, so the agent watches for that.
                         state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
                         KeyWatch::merge(
                             &mut state.key_watch,
-                            s.public_key,
-                            at - SWITCH_GRACE,
+                            entry.public_key,
+                            announced,
+                            at,
                             input.now,
                         );
-                        peers.push(s);
+                        peers.push(entry);
                     }
                     peers.push(p);
                 }
@@ -358,18 +364,28 @@ fn peer(
     })
 }
 
+/// A peer's next key, staged beside its current one.
+struct Staged {
+    /// The entry: the next key, no AllowedIPs.
+    entry: PeerSpec,
+    /// When this node's clock switches to it at the latest.
+    at: std::time::SystemTime,
+    /// The moment the rotating node announced.
+    announced: std::time::SystemTime,
+}
+
 /// `p` as the peer's announced rotation makes it now: switched to the next key once that
 /// key is in use (it has handshaken on our device) or `SWITCH_GRACE` after its announced
 /// moment (by this node's clock, and not before `SEEN_LEAD` after it first saw the
 /// announcement), whichever comes first; before that, with the next key staged beside it
-/// (returned second, with the moment the clock switches it). Switching on the handshake
-/// rather than on the clock means no packet goes to a key not yet in use.
+/// (returned second). Switching on the handshake rather than on the clock means no packet
+/// goes to a key not yet in use.
 fn rotated(
     mut p: PeerSpec,
     lease: &Lease,
     own_key: PublicKey,
     input: &PlanInput<'_>,
-) -> (PeerSpec, Option<(PeerSpec, std::time::SystemTime)>) {
+) -> (PeerSpec, Option<Staged>) {
     let Some(next) = &lease.next_key else {
         return (p, None);
     };
@@ -391,13 +407,21 @@ fn rotated(
         p.public_key = key;
         return (p, None);
     }
-    let staged = PeerSpec {
+    let entry = PeerSpec {
         node: format!("{}{STAGED}", p.node),
         public_key: key,
         allowed_ips: Vec::new(),
         ..p.clone()
     };
-    (p, Some((staged, at)))
+    let announced = next.switch_at();
+    (
+        p,
+        Some(Staged {
+            entry,
+            at,
+            announced,
+        }),
+    )
 }
 
 /// The name a staged next key's entry carries: `<node> (next key)`.
