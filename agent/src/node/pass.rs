@@ -143,9 +143,7 @@ impl Controller<'_> {
             .flat_map(|t| &t.peers)
             .map(|p| (p.node.clone(), p.public_key.to_string()))
             .collect();
-        self.inputs
-            .metrics
-            .peer_keys(peer_keys.iter().map(|(n, k)| (n.as_str(), k.as_str())));
+        self.inputs.metrics.peer_keys(&peer_keys);
         Some(state)
     }
 

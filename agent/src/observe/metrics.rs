@@ -78,19 +78,17 @@ impl Metrics {
     /// Notes each planned peer's key; a new key for a known node is a new generation.
     /// Nodes no longer planned are forgotten (a node that comes back starts again at 1):
     /// under churn, remembering every node ever seen grows without bound.
-    pub fn peer_keys<'a>(&self, peers: impl Iterator<Item = (&'a str, &'a str)>) {
+    pub fn peer_keys(&self, peers: &[(String, String)]) {
         let Ok(mut keys) = self.keys.lock() else {
             return;
         };
-        let peers: Vec<(&str, &str)> = peers.collect();
-        let planned: std::collections::HashSet<&str> = peers.iter().map(|(n, _)| *n).collect();
+        let planned: std::collections::HashSet<&str> =
+            peers.iter().map(|(n, _)| n.as_str()).collect();
         keys.retain(|node, _| planned.contains(node.as_str()));
         for (node, key) in peers {
-            let entry = keys
-                .entry(node.to_string())
-                .or_insert_with(|| (key.to_string(), 1));
-            if entry.0 != key {
-                *entry = (key.to_string(), entry.1 + 1);
+            let entry = keys.entry(node.clone()).or_insert_with(|| (key.clone(), 1));
+            if entry.0 != *key {
+                *entry = (key.clone(), entry.1 + 1);
             }
         }
     }
@@ -218,19 +216,26 @@ impl Metrics {
 mod tests {
     use super::Metrics;
 
+    fn owned(peers: &[(&str, &str)]) -> Vec<(String, String)> {
+        peers
+            .iter()
+            .map(|(n, k)| (n.to_string(), k.to_string()))
+            .collect()
+    }
+
     #[test]
     fn key_generations_count_changes_and_forget_nodes_that_left() {
         let m = Metrics::default();
-        m.peer_keys([("a", "k1"), ("b", "k2")].into_iter());
-        m.peer_keys([("a", "k3"), ("b", "k2")].into_iter());
+        m.peer_keys(&owned(&[("a", "k1"), ("b", "k2")]));
+        m.peer_keys(&owned(&[("a", "k3"), ("b", "k2")]));
         assert_eq!(m.generation("a"), Some(2));
         assert_eq!(m.generation("b"), Some(1));
         // b leaves: forgotten, so churn does not grow the map.
-        m.peer_keys([("a", "k3")].into_iter());
+        m.peer_keys(&owned(&[("a", "k3")]));
         assert_eq!(m.generation("b"), None);
         assert_eq!(m.keys.lock().map(|k| k.len()).ok(), Some(1));
         // b comes back: a first key again.
-        m.peer_keys([("a", "k3"), ("b", "k4")].into_iter());
+        m.peer_keys(&owned(&[("a", "k3"), ("b", "k4")]));
         assert_eq!(m.generation("b"), Some(1));
         assert_eq!(m.generation("a"), Some(2));
     }
