@@ -46,7 +46,7 @@ fn endpoint_of(lab: &Lab, on: usize, peer: usize) -> String {
 #[test]
 fn two_vpcs_and_a_nat() {
     let mut cfg = LabConfig::kube(4, WEFT);
-    cfg.net_conf = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 5}}"#.into();
+    cfg.net_conf = r#"{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 5}}"#.into();
     cfg.natted = vec![2, 3];
     cfg.zones = ["zone-a", "zone-a", "zone-b", "zone-b"]
         .map(|z| Some(z.to_string()))

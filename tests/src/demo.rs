@@ -27,7 +27,8 @@ pub async fn run(plan_only_flag: bool, backend: &str) -> anyhow::Result<()> {
 }
 
 const PREFIX: &str = "/coreos.com/network";
-const CONFIG: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 25}}"#;
+/// Nodes lease below 10.244.200.0, so the broken entry at 10.244.250.0/24 is never a node's.
+const CONFIG: &str = r#"{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {"Type": "wireguard", "PersistentKeepaliveInterval": 25}}"#;
 const NODES: u8 = 3;
 
 /// The plan-only demo (no namespaces, no root): leases in a real etcd, each node's plan.

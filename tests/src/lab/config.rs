@@ -77,7 +77,9 @@ impl LabConfig {
         LabConfig {
             nodes,
             pods_per_node: 2,
-            net_conf: r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#.into(),
+            // Nodes lease below 10.244.200.0: tests write entries of their own above it
+            // (a lease at a fixed name could otherwise overwrite a node's own).
+            net_conf: r#"{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {"Type": "wireguard"}}"#.into(),
             weft: weft.into(),
             extra_args: vec!["--ip-masq".into()],
             implementations,
@@ -112,7 +114,7 @@ impl LabConfig {
         };
         LabConfig {
             net_conf: format!(
-                r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"{extra}}}}}"#
+                r#"{{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {{"Type": "{backend}"{extra}}}}}"#
             ),
             implementations: Vec::new(),
             ..LabConfig::wireguard(nodes, weft)
