@@ -125,3 +125,32 @@ fn annotations_overwrite_unmanaged_nodes_and_bad_values() {
     let err = read(p, "node-b", &[], &bad).unwrap_err().to_string();
     assert!(err.contains("\"nope\" is not an IPv4 address"), "{err}");
 }
+
+/// What a dual-stack weft node publishes: the IPv6 address and, for the backends that
+/// have one, the IPv6 device's data (`BackendV6Data`).
+fn ours_dual(backend: &str) -> LeaseAttrs {
+    let v6 = match backend {
+        "wireguard" => Some(wireguard_backend_data(&key(), 51821)),
+        "vxlan" => Some(vxlan_backend_data(1, &[0x0a, 0, 0, 0, 0, 3])),
+        _ => None,
+    };
+    LeaseAttrs {
+        public_ipv6: Some("2001:db8::2".parse().unwrap()),
+        backend_v6_data: v6,
+        ..ours(backend)
+    }
+}
+
+#[test]
+fn dual_stack_values_are_flannels_both_ways() {
+    for b in BACKENDS {
+        let golden = fixture(&format!("etcd-{b}-dual.json"));
+        let written = serde_json::to_string(&ours_dual(b)).unwrap();
+        assert_eq!(written, golden, "backend {b}");
+        let attrs: LeaseAttrs = serde_json::from_str(&golden).unwrap();
+        assert_eq!(attrs, ours_dual(b), "backend {b}");
+        let lease = attrs.into_lease("n".into(), None, None);
+        check_read(b, &lease);
+        assert_eq!(lease.public_ipv6, Some("2001:db8::2".parse().unwrap()));
+    }
+}

@@ -4,9 +4,11 @@
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tracing::{debug, info, warn};
-use weft_backends::model::{allocate, Allocation, Lease, Taken};
+use weft_backends::model::{allocate, Allocation, Exhausted, Lease, Taken};
 use weft_backends::netconf::NetConf;
 
 use super::kv::{self, lease_of};
@@ -114,66 +116,56 @@ impl EtcdRegistry {
         net: &NetConf,
         request: &AcquireRequest,
     ) -> Result<Lease, RegistryError> {
-        if net.ipv6.is_some() {
-            return Err(RegistryError::Ipv6Unsupported);
-        }
-        let Some(pod) = net.ipv4 else {
-            return Err(RegistryError::Ipv6Unsupported);
-        };
-        let public_ip = request.attrs.public_ip.map(IpAddr::V4);
         let value = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
         for attempt in 1..=MAX_ATTEMPTS {
             let listed = self.list().await?;
-            let taken: Vec<Taken> = listed
-                .leases
-                .iter()
-                .filter_map(|s| {
-                    s.lease.subnet.map(|subnet| Taken {
-                        subnet,
-                        public_ip: s.lease.public_ip.map(IpAddr::V4),
-                    })
-                })
-                .collect();
             let seed = self.cfg.alloc_seed.unwrap_or_else(random_u128);
-            let choice = allocate(&pod, &taken, request.previous, public_ip, seed)?;
-            let subnet = choice.subnet();
-            let key = self.cfg.subnet_key(&subnet);
-            let guard = match listed
-                .leases
-                .iter()
-                .find(|s| s.lease.subnet == Some(subnet))
-            {
+            let choice = choose(net, request, &listed.leases, seed)?;
+            let name = kv::lease_name(choice.v4.as_ref(), choice.v6.as_ref());
+            let key = format!("{}{name}", self.cfg.subnets_dir());
+            let mut guards = vec![match listed.leases.iter().find(|s| s.lease.node == name) {
                 Some(s) => Compare::mod_revision(key.clone(), CompareOp::Equal, s.mod_revision),
                 None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            };
+            }];
+            // This node's own leases of another shape over the chosen subnets (the
+            // config gained or lost a family): replaced in the same transaction.
+            let stale = overlapping(&listed.leases, &choice, &name);
+            let mut ops = Vec::new();
+            for s in &stale {
+                let old = format!("{}{}", self.cfg.subnets_dir(), s.lease.node);
+                guards.push(Compare::mod_revision(
+                    old.clone(),
+                    CompareOp::Equal,
+                    s.mod_revision,
+                ));
+                ops.push(TxnOp::delete(old, None));
+            }
             let lease_id = self.lease_id().await?;
-            let txn = Txn::new().when([guard]).and_then([TxnOp::put(
+            ops.push(TxnOp::put(
                 key.clone(),
                 value.clone(),
                 Some(PutOptions::new().with_lease(lease_id)),
-            )]);
+            ));
+            let txn = Txn::new().when(guards).and_then(ops);
             let mut client = self.client.clone();
             if self
                 .call("claiming", &key, client.txn(txn))
                 .await?
                 .succeeded()
             {
-                let how = match choice {
-                    Allocation::Previous(_) => "this node's previous subnet",
-                    Allocation::SamePublicIp(_) => "the lease already held for this public IP",
-                    Allocation::Fresh(_) => "a free subnet",
-                };
-                info!(%subnet, %key, lease = format_args!("{lease_id:#x}"), "acquired {how}");
+                for s in &stale {
+                    info!(old = %s.lease.node, %key, "replaced this node's lease of another shape");
+                }
+                info!(%key, lease = format_args!("{lease_id:#x}"), "acquired {}", choice.how);
                 self.wrote(&value);
-                let lease = request.attrs.to_lease_attrs().into_lease(
-                    kv::subnet_key(&subnet),
-                    Some(subnet),
-                    None,
-                );
+                let lease = request
+                    .attrs
+                    .to_lease_attrs()
+                    .into_lease(name, choice.v4, choice.v6);
                 self.held = Some((lease.clone(), request.clone()));
                 return Ok(lease);
             }
-            debug!(%subnet, attempt, "another node claimed the subnet first; choosing again");
+            debug!(%key, attempt, "another node claimed the subnet first; choosing again");
         }
         Err(RegistryError::Contention {
             attempts: MAX_ATTEMPTS,
@@ -187,6 +179,7 @@ impl EtcdRegistry {
         };
         let request = AcquireRequest {
             previous: lease.subnet,
+            previous_v6: lease.subnet_v6,
             ..request
         };
         // Our key is gone; so may be our etcd lease (etcd restored from a snapshot taken
@@ -279,10 +272,12 @@ impl EtcdRegistry {
             return Err(RegistryError::NotAcquired);
         };
         let request = request.with_attrs(attrs);
-        let Some(subnet) = lease.subnet else {
+        if lease.subnet.is_none() && lease.subnet_v6.is_none() {
             return self.reacquire().await;
-        };
-        let key = self.cfg.subnet_key(&subnet);
+        }
+        let key = self
+            .cfg
+            .lease_key(lease.subnet.as_ref(), lease.subnet_v6.as_ref());
         let value = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
         let still_ours = Compare::lease(key.clone(), CompareOp::Equal, id);
         let txn = self.leased_put(&key, value, id, still_ours);
@@ -304,4 +299,97 @@ impl EtcdRegistry {
         warn!(%key, "our lease is no longer ours; claiming again");
         self.reacquire().await
     }
+}
+
+/// The subnets chosen for this node, one per enabled family, and how.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Choice {
+    pub v4: Option<IpNet>,
+    pub v6: Option<IpNet>,
+    pub how: &'static str,
+}
+
+/// Chooses this node's subnets as flannel does, each family on its own: the previous
+/// subnet, else the one already held for this node's public IP of that family, else a
+/// free one at random. When a family finds a lease held for this node's public IP whose
+/// shape is the one wanted, the node takes that lease whole (its key stays the same).
+pub(crate) fn choose(
+    net: &NetConf,
+    request: &AcquireRequest,
+    stored: &[Stored],
+    seed: u128,
+) -> Result<Choice, Exhausted> {
+    let attrs = &request.attrs;
+    let family = |v6: bool| -> Result<Option<Allocation>, Exhausted> {
+        let pod = if v6 {
+            net.ipv6.as_ref()
+        } else {
+            net.ipv4.as_ref()
+        };
+        let Some(pod) = pod else {
+            return Ok(None);
+        };
+        let taken: Vec<Taken> = stored
+            .iter()
+            .filter_map(|s| {
+                let l = &s.lease;
+                let (subnet, public_ip) = if v6 {
+                    (l.subnet_v6?, l.public_ipv6.map(IpAddr::V6))
+                } else {
+                    (l.subnet?, l.public_ip.map(IpAddr::V4))
+                };
+                Some(Taken { subnet, public_ip })
+            })
+            .collect();
+        let (previous, public_ip, random) = if v6 {
+            let ip = attrs.public_ipv6.map(IpAddr::V6);
+            (request.previous_v6, ip, seed.rotate_left(64))
+        } else {
+            (request.previous, attrs.public_ip.map(IpAddr::V4), seed)
+        };
+        allocate(pod, &taken, previous, public_ip, random).map(Some)
+    };
+    let (v4, v6) = (family(false)?, family(true)?);
+    let shaped = |l: &Lease| {
+        l.subnet.is_some() == net.ipv4.is_some() && l.subnet_v6.is_some() == net.ipv6.is_some()
+    };
+    let held = |a: Option<Allocation>, pick: fn(&Lease) -> Option<IpNet>| match a {
+        Some(Allocation::SamePublicIp(s)) => stored
+            .iter()
+            .map(|x| &x.lease)
+            .find(|l| pick(l) == Some(s) && shaped(l)),
+        _ => None,
+    };
+    if let Some(l) = held(v4, |l| l.subnet).or_else(|| held(v6, |l| l.subnet_v6)) {
+        return Ok(Choice {
+            v4: l.subnet,
+            v6: l.subnet_v6,
+            how: "the lease already held for this public IP",
+        });
+    }
+    let how = match v4.or(v6) {
+        Some(Allocation::Previous(_)) => "this node's previous subnet",
+        Some(Allocation::SamePublicIp(_)) => "the subnet already held for this public IP",
+        _ => "a free subnet",
+    };
+    Ok(Choice {
+        v4: v4.map(Allocation::subnet),
+        v6: v6.map(Allocation::subnet),
+        how,
+    })
+}
+
+/// The stored leases other than `name` that overlap a chosen subnet: this node's own of
+/// another shape (`allocate` only hands out a held subnet to the public IP holding it).
+fn overlapping<'a>(stored: &'a [Stored], choice: &Choice, name: &str) -> Vec<&'a Stored> {
+    let chosen: Vec<IpNet> = choice.v4.iter().chain(choice.v6.iter()).copied().collect();
+    stored
+        .iter()
+        .filter(|s| s.lease.node != name)
+        .filter(|s| {
+            s.lease
+                .subnets()
+                .any(|a| chosen.iter().any(|b| a.contains(b) || b.contains(&a)))
+        })
+        .collect()
 }

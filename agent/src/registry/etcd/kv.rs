@@ -3,9 +3,34 @@
 use ipnet::IpNet;
 use weft_backends::model::{Lease, LeaseAttrs};
 
-/// `10.244.3.0/24` → `10.244.3.0-24` (flannel's key form; also the node's name).
+/// `10.244.3.0/24` → `10.244.3.0-24` (flannel's key form for one subnet).
 pub fn subnet_key(subnet: &IpNet) -> String {
     format!("{}-{}", subnet.addr(), subnet.prefix_len())
+}
+
+/// A lease's key name, as flannel forms it (also the node's name): `10.244.3.0-24`,
+/// `fd00:10:244:3::-64` (IPv6 only), or both joined by `&` (dual-stack).
+pub fn lease_name(v4: Option<&IpNet>, v6: Option<&IpNet>) -> String {
+    match (v4, v6) {
+        (Some(a), Some(b)) => format!("{}&{}", subnet_key(a), subnet_key(b)),
+        (Some(one), None) | (None, Some(one)) => subnet_key(one),
+        (None, None) => String::new(),
+    }
+}
+
+/// A lease's key name → its (IPv4, IPv6) subnets: one subnet of either family, or an
+/// IPv4 and an IPv6 subnet joined by `&`.
+pub fn parse_lease_name(name: &str) -> Option<(Option<IpNet>, Option<IpNet>)> {
+    match name.split_once('&') {
+        Some((a, b)) => match (parse_subnet_key(a)?, parse_subnet_key(b)?) {
+            (v4 @ IpNet::V4(_), v6 @ IpNet::V6(_)) => Some((Some(v4), Some(v6))),
+            _ => None,
+        },
+        None => match parse_subnet_key(name)? {
+            v4 @ IpNet::V4(_) => Some((Some(v4), None)),
+            v6 @ IpNet::V6(_) => Some((None, Some(v6))),
+        },
+    }
 }
 
 /// `<prefix>/weft/rotate/<node>`: where `weft keys rotate --all` asks `node` to rotate.
@@ -29,7 +54,7 @@ pub const MAX_LEASE_BYTES: usize = 8192;
 /// Why one stored lease could not be read. Logged naming the key; the lease is skipped.
 #[derive(Debug, thiserror::Error)]
 pub enum BadLease {
-    #[error("key {key:?}: the name is not a subnet like 10.244.3.0-24")]
+    #[error("key {key:?}: the name is not a subnet like 10.244.3.0-24 (or with IPv6, like 10.244.3.0-24&fd00:10:244:3::-64)")]
     Key { key: String },
     #[error("key {key}: the value is {got}, not a flannel lease object like {{\"PublicIP\":\"…\",\"BackendType\":\"…\"}}")]
     NotAnObject { key: String, got: String },
@@ -61,7 +86,7 @@ pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<L
     let name = full.strip_prefix(subnets_dir).unwrap_or(&full);
     // The key as messages show it: a hostile key is not echoed whole.
     let key = weft_backends::model::clip(&full);
-    let subnet = parse_subnet_key(name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
+    let (v4, v6) = parse_lease_name(name).ok_or_else(|| BadLease::Key { key: key.clone() })?;
     if value.len() > MAX_LEASE_BYTES {
         return Err(BadLease::TooLarge {
             key,
@@ -81,10 +106,6 @@ pub fn parse_lease(subnets_dir: &str, full_key: &[u8], value: &[u8]) -> Result<L
     }
     let attrs: LeaseAttrs =
         serde_json::from_value(json).map_err(|source| BadLease::Value { key, source })?;
-    let (v4, v6) = match subnet {
-        IpNet::V4(_) => (Some(subnet), None),
-        IpNet::V6(_) => (None, Some(subnet)),
-    };
     Ok(attrs.into_lease(name.to_string(), v4, v6))
 }
 
@@ -103,6 +124,29 @@ mod tests {
             parse_subnet_key("fd00::-64"),
             Some("fd00::/64".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn dual_stack_names_are_flannels() {
+        let v4: IpNet = "10.244.1.0/24".parse().unwrap();
+        let v6: IpNet = "fd00:10:244:1::/64".parse().unwrap();
+        let name = lease_name(Some(&v4), Some(&v6));
+        assert_eq!(name, "10.244.1.0-24&fd00:10:244:1::-64");
+        assert_eq!(parse_lease_name(&name), Some((Some(v4), Some(v6))));
+        assert_eq!(lease_name(None, Some(&v6)), "fd00:10:244:1::-64");
+        assert_eq!(
+            parse_lease_name("fd00:10:244:1::-64"),
+            Some((None, Some(v6)))
+        );
+        assert_eq!(parse_lease_name("10.244.1.0-24"), Some((Some(v4), None)));
+        for bad in [
+            "fd00:10:244:1::-64&10.244.1.0-24",
+            "10.244.1.0-24&10.244.2.0-24",
+            "10.244.1.0-24&",
+            "10.244.1.0-24&fd00::-64&fd01::-64",
+        ] {
+            assert_eq!(parse_lease_name(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -105,8 +105,9 @@ impl EtcdConfig {
         format!("{}/subnets/", self.prefix)
     }
 
-    pub fn subnet_key(&self, subnet: &IpNet) -> String {
-        format!("{}{}", self.subnets_dir(), kv::subnet_key(subnet))
+    /// The etcd key of the lease holding these subnets (`kv::lease_name`).
+    pub fn lease_key(&self, v4: Option<&IpNet>, v6: Option<&IpNet>) -> String {
+        format!("{}{}", self.subnets_dir(), kv::lease_name(v4, v6))
     }
 
     /// The endpoints that carry requests in clear: every one that is not `https://`.
@@ -172,8 +173,6 @@ pub enum RegistryError {
     Exhausted(#[from] Exhausted),
     #[error("could not claim a subnet after {attempts} attempts: other nodes kept taking the chosen one")]
     Contention { attempts: u32 },
-    #[error("IPv6 leases in etcd mode are not implemented yet; use EnableIPv6=false or the Kubernetes registry")]
-    Ipv6Unsupported,
     #[error("the etcd lease {lease:#x} holding {key} has expired")]
     LeaseExpired { lease: i64, key: String },
     #[error("{what} would cross the network in clear: etcd endpoint(s) {endpoints} are not https://; use https:// endpoints, or --etcd-insecure to accept that anyone on the path can read it")]
