@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn, Instrument};
-use weft_backends::model::{DesiredState, Observed, PeerObserved};
+use weft_backends::model::{DesiredState, DevicePeer, Observed, PeerObserved};
 use weft_backends::plan::{plan, PlanInput};
 
 use super::error_policy::{self, report_plan};
@@ -104,7 +104,7 @@ impl Controller<'_> {
     /// The plan for this node now, from the latest view and what the device showed (peers'
     /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
     /// planned.
-    fn plan(&mut self, device: BTreeMap<PublicKey, PeerObserved>) -> Option<DesiredState> {
+    fn plan(&mut self, device: BTreeMap<DevicePeer, PeerObserved>) -> Option<DesiredState> {
         let view = &self.raw_view;
         let now = SystemTime::now();
         self.planned_at = now;

@@ -7,21 +7,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use weft_backends::model::{DesiredState, PeerObserved};
-use weft_crypto::PublicKey;
+use weft_backends::model::{DesiredState, DevicePeer, PeerObserved};
 
+/// Keyed by device and peer: with `Mode: separate` a node is a peer of both devices.
 #[derive(Default)]
 pub(super) struct Roaming {
-    planned: HashMap<PublicKey, SocketAddr>,
-    set_at: HashMap<PublicKey, SystemTime>,
+    planned: HashMap<DevicePeer, SocketAddr>,
+    set_at: HashMap<DevicePeer, SystemTime>,
 }
 
 impl Roaming {
     /// The device's peers with this memory, as the plan takes them.
     pub(super) fn observed(
         &self,
-        mut device: BTreeMap<PublicKey, PeerObserved>,
-    ) -> BTreeMap<PublicKey, PeerObserved> {
+        mut device: BTreeMap<DevicePeer, PeerObserved>,
+    ) -> BTreeMap<DevicePeer, PeerObserved> {
         for (key, peer) in device.iter_mut() {
             peer.planned_before = self.planned.get(key).copied();
             peer.endpoint_set = self.set_at.get(key).copied();
@@ -34,16 +34,17 @@ impl Roaming {
     /// Peers no longer planned are forgotten: under churn every departed or re-keyed peer
     /// left its entries here for good (the 30-minute soak measured the agent growing by
     /// 684 KiB a minute).
-    pub(super) fn passed(&mut self, state: &DesiredState, set: &[PublicKey], now: SystemTime) {
+    pub(super) fn passed(&mut self, state: &DesiredState, set: &[DevicePeer], now: SystemTime) {
         let planned = &state.planned_endpoints;
         self.planned.retain(|key, _| planned.contains_key(key));
         self.set_at.retain(|key, _| planned.contains_key(key));
-        self.planned.extend(planned);
+        self.planned
+            .extend(planned.iter().map(|(k, v)| (k.clone(), *v)));
         for key in set {
-            self.set_at.insert(*key, now);
+            self.set_at.insert(key.clone(), now);
         }
         for key in planned.keys() {
-            self.set_at.entry(*key).or_insert(now);
+            self.set_at.entry(key.clone()).or_insert(now);
         }
     }
 }
@@ -54,7 +55,10 @@ mod tests {
 
     #[test]
     fn peers_no_longer_planned_are_forgotten() {
-        let key = |n: u8| weft_crypto::PrivateKey::from_bytes([n; 32]).public_key();
+        let key = |n: u8| {
+            let k = weft_crypto::PrivateKey::from_bytes([n; 32]).public_key();
+            ("flannel-wg".to_string(), k)
+        };
         let addr: SocketAddr = "198.51.100.1:51820".parse().unwrap();
         let mut roaming = Roaming::default();
         let mut state = DesiredState::default();

@@ -26,7 +26,7 @@ pub struct DataplaneReport {
     /// Milliseconds spent per part of the pass: routing, wireguard, vxlan, nftables.
     pub timings: Vec<(&'static str, f64)>,
     /// The WireGuard peers whose endpoint this pass set (added peers among them).
-    pub endpoints_set: Vec<weft_crypto::PublicKey>,
+    pub endpoints_set: Vec<crate::model::DevicePeer>,
 }
 
 fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::Instant) {
@@ -131,7 +131,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
     pub async fn observe(
         &mut self,
         full: bool,
-    ) -> Result<std::collections::BTreeMap<weft_crypto::PublicKey, PeerObserved>, ApplyError> {
+    ) -> Result<std::collections::BTreeMap<crate::model::DevicePeer, PeerObserved>, ApplyError>
+    {
         self.fresh.clear();
         let mut peers = std::collections::BTreeMap::new();
         let Some(wg) = self.wg.as_mut() else {
@@ -155,7 +156,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
                         planned_before: None,
                         endpoint_set: None,
                     };
-                    (*k, seen)
+                    ((name.to_string(), *k), seen)
                 }));
             }
         }

@@ -30,7 +30,7 @@ pub struct DesiredState {
     pub key_watch: Option<super::KeyWatch>,
     /// The endpoint the registry gives each WireGuard peer, before a roamed one is kept:
     /// the agent remembers it (`PeerObserved::planned_before`).
-    pub planned_endpoints: std::collections::BTreeMap<PublicKey, SocketAddr>,
+    pub planned_endpoints: std::collections::BTreeMap<super::DevicePeer, SocketAddr>,
 }
 
 /// One WireGuard device and its peers.

@@ -19,7 +19,8 @@ pub use desired::{
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;
 pub use observed::{
-    KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE, WATCH_BEFORE,
+    DevicePeer, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,
+    WATCH_BEFORE,
 };
 
 /// Text from outside (a key, a value) as an error message shows it: whole up to 80

@@ -30,10 +30,14 @@ pub struct Observed {
     pub next_keys_in_use: BTreeSet<PublicKey>,
     /// When this node first saw each announced next key, by its own clock (`SEEN_LEAD`).
     pub next_keys_seen: BTreeMap<PublicKey, SystemTime>,
-    /// Each peer on this node's WireGuard devices, by key: what the device holds, and
-    /// what this agent did to it.
-    pub peers: BTreeMap<PublicKey, PeerObserved>,
+    /// Each peer on this node's WireGuard devices, by device and key (with `Mode:
+    /// separate` one node is a peer of both devices, under the same key): what the device
+    /// holds, and what this agent did to it.
+    pub peers: BTreeMap<DevicePeer, PeerObserved>,
 }
+
+/// One peer of one WireGuard device: the device's name and the peer's key.
+pub type DevicePeer = (String, PublicKey);
 
 /// One peer as the device reports it, with the agent's memory of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime};
 
-use weft_crypto::PublicKey;
-
-use crate::model::{Observed, PeerObserved, PeerSpec};
+use crate::model::{DevicePeer, Observed, PeerObserved, PeerSpec};
 
 /// How long after its last handshake a peer's session counts as alive (WireGuard's
 /// REJECT_AFTER_TIME: past it, the session is dropped).
@@ -35,17 +33,19 @@ pub fn keeps_roamed(have: &PeerObserved, planned: SocketAddr, now: SystemTime) -
     have.endpoint.is_some() && (fresh || since_set < SESSION_FRESH) && plan_unchanged
 }
 
-/// Records each peer's planned endpoint in `planned`, and gives it the endpoint its device
-/// learned where `keeps_roamed` says so.
+/// Records the planned endpoint of each peer of `device` in `planned`, and gives it the
+/// endpoint the device learned where `keeps_roamed` says so.
 pub(crate) fn keep_roamed(
+    device: &str,
     peers: &mut [PeerSpec],
     observed: &Observed,
     now: SystemTime,
-    planned: &mut BTreeMap<PublicKey, SocketAddr>,
+    planned: &mut BTreeMap<DevicePeer, SocketAddr>,
 ) {
     for p in peers {
-        planned.insert(p.public_key, p.endpoint);
-        let Some(have) = observed.peers.get(&p.public_key) else {
+        let id = (device.to_string(), p.public_key);
+        planned.insert(id.clone(), p.endpoint);
+        let Some(have) = observed.peers.get(&id) else {
             continue;
         };
         if let Some(roamed) = have
@@ -152,24 +152,34 @@ mod tests {
             psk: None,
         };
         let mut peers = vec![spec(2, "198.51.100.2:51820"), spec(3, "198.51.100.3:51820")];
+        let roamed = |endpoint: &str, before: &str| PeerObserved {
+            endpoint: endpoint.parse().ok(),
+            last_handshake: Some(Duration::from_secs(100_000 - 5)),
+            planned_before: before.parse().ok(),
+            endpoint_set: None,
+        };
+        let (v4, v6) = ("flannel-wg".to_string(), "flannel-wg-v6".to_string());
         let observed = Observed {
-            peers: [(
-                key(2),
-                PeerObserved {
-                    endpoint: "198.51.100.2:40000".parse().ok(),
-                    last_handshake: Some(Duration::from_secs(100_000 - 5)),
-                    planned_before: "198.51.100.2:51820".parse().ok(),
-                    endpoint_set: None,
-                },
-            )]
+            peers: [
+                (
+                    (v4.clone(), key(2)),
+                    roamed("198.51.100.2:40000", "198.51.100.2:51820"),
+                ),
+                // The same node on the IPv6 device (`Mode: separate`, one key): its
+                // endpoint there is no business of the IPv4 device's.
+                (
+                    (v6.clone(), key(3)),
+                    roamed("[fd77::3]:51821", "[fd77::3]:51821"),
+                ),
+            ]
             .into(),
             ..Observed::default()
         };
         let mut planned = BTreeMap::new();
-        keep_roamed(&mut peers, &observed, now, &mut planned);
+        keep_roamed(&v4, &mut peers, &observed, now, &mut planned);
         assert_eq!(peers[0].endpoint.to_string(), "198.51.100.2:40000");
         assert_eq!(peers[1].endpoint.to_string(), "198.51.100.3:51820");
-        assert_eq!(planned[&key(2)].to_string(), "198.51.100.2:51820");
+        assert_eq!(planned[&(v4, key(2))].to_string(), "198.51.100.2:51820");
         assert_eq!(planned.len(), 2);
     }
 }

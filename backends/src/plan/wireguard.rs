@@ -227,6 +227,7 @@ pub(crate) fn plan(
             }
         }
         super::roaming::keep_roamed(
+            dev.name,
             &mut peers,
             input.observed,
             input.now,

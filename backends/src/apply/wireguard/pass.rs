@@ -59,10 +59,10 @@ pub(crate) fn device_change(
     let mut change = diff_device(t, &key.public_key(), observed);
     for c in &change.peers {
         match c {
-            PeerChange::Add(p) => report.endpoints_set.push(p.public_key),
-            PeerChange::Update { spec, fields } if fields.endpoint.is_some() => {
-                report.endpoints_set.push(spec.public_key)
-            }
+            PeerChange::Add(p) => report.endpoints_set.push((t.device.clone(), p.public_key)),
+            PeerChange::Update { spec, fields } if fields.endpoint.is_some() => report
+                .endpoints_set
+                .push((t.device.clone(), spec.public_key)),
             _ => {}
         }
     }
