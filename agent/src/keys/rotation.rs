@@ -284,6 +284,15 @@ impl KeyState {
                     &self.key.public_key(),
                     port,
                 ));
+                // The IPv6 device (`EnableIPv6`) publishes the same key.
+                if let Some(v6) = self
+                    .attrs
+                    .backend_v6_data
+                    .as_mut()
+                    .and_then(|v| v.as_object_mut())
+                {
+                    v6.insert("PublicKey".into(), self.key.public_key().to_string().into());
+                }
                 self.attrs.next_key = None;
                 // Published once the device carries the key (`published_after_switch`):
                 // a peer that saw it earlier would send a handshake the device still

@@ -15,6 +15,8 @@ use weft_crypto::PublicKey;
 
 pub struct BackendSetup {
     pub backend_data: Option<Value>,
+    /// `backend-v6-data` (with `EnableIPv6`): the IPv6 device's data.
+    pub backend_v6_data: Option<Value>,
     /// `Some` for wireguard: the implementation asked for.
     pub implementation: Option<Implementation>,
     /// The config's `MTU` (the underlay's), if it sets one.
@@ -34,6 +36,10 @@ pub async fn prepare(
     Ok(match &net.backend {
         Backend::Wireguard(wg) => BackendSetup {
             backend_data: Some(wireguard_backend_data(public_key, wg.listen_port)),
+            backend_v6_data: net
+                .ipv6
+                .is_some()
+                .then(|| wireguard_backend_data(public_key, wg.listen_port_v6)),
             implementation: Some(match override_impl {
                 Some("kernel") => Implementation::Kernel,
                 Some("userspace") => Implementation::Userspace,
@@ -47,12 +53,14 @@ pub async fn prepare(
             info!(vtep_mac = %format_mac(&mac), "vxlan");
             BackendSetup {
                 backend_data: Some(vxlan_backend_data(v.vni, &mac)),
+                backend_v6_data: None,
                 implementation: None,
                 config_mtu: v.mtu,
             }
         }
         Backend::HostGw => BackendSetup {
             backend_data: None,
+            backend_v6_data: None,
             implementation: None,
             config_mtu: None,
         },

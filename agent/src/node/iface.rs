@@ -5,7 +5,7 @@
 //! source address of the default route. (`local_ip` is the same choice without
 //! `--public-ip`: the internal address when `--public-ip` names an external one.)
 
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
 
 use anyhow::{bail, Context};
 use regex::Regex;
@@ -21,6 +21,17 @@ pub struct IfaceAddr {
 
 /// The IPv4 addresses of every interface in this network namespace, in the kernel's order.
 pub fn interfaces() -> std::io::Result<Vec<IfaceAddr>> {
+    Ok(addresses()?
+        .into_iter()
+        .filter_map(|(name, addr)| match addr {
+            IpAddr::V4(addr) => Some(IfaceAddr { name, addr }),
+            IpAddr::V6(_) => None,
+        })
+        .collect())
+}
+
+/// Every interface's addresses of both families, in the kernel's order.
+fn addresses() -> std::io::Result<Vec<(String, IpAddr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs(3) fills `head` with a list we free below with freeifaddrs(3).
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -36,23 +47,53 @@ pub fn interfaces() -> std::io::Result<Vec<IfaceAddr>> {
             continue;
         }
         // SAFETY: ifa_addr points to a sockaddr whose family says how to read it.
-        if i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: an AF_INET address is a sockaddr_in.
-        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+        let addr = match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
         let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
             .to_string_lossy()
             .into_owned();
-        out.push(IfaceAddr {
-            name,
-            addr: Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-        });
+        out.push((name, addr));
     }
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
+}
+
+/// The IPv6 address to advertise: `--public-ipv6`, else the first global IPv6 address of
+/// the interface holding `local` (the chosen IPv4 address), as flanneld takes it.
+/// `None` when that interface has none.
+pub fn public_ipv6(args: &AgentArgs, local: Ipv4Addr) -> anyhow::Result<Option<Ipv6Addr>> {
+    if args.public_ipv6.is_some() {
+        return Ok(args.public_ipv6);
+    }
+    let all = addresses().context("listing the interfaces")?;
+    let Some((iface, _)) = all.iter().find(|(_, a)| *a == IpAddr::V4(local)) else {
+        return Ok(None);
+    };
+    Ok(all.iter().find_map(|(name, addr)| match addr {
+        IpAddr::V6(a) if name == iface && is_global_v6(a) => Some(*a),
+        _ => None,
+    }))
+}
+
+/// Not link-local (fe80::/10), loopback, unspecified or multicast.
+fn is_global_v6(a: &Ipv6Addr) -> bool {
+    !(a.is_loopback()
+        || a.is_unspecified()
+        || a.is_multicast()
+        || (a.segments()[0] & 0xffc0) == 0xfe80)
 }
 
 /// The address `--iface` / `--iface-regex` pick among `all`, if any flag is given:

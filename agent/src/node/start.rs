@@ -209,13 +209,26 @@ fn local_attrs(
             .filter(|ip| *ip != public_ip),
         None => None,
     };
+    // With IPv6 enabled, the node's IPv6 address is published beside the IPv4 one.
+    let public_ipv6 = match net.ipv6 {
+        Some(_) => crate::node::iface::local_ip(args)
+            .and_then(|local| crate::node::iface::public_ipv6(args, local))
+            .unwrap_or_else(|e| {
+                warn!(error = %format!("{e:#}"), "finding this node's IPv6 address");
+                args.public_ipv6
+            }),
+        None => None,
+    };
+    if net.ipv6.is_some() && public_ipv6.is_none() {
+        warn!("EnableIPv6 is set but this node has no global IPv6 address on its interface and no --public-ipv6: peers cannot reach it over IPv6");
+    }
     LocalAttrs {
         public_ip: Some(public_ip),
         internal_ip,
-        public_ipv6: None,
+        public_ipv6,
         backend: net.backend.kind(),
         backend_data: setup.backend_data.clone(),
-        backend_v6_data: None,
+        backend_v6_data: setup.backend_v6_data.clone(),
         next_key: rotation.pending().cloned(),
     }
 }
