@@ -37,7 +37,11 @@ fn traffic_leaving_the_pod_network_is_masqueraded_to_the_node_address() {
     let lab = lab();
     let capture = UnderlayCapture::start_on(&lab, &lab.ext(), "eth0", &["icmp"]).unwrap();
     let pod = &lab.nodes[1].pods[0];
-    assert!(lab.ping(&pod.ns, EXT_IP.parse().unwrap(), Duration::from_secs(5)));
+    assert!(lab.ping(
+        &pod.ns,
+        EXT_IP.parse::<std::net::Ipv4Addr>().unwrap(),
+        Duration::from_secs(5)
+    ));
     let seen = capture.finish().unwrap();
     let requests: Vec<&str> = seen
         .lines()

@@ -3,7 +3,7 @@
 //! are recorded, and a 100 pps ping beside it, whose unanswered count is recorded.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -60,12 +60,17 @@ pub struct Probe {
 impl Probe {
     /// Starts the stream and the ping from pod namespace `from` to `to_ip` (in pod
     /// namespace `to_ns`).
-    pub fn start(from: &str, to_ns: &str, to_ip: Ipv4Addr) -> anyhow::Result<Probe> {
+    pub fn start(from: &str, to_ns: &str, to_ip: impl Into<IpAddr>) -> anyhow::Result<Probe> {
+        let to_ip: IpAddr = to_ip.into();
+        let any: IpAddr = match to_ip {
+            IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let receiver = in_named_netns(
             to_ns,
             move || -> std::io::Result<(u64, Duration, Option<String>)> {
-                let listener = TcpListener::bind(("0.0.0.0", PORT))?;
+                let listener = TcpListener::bind((any, PORT))?;
                 let _ = ready_tx.send(());
                 let (mut conn, _) = listener.accept()?;
                 let mut buf = [0u8; 65536];

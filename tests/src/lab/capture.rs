@@ -106,14 +106,21 @@ pub fn assert_tunnelled(text: &str, min: usize) {
     );
 }
 
-/// The captured packets that show a pod address in clear.
+/// The captured packets that show a pod address of either family in clear.
 pub fn leaks(text: &str) -> Vec<&str> {
-    text.lines().filter(|l| l.contains("10.244.")).collect()
+    text.lines()
+        .filter(|l| l.contains("10.244.") || l.contains("fd00:10:244:"))
+        .collect()
 }
 
-/// How many captured packets are WireGuard's (UDP to or from port 51820).
+/// How many captured packets are WireGuard's (UDP to or from port 51820, or 51821, the
+/// IPv6 device's).
 pub fn wireguard_packets(text: &str) -> usize {
     text.lines()
-        .filter(|l| l.contains(".51820: UDP") || l.contains(".51820 > "))
+        .filter(|l| {
+            [".51820", ".51821"]
+                .iter()
+                .any(|p| l.contains(&format!("{p}: UDP")) || l.contains(&format!("{p} > ")))
+        })
         .count()
 }

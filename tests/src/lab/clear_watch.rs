@@ -52,17 +52,24 @@ impl ClearWatch {
             let (Some(from), Some(to)) = (node.pods.first(), peer.pods.first()) else {
                 continue;
             };
-            let label = format!("{} ({}) -> {} ({})", from.ip, node.index, to.ip, peer.index);
-            let out = lab.dir().join(format!("watch-{}.ping", node.index));
-            let child = Command::new("ip")
-                .args(["netns", "exec", &from.ns, "ping", "-n", "-i", "0.05", "-p"])
-                .arg(&pattern)
-                .arg(to.ip.to_string())
-                .stdout(fs::File::create(&out)?)
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting a watch stream")?;
-            streams.push((label, child, out));
+            // Each of the pod's addresses: IPv4, and IPv6 in a dual-stack lab.
+            let targets =
+                std::iter::once(std::net::IpAddr::V4(to.ip)).chain(to.ip6.map(Into::into));
+            for (family, target) in targets.enumerate() {
+                let label = format!("{} ({}) -> {target} ({})", from.ns, node.index, peer.index);
+                let out = lab
+                    .dir()
+                    .join(format!("watch-{}-{family}.ping", node.index));
+                let child = Command::new("ip")
+                    .args(["netns", "exec", &from.ns, "ping", "-n", "-i", "0.05", "-p"])
+                    .arg(&pattern)
+                    .arg(target.to_string())
+                    .stdout(fs::File::create(&out)?)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting a watch stream")?;
+                streams.push((label, child, out));
+            }
         }
         Ok(ClearWatch {
             capture: Some(capture),

@@ -170,6 +170,17 @@ pub fn result_ipv4(result: &Value) -> anyhow::Result<ipnet::Ipv4Net> {
         .with_context(|| format!("no IPv4 address in the CNI result {result}"))
 }
 
+/// The first IPv6 address in a CNI result, if any.
+pub fn result_ipv6(result: &Value) -> Option<std::net::Ipv6Addr> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .find_map(|a| a.parse::<ipnet::Ipv6Net>().ok())
+        .map(|n| n.addr())
+}
+
 /// `json!` of the conflist, for callers that want to change it.
 pub fn conflist() -> Value {
     serde_json::from_str(CONFLIST).unwrap_or_else(|_| json!({}))

@@ -17,6 +17,8 @@ pub type AgentLauncher = Box<dyn Fn(&Node) -> anyhow::Result<Command>>;
 pub const ETCD_IP: &str = "198.51.100.250";
 pub const KUBE_API_PORT: u16 = 6443;
 pub const EXT_IP: &str = "198.51.100.200";
+/// The pod network's IPv6 half in a dual-stack lab.
+pub const IPV6_NETWORK: &str = "fd00:10:244::/56";
 /// flannel's etcd prefix, the agents' default.
 pub const DEFAULT_ETCD_PREFIX: &str = "/coreos.com/network";
 
@@ -59,6 +61,9 @@ pub struct LabConfig {
     pub own_address: Vec<usize>,
     /// Environment variables for one node's agent: (node index, name, value).
     pub agent_env: Vec<(usize, String, String)>,
+    /// A dual-stack lab (`LabConfig::dual_stack`): every node has an IPv6 underlay address
+    /// (`fd77::<n>/64`) beside its IPv4 one, and every pod an address of each family.
+    pub ipv6: bool,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -94,6 +99,7 @@ impl LabConfig {
             watch_start: false,
             own_address: Vec::new(),
             agent_env: Vec::new(),
+            ipv6: false,
         }
     }
 
@@ -103,6 +109,21 @@ impl LabConfig {
             kube: true,
             ..LabConfig::wireguard(nodes, weft)
         }
+    }
+
+    /// This lab made dual-stack: `EnableIPv6` with pod network `fd00:10:244::/56` (a /64 per
+    /// node) added to the net-conf, IPv6 underlay addresses on every node.
+    pub fn dual_stack(mut self) -> Self {
+        if let Ok(serde_json::Value::Object(mut conf)) =
+            serde_json::from_str::<serde_json::Value>(&self.net_conf)
+        {
+            conf.insert("EnableIPv6".into(), true.into());
+            conf.insert("IPv6Network".into(), IPV6_NETWORK.into());
+            conf.insert("IPv6SubnetLen".into(), 64.into());
+            self.net_conf = serde_json::Value::Object(conf).to_string();
+        }
+        self.ipv6 = true;
+        self
     }
 
     /// A lab on another backend: `vxlan` (with `DirectRouting` if `direct`) or `host-gw`.

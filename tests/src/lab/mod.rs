@@ -27,14 +27,14 @@ mod turn;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 pub use config::{
     AgentLauncher, LabConfig, DEFAULT_ETCD_PREFIX, ETCD_IP, EXT_IP, IMPLEMENTATION_ENV,
@@ -49,6 +49,8 @@ use fabric::{attach, attach_to, Namespaces};
 pub struct Pod {
     pub ns: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, in a dual-stack lab.
+    pub ip6: Option<Ipv6Addr>,
     /// The CNI attachment and its ADD result (for CHECK and DEL).
     pub attachment: cni::Attachment,
     pub result: serde_json::Value,
@@ -60,6 +62,8 @@ pub struct Node {
     pub ip: Ipv4Addr,
     pub dir: PathBuf,
     pub subnet: Option<Ipv4Net>,
+    /// Its IPv6 pod subnet, in a dual-stack lab.
+    pub subnet_v6: Option<Ipv6Net>,
     pub pods: Vec<Pod>,
     agent: Option<Child>,
 }
@@ -266,6 +270,15 @@ impl Lab {
             &ns,
             &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
+        if self.cfg.ipv6 {
+            in_ns(
+                &ns,
+                &format!(
+                    "sysctl -qw net.ipv6.conf.all.forwarding=1 && ip -6 addr add {} dev eth0 nodad",
+                    ipv6_underlay(i)
+                ),
+            )?;
+        }
         if let Some(api) = &self.kube {
             let mut labels = BTreeMap::new();
             if let Some(Some(zone)) = self.cfg.zones.get(i - 1) {
@@ -291,6 +304,7 @@ impl Lab {
             ip,
             dir,
             subnet: None,
+            subnet_v6: None,
             pods: Vec::new(),
             agent: None,
         });
@@ -306,11 +320,16 @@ impl Lab {
         Ok(i)
     }
 
-    /// The etcd key of node `i`'s lease.
+    /// The etcd key of node `i`'s lease (flannel's dual-stack form in a dual-stack lab).
     pub fn lease_key(&self, i: usize) -> Option<String> {
-        let s = self.nodes[i].subnet?;
+        let node = &self.nodes[i];
+        let s = node.subnet?;
+        let v6 = node
+            .subnet_v6
+            .map(|s6| format!("&{}-{}", s6.network(), s6.prefix_len()))
+            .unwrap_or_default();
         Some(format!(
-            "{}/subnets/{}-{}",
+            "{}/subnets/{}-{}{v6}",
             self.cfg.etcd_prefix,
             s.network(),
             s.prefix_len()
@@ -420,7 +439,8 @@ impl Lab {
     }
 
     /// Pings `to` from pod namespace `from` until one reply or `within` passes.
-    /// Pings every pod from every pod on another node; returns how many pairs were tried
+    /// Pings every pod from every pod on another node (each address of each pod, in a
+    /// dual-stack lab); returns how many pairs were tried
     /// and the ones that failed, as `from (node) -> to`.
     pub fn all_pairs(&self, within: Duration) -> (usize, Vec<String>) {
         let mut failures = Vec::new();
@@ -432,6 +452,12 @@ impl Lab {
                         pairs += 1;
                         if !self.ping(&pa.ns, pb.ip, within) {
                             failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
+                        }
+                        if let Some(to) = pb.ip6 {
+                            pairs += 1;
+                            if !self.ping(&pa.ns, to, within) {
+                                failures.push(format!("{} ({}) -> {to}", pa.ns, a.index));
+                            }
                         }
                     }
                 }
@@ -453,7 +479,8 @@ impl Lab {
         pairs
     }
 
-    pub fn ping(&self, from: &str, to: Ipv4Addr, within: Duration) -> bool {
+    pub fn ping(&self, from: &str, to: impl Into<IpAddr>, within: Duration) -> bool {
+        let to = to.into();
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if in_ns(from, &format!("ping -c 1 -W 1 -q {to}")).is_ok() {
@@ -546,4 +573,9 @@ impl Drop for Lab {
             etcd.stop();
         }
     }
+}
+
+/// Node `i`'s (1-based) IPv6 underlay address, with its prefix, in a dual-stack lab.
+pub fn ipv6_underlay(i: usize) -> String {
+    format!("fd77::{i:x}/64")
 }

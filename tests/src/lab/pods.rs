@@ -15,10 +15,16 @@ impl Lab {
     pub(super) fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
         let env_path = self.nodes[i].subnet_env();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let gateway: ipnet::Ipv4Net = loop {
+        let (gateway, gateway_v6): (ipnet::Ipv4Net, Option<ipnet::Ipv6Net>) = loop {
             let text = fs::read_to_string(&env_path).unwrap_or_default();
-            if let Some(v) = text.lines().find_map(|l| l.strip_prefix("FLANNEL_SUBNET=")) {
-                break v.parse().context("FLANNEL_SUBNET")?;
+            let value = |key: &str| text.lines().find_map(|l| l.strip_prefix(key));
+            let v6 = value("FLANNEL_IPV6_SUBNET=");
+            if let Some(v) = value("FLANNEL_SUBNET=").filter(|_| !self.cfg.ipv6 || v6.is_some()) {
+                let v6 = v6
+                    .map(str::parse)
+                    .transpose()
+                    .context("FLANNEL_IPV6_SUBNET")?;
+                break (v.parse().context("FLANNEL_SUBNET")?, v6);
             }
             if Instant::now() > deadline {
                 bail!(
@@ -30,6 +36,7 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(100));
         };
         self.nodes[i].subnet = Some(gateway.trunc());
+        self.nodes[i].subnet_v6 = gateway_v6.map(|g| g.trunc());
         for _ in 0..self.cfg.pods_per_node {
             self.add_pod(i, cni::conflist())?;
         }
@@ -42,6 +49,10 @@ impl Lab {
         let p = self.nodes[i].pods.len() + 1;
         let pod_ns = format!("{}-n{}p{p}", self.tag, i + 1);
         self.namespaces.add(&pod_ns)?;
+        if self.cfg.ipv6 {
+            // See `create_node`: the pod's eth0 usable at once.
+            super::in_ns(&pod_ns, "sysctl -qw net.ipv6.conf.default.accept_dad=0")?;
+        }
         let attachment = cni::Attachment {
             container_id: format!("{pod_ns}-c"),
             netns: format!("/var/run/netns/{pod_ns}"),
@@ -54,9 +65,29 @@ impl Lab {
         .add(&attachment)
         .with_context(|| format!("adding pod {pod_ns} on node {}", i + 1))?;
         let ip = cni::result_ipv4(&result)?.addr();
+        let ip6 = cni::result_ipv6(&result);
+        if self.cfg.ipv6 {
+            let Some(v6) = self.nodes[i].subnet_v6 else {
+                bail!("node {} has no IPv6 subnet in a dual-stack lab", i + 1);
+            };
+            if ip6.is_none() {
+                bail!("pod {pod_ns} has no IPv6 address in a dual-stack lab: {result}");
+            }
+            // A new bridge answers IPv6 neighbour solicitations only after about 2 s (the
+            // first pods of a node wait that long for their gateway): the pod is ready
+            // when its gateway answers.
+            let gateway = format!("{}1", v6.network());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while super::in_ns(&pod_ns, &format!("ping -c 1 -W 0.2 -q {gateway}")).is_err() {
+                if Instant::now() > deadline {
+                    bail!("pod {pod_ns}: its IPv6 gateway {gateway} did not answer in 10 s");
+                }
+            }
+        }
         self.nodes[i].pods.push(Pod {
             ns: pod_ns,
             ip,
+            ip6,
             attachment,
             result,
         });

@@ -1,0 +1,117 @@
+//! The dual-stack lab: every node has an IPv4 and an IPv6 underlay address, every pod an
+//! address of each family. On wireguard (flannel's default `Mode: separate`) every pod
+//! pair reaches each other over both families, IPv6 through `flannel-wg-v6` between the
+//! nodes' IPv6 addresses, nothing in clear; the leases are flannel's dual-stack ones. A
+//! deleted `flannel-wg-v6` and the IPv6 masquerade table come back, and an agent killed
+//! and restarted loses no IPv6 traffic.
+
+use std::time::Duration;
+
+use weft_lab::lab::clear_watch::ClearWatch;
+use weft_lab::lab::{in_ns, Lab, LabConfig};
+use weft_lab::traffic::Probe;
+use weft_lab::wait::{until, until_or};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+fn lab() -> Lab {
+    Lab::start(LabConfig::wireguard(3, WEFT).dual_stack()).unwrap()
+}
+
+#[test]
+fn wireguard_carries_both_families_between_all_pairs() {
+    let lab = lab();
+    let pairs = lab.assert_all_pairs();
+    assert_eq!(pairs, 3 * 2 * 2 * 2 * 2, "every pod pair, both families");
+    let watch = ClearWatch::start(&lab).unwrap();
+    for (i, node) in lab.nodes.iter().enumerate() {
+        // The lease: `10.244.X.0-24&fd00:10:244:Y::-64`, with the node's IPv6 address.
+        let key = lab.lease_key(i).unwrap();
+        assert!(key.contains("&fd00:10:244:"), "{key}");
+        let value = lab
+            .etcd()
+            .etcdctl(&["get", "--print-value-only", &key])
+            .unwrap();
+        assert!(
+            value.contains(&format!("\"PublicIPv6\":\"fd77::{}\"", i + 1)),
+            "{value}"
+        );
+        // IPv6 peers on flannel-wg-v6, reached at their IPv6 addresses.
+        let peers = lab.on_node(i, "wg show flannel-wg-v6 endpoints").unwrap();
+        let endpoints: Vec<&str> = peers.lines().filter_map(|l| l.split('\t').nth(1)).collect();
+        assert_eq!(endpoints.len(), 2, "{peers}");
+        assert!(
+            endpoints
+                .iter()
+                .all(|e| e.starts_with("[fd77::") && e.ends_with("]:51821")),
+            "{peers}"
+        );
+        // Fail closed for IPv6 too: the pod network's blackhole under the device routes.
+        let routes = in_ns(&node.ns, "ip -6 route show type blackhole").unwrap();
+        assert!(routes.contains("blackhole fd00:10:244::/56"), "{routes}");
+    }
+    let watched = watch.finish().unwrap();
+    eprintln!("dual-stack watch: {watched:?}");
+}
+
+#[test]
+fn the_ipv6_device_and_table_heal_and_a_restart_loses_no_ipv6_traffic() {
+    let mut lab = lab();
+    let node = &lab.nodes[0];
+    let (a, b) = (&node.pods[0], &lab.nodes[1].pods[0]);
+    let b6 = b.ip6.unwrap();
+    let watch = ClearWatch::start(&lab).unwrap();
+    in_ns(&node.ns, "ip link del flannel-wg-v6").unwrap();
+    let back = until_or(
+        "flannel-wg-v6 back with both peers and its routes",
+        Duration::from_secs(2),
+        || {
+            lab.on_node(0, "wg show flannel-wg-v6 peers")
+                .is_ok_and(|p| p.lines().count() == 2)
+                && in_ns(&node.ns, "ip -6 route show proto 87 dev flannel-wg-v6")
+                    .is_ok_and(|r| r.lines().count() == 3)
+        },
+        || {
+            let peers = lab.on_node(0, "wg show flannel-wg-v6").unwrap_or_default();
+            let routes = in_ns(&node.ns, "ip -6 route show table all").unwrap_or_default();
+            format!("{peers}\n{routes}\n{}", lab.logs())
+        },
+    );
+    let traffic = until(
+        "IPv6 pod traffic through the recreated device",
+        Duration::from_secs(5),
+        || in_ns(&a.ns, &format!("ping -c 1 -W 1 -q {b6}")).is_ok(),
+    );
+    eprintln!("flannel-wg-v6 deleted -> back {back:?}; IPv6 traffic {traffic:?} after that");
+    // The watch goes on while every pair, both families, is tried through the new device.
+    lab.assert_all_pairs();
+    let watched = watch.finish().unwrap();
+    eprintln!("device deleted and recreated: {watched:?}, nothing in clear");
+
+    in_ns(&node.ns, "nft delete table ip6 flannel-ipv6").unwrap();
+    let table = until(
+        "the IPv6 masquerade table back after deletion",
+        Duration::from_secs(5),
+        || {
+            in_ns(&node.ns, "nft list table ip6 flannel-ipv6")
+                .is_ok_and(|t| t.contains("masquerade fully-random"))
+        },
+    );
+    eprintln!("ip6 flannel-ipv6 back {table:?} after deletion");
+
+    // SIGKILL and restart node 2's agent under a 100 pps IPv6 ping and TCP stream.
+    let (a_ns, b_ns) = (a.ns.clone(), b.ns.clone());
+    let probe = Probe::start(&a_ns, &b_ns, b6).unwrap();
+    lab.stop_agent(1, "KILL").unwrap();
+    lab.start_agent(1).unwrap();
+    until(
+        "node 2's agent ready again",
+        Duration::from_secs(10),
+        || lab.on_node(1, &format!("{WEFT} status")).is_ok(),
+    );
+    let d = probe.finish().unwrap();
+    eprintln!("SIGKILL + restart over IPv6: {d}");
+    assert_eq!(d.pings_lost, 0, "{d}");
+    assert!(d.stream_error.is_none(), "{d}");
+    lab.assert_all_pairs();
+}
