@@ -115,3 +115,26 @@ fn the_ipv6_device_and_table_heal_and_a_restart_loses_no_ipv6_traffic() {
     assert!(d.stream_error.is_none(), "{d}");
     lab.assert_all_pairs();
 }
+
+#[test]
+fn host_gw_routes_both_families_between_all_pairs() {
+    let lab = Lab::start(LabConfig::backend(3, WEFT, "host-gw", false).dual_stack()).unwrap();
+    let pairs = lab.assert_all_pairs();
+    assert_eq!(pairs, 48, "every pod pair, both families");
+    for (i, node) in lab.nodes.iter().enumerate() {
+        // One IPv6 route per peer, via that peer's IPv6 underlay address.
+        let routes = in_ns(&node.ns, "ip -6 route show proto 87").unwrap();
+        let via: Vec<&str> = routes
+            .lines()
+            .filter_map(|l| l.split(" via ").nth(1)?.split_whitespace().next())
+            .collect();
+        let mut want: Vec<String> = (1..=3)
+            .filter(|n| *n != i + 1)
+            .map(|n| format!("fd77::{n}"))
+            .collect();
+        want.sort();
+        let mut got: Vec<String> = via.iter().map(|s| s.to_string()).collect();
+        got.sort();
+        assert_eq!(got, want, "{routes}");
+    }
+}

@@ -106,15 +106,18 @@ fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> R
     }
 }
 
-/// A candidate's IPv4 subnet and public IP, or why it cannot be a peer.
-fn reach<'a>(c: &Candidate<'a>) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
-    let Some(subnet) = c.v4 else {
+/// A candidate's subnet and public IP of one family (`v6`), or why it cannot be a peer.
+fn reach(c: &Candidate<'_>, v6: bool) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
+    let (subnet, ip, family) = if v6 {
+        (c.v6, c.lease.public_ipv6.map(IpAddr::V6), Family::Ipv6)
+    } else {
+        (c.v4, c.lease.public_ip.map(IpAddr::V4), Family::Ipv4)
+    };
+    let Some(subnet) = subnet else {
         return Ok(None);
     };
-    let ip = c.lease.public_ip.ok_or(LeaveReason::NoPublicIp {
-        family: Family::Ipv4,
-    })?;
-    Ok(Some((subnet, IpAddr::V4(ip))))
+    let ip = ip.ok_or(LeaveReason::NoPublicIp { family })?;
+    Ok(Some((subnet, ip)))
 }
 
 pub(crate) fn host_gw(
@@ -122,15 +125,16 @@ pub(crate) fn host_gw(
     ours: &LocalSubnets,
     screened: Screened<'_>,
 ) -> Result<DesiredState, PlanError> {
-    only_ipv4(input, "host-gw")?;
     let device = underlay_device(input, "host-gw")?;
     let Screened {
         candidates,
         mut left_out,
     } = screened;
     let mut state = DesiredState::default();
-    for c in &candidates {
-        match reach(c) {
+    // Each family on its own: an IPv6 subnet via the peer's IPv6 address.
+    let families = [false, true].map(|v6| candidates.iter().map(move |c| (c, v6)));
+    for (c, v6) in families.into_iter().flatten() {
+        match reach(c, v6) {
             Ok(Some((subnet, ip))) if onlink(input, ip) => {
                 state.routes.push(direct_route(c, subnet, ip, &device))
             }
@@ -215,7 +219,7 @@ pub(crate) fn vxlan(
     let mut macs: BTreeMap<[u8; 6], String> = BTreeMap::new();
     macs.insert(own_mac, input.local.node.clone());
     for c in &candidates {
-        let (subnet, ip) = match reach(c) {
+        let (subnet, ip) = match reach(c, false) {
             Ok(Some(r)) => r,
             Ok(None) => continue,
             Err(reason) => {

@@ -39,6 +39,16 @@ fn vx(node: &str, subnet: &str, ip: [u8; 4], n: u8) -> Lease {
 }
 
 fn run(conf: &str, me: Lease, peers: Vec<Lease>) -> Result<DesiredState, PlanError> {
+    run_on(conf, me, peers, &["198.51.100.0/24"])
+}
+
+/// As `run`, with the external interface on `networks`.
+fn run_on(
+    conf: &str,
+    me: Lease,
+    peers: Vec<Lease>,
+    networks: &[&str],
+) -> Result<DesiredState, PlanError> {
     let config = parse(conf).unwrap();
     let mut view = ClusterView::default();
     view.insert(me.clone());
@@ -49,7 +59,7 @@ fn run(conf: &str, me: Lease, peers: Vec<Lease>) -> Result<DesiredState, PlanErr
         ip_masq: false,
         underlay_mtu: 1500,
         underlay_device: Some("eth0".into()),
-        underlay_networks: vec!["198.51.100.0/24".parse().unwrap()],
+        underlay_networks: networks.iter().map(|n| n.parse().unwrap()).collect(),
     };
     plan(&PlanInput {
         observed: &Default::default(),
@@ -329,17 +339,68 @@ fn host_gw_routes_onlink_peers_and_names_the_routed_one() {
     ));
 }
 
-#[test]
-fn ipv6_with_an_unencrypted_backend_is_a_clear_error() {
-    let conf = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "host-gw"}}"#;
-    let mut me = lease(
-        "node-a",
-        "10.244.1.0/24",
-        [198, 51, 100, 1],
+/// A dual-stack host-gw lease: node `n` at 198.51.100.`n` and fd77::`n`.
+fn dual_gw(n: u8) -> Lease {
+    let mut l = lease(
+        &format!("node-{n}"),
+        &format!("10.244.{n}.0/24"),
+        [198, 51, 100, n],
         "host-gw",
         json!(null),
     );
+    l.subnet_v6 = Some(format!("fd00:0:0:{n}::/64").parse().unwrap());
+    l.public_ipv6 = Some(format!("fd77::{n}").parse().unwrap());
+    l.backend_data = None;
+    l
+}
+
+#[test]
+fn host_gw_routes_each_family_via_the_peers_address_of_that_family() {
+    let conf = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "host-gw"}}"#;
+    let mut no_v6 = dual_gw(3);
+    no_v6.public_ipv6 = None;
+    let mut off_link = dual_gw(4);
+    off_link.public_ipv6 = Some("fd99::4".parse().unwrap());
+    let state = run_on(
+        conf,
+        dual_gw(1),
+        vec![dual_gw(2), no_v6, off_link],
+        &["198.51.100.0/24", "fd77::/64"],
+    )
+    .unwrap();
+    let routes: Vec<String> = state
+        .routes
+        .iter()
+        .map(|r| format!("{} via {}", r.dst, r.via.unwrap()))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            "10.244.2.0/24 via 198.51.100.2",
+            "10.244.3.0/24 via 198.51.100.3",
+            "10.244.4.0/24 via 198.51.100.4",
+            "fd00:0:0:2::/64 via fd77::2",
+        ]
+    );
+    let reasons: Vec<String> = state.left_out.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reasons,
+        [
+            "node node-3 left out: it publishes no IPv6 public IP to reach it on",
+            "node node-4 left out: host-gw needs all nodes on one L2 segment; it is at fd99::4, behind a router: use vxlan with DirectRouting",
+        ]
+    );
+    assert_eq!(
+        state.subnet_env.ipv6_subnet,
+        Some("fd00:0:0:1::1/64".parse().unwrap())
+    );
+}
+
+#[test]
+fn ipv6_with_vxlan_is_a_clear_error() {
+    let conf = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "vxlan"}}"#;
+    let mut me = vx("node-a", "10.244.1.0/24", [198, 51, 100, 1], 1);
     me.subnet_v6 = Some("fd00:0:0:1::/64".parse().unwrap());
     let err = run(conf, me, vec![]).unwrap_err().to_string();
-    assert!(err.contains("IPv6 with the host-gw backend"), "{err}");
+    assert!(err.contains("IPv6 with the vxlan backend"), "{err}");
 }
