@@ -138,3 +138,47 @@ fn host_gw_routes_both_families_between_all_pairs() {
         assert_eq!(got, want, "{routes}");
     }
 }
+
+#[test]
+fn vxlan_carries_ipv6_over_its_own_device_and_heals_it() {
+    let lab = Lab::start(LabConfig::backend(3, WEFT, "vxlan", false).dual_stack()).unwrap();
+    assert_eq!(lab.assert_all_pairs(), 48, "every pod pair, both families");
+    let node = &lab.nodes[0];
+    // flannel-v6.1 over the IPv6 underlay, one FDB entry per peer at its IPv6 address.
+    let link = in_ns(&node.ns, "ip -d link show flannel-v6.1").unwrap();
+    assert!(link.contains("local fd77::1"), "{link}");
+    let fdb = in_ns(&node.ns, "bridge fdb show dev flannel-v6.1").unwrap();
+    for peer in ["fd77::2", "fd77::3"] {
+        assert!(fdb.contains(&format!("dst {peer} ")), "{fdb}");
+    }
+    // Deleted, it comes back with its neighbours and FDB entries, and IPv6 flows again.
+    in_ns(&node.ns, "ip link del flannel-v6.1").unwrap();
+    let back = until_or(
+        "flannel-v6.1 back with its entries",
+        Duration::from_secs(5),
+        || {
+            in_ns(&node.ns, "bridge fdb show dev flannel-v6.1")
+                .is_ok_and(|f| f.matches(" dst fd77::").count() == 2)
+                && in_ns(&node.ns, "ip -6 neigh show dev flannel-v6.1 nud permanent")
+                    .is_ok_and(|n| n.lines().count() == 2)
+        },
+        || lab.logs(),
+    );
+    eprintln!("flannel-v6.1 deleted -> back with its entries in {back:?}");
+    assert_eq!(lab.assert_all_pairs(), 48);
+}
+
+#[test]
+fn vxlan_direct_routing_routes_ipv6_straight_to_onlink_peers() {
+    let lab = Lab::start(LabConfig::backend(3, WEFT, "vxlan", true).dual_stack()).unwrap();
+    assert_eq!(lab.assert_all_pairs(), 48, "every pod pair, both families");
+    let routes = in_ns(&lab.nodes[0].ns, "ip -6 route show proto 87").unwrap();
+    for peer in ["fd77::2", "fd77::3"] {
+        assert!(
+            routes
+                .lines()
+                .any(|l| l.contains(&format!("via {peer} dev eth0"))),
+            "{routes}"
+        );
+    }
+}

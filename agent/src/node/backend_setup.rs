@@ -10,7 +10,9 @@ use tracing::{info, warn};
 use weft_backends::apply::{Netlink, RtNetlink};
 use weft_backends::model::{format_mac, parse_mac};
 use weft_backends::netconf::{Backend, Implementation, NetConf};
-use weft_backends::plan::{vxlan_backend_data, vxlan_device, wireguard_backend_data};
+use weft_backends::plan::{
+    vxlan_backend_data, vxlan_device, vxlan_device_v6, wireguard_backend_data,
+};
 use weft_crypto::PublicKey;
 
 pub struct BackendSetup {
@@ -26,6 +28,8 @@ pub struct BackendSetup {
 /// File (beside the key) holding the VTEP MAC this node publishes, so it survives the
 /// device and the agent.
 const VTEP_MAC_FILE: &str = "vtep.mac";
+/// The same for the IPv6 device `flannel-v6.<VNI>`.
+const VTEP_MAC_FILE_V6: &str = "vtep-v6.mac";
 
 pub async fn prepare(
     net: &NetConf,
@@ -49,11 +53,21 @@ pub async fn prepare(
             config_mtu: wg.mtu,
         },
         Backend::Vxlan(v) => {
-            let mac = vtep_mac(&vxlan_device(v.vni), state_dir).await?;
+            let mac = vtep_mac(&vxlan_device(v.vni), state_dir, VTEP_MAC_FILE).await?;
             info!(vtep_mac = %format_mac(&mac), "vxlan");
+            // The IPv6 device has a VTEP MAC of its own (flannel's `backend-v6-data`).
+            let v6 = match net.ipv6 {
+                Some(_) => {
+                    let device = vxlan_device_v6(v.vni);
+                    let mac = vtep_mac(&device, state_dir, VTEP_MAC_FILE_V6).await?;
+                    info!(vtep_mac = %format_mac(&mac), "vxlan over IPv6");
+                    Some(vxlan_backend_data(v.vni, &mac))
+                }
+                None => None,
+            };
             BackendSetup {
                 backend_data: Some(vxlan_backend_data(v.vni, &mac)),
-                backend_v6_data: None,
+                backend_v6_data: v6,
                 implementation: None,
                 config_mtu: v.mtu,
             }
@@ -70,8 +84,8 @@ pub async fn prepare(
 /// The VTEP MAC stays the same across restarts: the MAC of the existing device (also one
 /// that flannel left), else the one this node recorded when it first published, else a new
 /// random locally administered unicast address, recorded.
-async fn vtep_mac(device: &str, state_dir: &Path) -> anyhow::Result<[u8; 6]> {
-    let path = state_dir.join(VTEP_MAC_FILE);
+async fn vtep_mac(device: &str, state_dir: &Path, file: &str) -> anyhow::Result<[u8; 6]> {
+    let path = state_dir.join(file);
     let mut nl = RtNetlink::connect().context("opening rtnetlink")?;
     let existing = nl
         .link(device)

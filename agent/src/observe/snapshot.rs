@@ -143,7 +143,7 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
             });
         }
     }
-    if let Some(v) = &state.vxlan {
+    for v in &state.vxlan {
         for p in &v.peers {
             peers.push(PeerInfo {
                 node: p.node.clone(),
@@ -173,7 +173,7 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         .tunnels
         .first()
         .map(|t| t.device.clone())
-        .or_else(|| state.vxlan.as_ref().map(|v| v.device.clone()));
+        .or_else(|| state.vxlan.first().map(|v| v.device.clone()));
     snapshot.ip_masq = !state.masquerade.is_empty();
     snapshot.masquerade = state
         .masquerade
@@ -186,7 +186,7 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         .collect();
     snapshot.vxlan_port = state
         .vxlan
-        .as_ref()
+        .first()
         .map(|v| if v.port == 0 { 8472 } else { v.port });
     snapshot.left_out = state
         .left_out

@@ -259,14 +259,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
         }
         self.remove_unplanned_devices(state, &mut report).await?;
         lap(&mut report, "wireguard", &mut t);
-        match reconcile_vxlan(
-            &mut self.nl,
-            state.vxlan.as_ref(),
-            full,
-            &mut report.changes,
-        )
-        .await
-        {
+        match reconcile_vxlan(&mut self.nl, &state.vxlan, full, &mut report.changes).await {
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
         }

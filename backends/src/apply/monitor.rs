@@ -45,7 +45,8 @@ pub fn deletions() -> Result<mpsc::Receiver<()>, ApplyError> {
                 // Only on weft's vxlan devices: the ARP cache elsewhere comes and goes all
                 // the time.
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelNeighbour(n)) => {
-                    interface_name(n.header.ifindex).is_some_and(|d| d.starts_with("flannel."))
+                    interface_name(n.header.ifindex)
+                        .is_some_and(|d| d.starts_with("flannel.") || d.starts_with("flannel-v6."))
                 }
                 _ => false,
             };

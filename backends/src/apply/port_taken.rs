@@ -21,7 +21,7 @@ pub(crate) fn in_use(e: &ApplyError) -> bool {
 
 /// The UDP port `device` uses in `state`, and the config field that sets it.
 pub(crate) fn port_of(state: &DesiredState, device: &str) -> Option<(u16, &'static str)> {
-    if let Some(v) = state.vxlan.as_ref().filter(|v| v.device == device) {
+    if let Some(v) = state.vxlan.iter().find(|v| v.device == device) {
         // 0 is the kernel's default.
         let port = if v.port == 0 {
             super::vxlan::KERNEL_DEFAULT_PORT

@@ -76,16 +76,12 @@ impl VxlanNetlink for RtNetlink {
     }
 
     async fn create_vxlan(&mut self, spec: &VxlanSpec, info: &VxlanInfo) -> Result<(), ApplyError> {
-        let IpAddr::V4(local) = spec.local else {
-            return Err(ApplyError::Netlink {
-                op: format!("creating {}", spec.device),
-                source: std::io::Error::other("an IPv6 underlay is not supported"),
-            });
+        let mut b = LinkVxlan::new(&spec.device, spec.vni);
+        b = match spec.local {
+            IpAddr::V4(local) => b.local(local),
+            IpAddr::V6(local) => b.local6(local),
         };
-        let mut b = LinkVxlan::new(&spec.device, spec.vni)
-            .local(local)
-            .port(info.port)
-            .learning(spec.learning);
+        let mut b = b.port(info.port).learning(spec.learning);
         if let Some(index) = info.underlay_index {
             b = b.dev(index);
         }
@@ -121,10 +117,11 @@ impl VxlanNetlink for RtNetlink {
         bridge: bool,
     ) -> Result<Vec<NeighbourEntry<NeighbourMessage>>, ApplyError> {
         let mut req = self.handle.neighbours().get();
+        // Neighbours of both families (an IPv6 device's are IPv6).
         req = if bridge {
             req.set_address_family(AddressFamily::Bridge)
         } else {
-            req.set_address_family(AddressFamily::Inet)
+            req.set_address_family(AddressFamily::Unspec)
         };
         let what = if bridge { "FDB" } else { "neighbour" };
         let all: Vec<NeighbourMessage> = req

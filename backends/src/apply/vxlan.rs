@@ -30,23 +30,25 @@ fn wanted_info(spec: &VxlanSpec, underlay_index: Option<u32>) -> VxlanInfo {
     }
 }
 
-/// Brings the vxlan device in line with `spec`. With `sweep`, also removes weft's other
-/// vxlan devices (another VNI, or a previous backend's): that needs every link listed, so
-/// it is done in full passes only (a backend or VNI changes only across a restart, whose
-/// first pass is full). Returns one line per change, and whether the device was created.
+/// Brings the vxlan devices in line with `specs` (one per family). With `sweep`, also
+/// removes weft's other vxlan devices (another VNI, a family no longer enabled, or a
+/// previous backend's): that needs every link listed, so it is done in full passes only (a
+/// backend or VNI changes only across a restart, whose first pass is full). Returns one
+/// line per change, and whether a device was created.
 pub async fn reconcile_vxlan<N: VxlanNetlink>(
     nl: &mut N,
-    spec: Option<&VxlanSpec>,
+    specs: &[VxlanSpec],
     sweep: bool,
     changes: &mut Vec<String>,
 ) -> Result<bool, ApplyError> {
     if sweep {
         let links = nl.all_links().await?;
-        let vxlan = links
-            .into_iter()
-            .filter(|l| l.kind.as_deref() == Some("vxlan") && l.name.starts_with("flannel."));
+        let vxlan = links.into_iter().filter(|l| {
+            l.kind.as_deref() == Some("vxlan")
+                && (l.name.starts_with("flannel.") || l.name.starts_with("flannel-v6."))
+        });
         for stale in vxlan {
-            if spec.is_none_or(|s| s.device != stale.name) {
+            if !specs.iter().any(|s| s.device == stale.name) {
                 nl.del_link(&stale).await?;
                 changes.push(format!(
                     "removed vxlan device {}: not in the plan",
@@ -55,9 +57,19 @@ pub async fn reconcile_vxlan<N: VxlanNetlink>(
             }
         }
     }
-    let Some(spec) = spec else {
-        return Ok(false);
-    };
+    let mut created = false;
+    for spec in specs {
+        created |= device(nl, spec, changes).await?;
+    }
+    Ok(created)
+}
+
+/// One vxlan device and its entries; whether it was created.
+async fn device<N: VxlanNetlink>(
+    nl: &mut N,
+    spec: &VxlanSpec,
+    changes: &mut Vec<String>,
+) -> Result<bool, ApplyError> {
     let underlay = match &spec.underlay_device {
         Some(name) => nl.link(name).await?.map(|l| l.index),
         None => None,

@@ -12,8 +12,9 @@ use weft_crypto::{PresharedKey, PublicKey};
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DesiredState {
     pub tunnels: Vec<TunnelSpec>,
-    /// The vxlan device (backend `vxlan`), with its per-peer neighbour and FDB entries.
-    pub vxlan: Option<VxlanSpec>,
+    /// The vxlan devices (backend `vxlan`), each with its per-peer neighbour and FDB
+    /// entries: `flannel.<VNI>` for IPv4, then `flannel-v6.<VNI>` for IPv6.
+    pub vxlan: Vec<VxlanSpec>,
     pub routes: Vec<RouteSpec>,
     /// Networks blackholed at a high metric, independent of any device: while a tunnel
     /// device or its routes are missing (first start, a device being recreated, the agent
@@ -386,7 +387,7 @@ impl fmt::Display for DesiredState {
                 writeln!(f)?;
             }
         }
-        if let Some(v) = &self.vxlan {
+        for v in &self.vxlan {
             writeln!(
                 f,
                 "vxlan {} vni {} port {} mtu {} vtep {} local {} address {}",

@@ -18,7 +18,7 @@ use ipnet::IpNet;
 use crate::model::{BackendDataError, DesiredState, Family, Lease, SubnetEnv};
 use crate::netconf::{Backend, NetConf};
 
-pub use unencrypted::{vxlan_backend_data, vxlan_device, vxlan_mac};
+pub use unencrypted::{vxlan_backend_data, vxlan_device, vxlan_device_v6, vxlan_mac};
 pub use wireguard::{
     backend_data as wireguard_backend_data, WireguardData, DEVICE as WG_DEVICE,
     DEVICE_V6 as WG_DEVICE_V6,
@@ -66,10 +66,13 @@ pub enum PlanError {
         node: String,
         detail: BackendDataError,
     },
-    #[error("this node ({node}) publishes no public IP")]
-    LocalNoPublicIp { node: String },
-    #[error("IPv6 with the {backend} backend is not implemented yet; use wireguard")]
-    Ipv6Unsupported { backend: &'static str },
+    #[error("this node ({node}) publishes no {family} address for the vxlan tunnel's source; give --public-ip{flag} or an interface with one")]
+    LocalNoPublicIp {
+        node: String,
+        family: &'static str,
+        /// `v6` for the IPv6 flag.
+        flag: &'static str,
+    },
     #[error("the {backend} backend needs the external interface, which is unknown; give --public-ip or --iface")]
     NoUnderlay { backend: &'static str },
 }

@@ -20,10 +20,17 @@ use crate::netconf::VxlanConf;
 
 /// vxlan's encapsulation overhead (docs/architecture.md).
 const VXLAN_OVERHEAD: u32 = 50;
+/// Over an IPv6 underlay: 20 bytes more of outer header.
+const VXLAN_OVERHEAD_V6: u32 = 70;
 
 /// `flannel.<VNI>`.
 pub fn vxlan_device(vni: u32) -> String {
     format!("flannel.{vni}")
+}
+
+/// `flannel-v6.<VNI>`: the IPv6 vxlan device.
+pub fn vxlan_device_v6(vni: u32) -> String {
+    format!("flannel-v6.{vni}")
 }
 
 /// `backend-data` of the vxlan backend: `{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}`.
@@ -79,13 +86,6 @@ fn leave(node: &str, reason: LeaveReason) -> LeftOut {
         node: node.to_string(),
         reason,
     }
-}
-
-fn only_ipv4(input: &PlanInput<'_>, backend: &'static str) -> Result<(), PlanError> {
-    if input.config.ipv6.is_some() {
-        return Err(PlanError::Ipv6Unsupported { backend });
-    }
-    Ok(())
 }
 
 fn underlay_device(input: &PlanInput<'_>, backend: &'static str) -> Result<String, PlanError> {
@@ -153,15 +153,14 @@ pub(crate) fn host_gw(
     Ok(state)
 }
 
-/// A peer left out for its `backend-data`.
-fn bad_data(node: &str, detail: BackendDataError) -> LeftOut {
-    leave(
-        node,
-        LeaveReason::BadBackendData {
-            field: "backend-data",
-            detail,
-        },
-    )
+/// A peer left out for its `backend-data` (`backend-v6-data` when `v6`).
+fn bad_data(node: &str, v6: bool, detail: BackendDataError) -> LeftOut {
+    let field = if v6 {
+        "backend-v6-data"
+    } else {
+        "backend-data"
+    };
+    leave(node, LeaveReason::BadBackendData { field, detail })
 }
 
 /// Records `node`'s claim on `mac`. One MAC, two nodes: the FDB cannot tell them apart, so
@@ -185,41 +184,100 @@ fn claim_mac(
     }
 }
 
+/// The vxlan plan: `flannel.<VNI>` for the IPv4 subnets and, with IPv6 enabled,
+/// `flannel-v6.<VNI>` for the IPv6 ones (as flannel does: the node's IPv6 address as the
+/// tunnel's source, the VTEP MAC from `backend-v6-data`).
 pub(crate) fn vxlan(
     input: &PlanInput<'_>,
     ours: &LocalSubnets,
     conf: &VxlanConf,
     screened: Screened<'_>,
 ) -> Result<DesiredState, PlanError> {
-    only_ipv4(input, "vxlan")?;
-    let own_mac = vxlan_mac(input.local.backend_data.as_ref()).map_err(|detail| {
-        PlanError::LocalBackendData {
-            node: input.local.node.clone(),
-            detail,
-        }
-    })?;
-    let local = input
-        .local
-        .public_ip
-        .ok_or_else(|| PlanError::LocalNoPublicIp {
-            node: input.local.node.clone(),
-        })?;
-    let device = vxlan_device(conf.vni);
-    let underlay = input.options.underlay_device.clone();
-    let mtu = conf
-        .mtu
-        .unwrap_or(input.options.underlay_mtu)
-        .saturating_sub(VXLAN_OVERHEAD);
     let Screened {
         candidates,
         mut left_out,
     } = screened;
     let mut state = DesiredState::default();
+    for (v6, own) in [(false, ours.v4), (true, ours.v6)] {
+        let Some(own) = own else {
+            continue;
+        };
+        let family = FamilyPlan {
+            v6,
+            own,
+            candidates: &candidates,
+        };
+        let spec = vxlan_device_plan(input, conf, &family, &mut state.routes, &mut left_out)?;
+        state.vxlan.push(spec);
+    }
+    // One MTU for the pods of both families: the smaller device's.
+    let mtu = state
+        .vxlan
+        .iter()
+        .map(|v| v.mtu)
+        .min()
+        .unwrap_or(input.options.underlay_mtu);
+    state.left_out = left_out;
+    state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
+    Ok(state)
+}
+
+/// One family's share of the vxlan plan.
+struct FamilyPlan<'a, 'b> {
+    v6: bool,
+    /// This node's subnet of that family.
+    own: IpNet,
+    candidates: &'a [Candidate<'b>],
+}
+
+/// One family's vxlan device, its peers, and their routes (pushed onto `routes`).
+fn vxlan_device_plan(
+    input: &PlanInput<'_>,
+    conf: &VxlanConf,
+    family: &FamilyPlan<'_, '_>,
+    routes: &mut Vec<RouteSpec>,
+    left_out: &mut Vec<LeftOut>,
+) -> Result<VxlanSpec, PlanError> {
+    let v6 = family.v6;
+    let local_data = if v6 {
+        input.local.backend_v6_data.as_ref()
+    } else {
+        input.local.backend_data.as_ref()
+    };
+    let own_mac = vxlan_mac(local_data).map_err(|detail| PlanError::LocalBackendData {
+        node: input.local.node.clone(),
+        detail,
+    })?;
+    let local = if v6 {
+        input.local.public_ipv6.map(IpAddr::V6)
+    } else {
+        input.local.public_ip.map(IpAddr::V4)
+    }
+    .ok_or_else(|| PlanError::LocalNoPublicIp {
+        node: input.local.node.clone(),
+        family: if v6 { "global IPv6" } else { "IPv4" },
+        flag: if v6 { "v6" } else { "" },
+    })?;
+    let device = if v6 {
+        vxlan_device_v6(conf.vni)
+    } else {
+        vxlan_device(conf.vni)
+    };
+    let underlay = input.options.underlay_device.clone();
+    let overhead = if v6 {
+        VXLAN_OVERHEAD_V6
+    } else {
+        VXLAN_OVERHEAD
+    };
+    let mtu = conf
+        .mtu
+        .unwrap_or(input.options.underlay_mtu)
+        .saturating_sub(overhead);
     let mut peers: Vec<VxlanPeer> = Vec::new();
     let mut macs: BTreeMap<[u8; 6], String> = BTreeMap::new();
     macs.insert(own_mac, input.local.node.clone());
-    for c in &candidates {
-        let (subnet, ip) = match reach(c, false) {
+    for c in family.candidates {
+        let (subnet, ip) = match reach(c, v6) {
             Ok(Some(r)) => r,
             Ok(None) => continue,
             Err(reason) => {
@@ -229,56 +287,55 @@ pub(crate) fn vxlan(
         };
         if conf.direct_routing && onlink(input, ip) {
             if let Some(dev) = &underlay {
-                state.routes.push(direct_route(c, subnet, ip, dev));
+                routes.push(direct_route(c, subnet, ip, dev));
                 continue;
             }
         }
-        let mac = match vxlan_mac(c.lease.backend_data.as_ref()) {
+        let data = if v6 {
+            c.lease.backend_v6_data.as_ref()
+        } else {
+            c.lease.backend_data.as_ref()
+        };
+        let node = &c.lease.node;
+        let mac = match vxlan_mac(data) {
             Ok(mac) => mac,
             Err(detail) => {
-                left_out.push(bad_data(&c.lease.node, detail));
+                left_out.push(bad_data(node, v6, detail));
                 continue;
             }
         };
-        let node = &c.lease.node;
         if let Some(detail) = claim_mac(&mut macs, mac, node) {
-            left_out.push(bad_data(node, detail));
+            left_out.push(bad_data(node, v6, detail));
             continue;
         }
         peers.push(VxlanPeer {
-            node: c.lease.node.clone(),
+            node: node.clone(),
             gateway: subnet.network(),
             mac,
             public_ip: ip,
         });
-        state.routes.push(RouteSpec {
+        routes.push(RouteSpec {
             dst: subnet,
             device: device.clone(),
             via: Some(subnet.network()),
             onlink: true,
-            role: RouteRole::Peer(c.lease.node.clone()),
+            role: RouteRole::Peer(node.clone()),
         });
     }
     peers.sort_by(|a, b| a.node.cmp(&b.node));
-    let addresses = ours
-        .v4
-        .map(|s| IpNet::new(s.network(), 32).unwrap_or(s))
-        .into_iter()
-        .collect();
-    state.vxlan = Some(VxlanSpec {
+    let host = if v6 { 128 } else { 32 };
+    let own = family.own;
+    Ok(VxlanSpec {
         device,
         vni: conf.vni,
         port: conf.port,
         gbp: conf.gbp,
         learning: conf.learning,
         mac: own_mac,
-        local: IpAddr::V4(local),
+        local,
         underlay_device: underlay,
         mtu,
-        addresses,
+        addresses: vec![IpNet::new(own.network(), host).unwrap_or(own)],
         peers,
-    });
-    state.left_out = left_out;
-    state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
-    Ok(state)
+    })
 }

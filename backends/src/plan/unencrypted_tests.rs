@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use serde_json::json;
 
 use super::*;
-use crate::model::{ClusterView, Lease, LeaveReason, RouteRole};
+use crate::model::{format_mac, ClusterView, Lease, LeaveReason, RouteRole, VxlanSpec};
 use crate::netconf::parse;
 
 const MAC_A: [u8; 6] = [0x0a, 0, 0, 0, 0, 1];
@@ -99,7 +99,7 @@ fn vxlan_peers_get_neighbour_fdb_and_an_onlink_route() {
     let b = vx("node-b", "10.244.2.0/24", [198, 51, 100, 2], 2);
     let c = vx("node-c", "10.244.3.0/24", [203, 0, 113, 3], 3);
     let state = run(VXLAN, me_vx(), vec![c, b]).unwrap();
-    let v = state.vxlan.as_ref().unwrap();
+    let v = state.vxlan.first().unwrap();
     assert_eq!(
         (v.device.as_str(), v.vni, v.mtu, v.mac),
         ("flannel.1", 1, 1450, MAC_A)
@@ -170,7 +170,7 @@ fn direct_routing_goes_straight_to_onlink_peers_only() {
     let roles: Vec<_> = state.routes.iter().map(|r| r.role.clone()).collect();
     assert!(roles.contains(&RouteRole::Direct("node-b".into())));
     assert!(roles.contains(&RouteRole::Peer("node-c".into())));
-    let v = state.vxlan.unwrap();
+    let v = state.vxlan[0].clone();
     assert_eq!(v.peers.len(), 1, "only the routed peer needs vxlan entries");
     assert_eq!(v.peers[0].node, "node-c");
 }
@@ -207,7 +207,7 @@ fn bad_vxlan_peers_are_left_out_with_the_reason_and_the_rest_stays() {
         vec![good, bad_mac, multicast, dup1, dup2, wg],
     )
     .unwrap();
-    let v = state.vxlan.as_ref().unwrap();
+    let v = state.vxlan.first().unwrap();
     // node-d and node-e publish one MAC; with no creation order known, the first by name
     // keeps it.
     assert_eq!(
@@ -248,10 +248,7 @@ fn a_vtep_mac_claimed_twice_stays_with_the_older_entry() {
     // The incumbent sorts after the newcomer by name: only the creation order decides.
     for (z, c) in [(Some(3), Some(9)), (Some(3), None), (Some(5), Some(5))] {
         let state = run(VXLAN, me_vx(), vec![incumbent(z), newcomer(c)]).unwrap();
-        let kept: Vec<_> = state
-            .vxlan
-            .as_ref()
-            .unwrap()
+        let kept: Vec<_> = state.vxlan[0]
             .peers
             .iter()
             .map(|p| p.node.as_str())
@@ -273,7 +270,7 @@ fn a_vtep_mac_claimed_twice_stays_with_the_older_entry() {
         vxlan_backend_data(1, &MAC_A),
     );
     let state = run(VXLAN, me_vx(), vec![mine]).unwrap();
-    assert!(state.vxlan.as_ref().unwrap().peers.is_empty());
+    assert!(state.vxlan.first().unwrap().peers.is_empty());
     assert!(state.left_out[0]
         .reason
         .to_string()
@@ -326,7 +323,7 @@ fn host_gw_routes_onlink_peers_and_names_the_routed_one() {
             false
         )]
     );
-    assert!(state.vxlan.is_none() && state.tunnels.is_empty());
+    assert!(state.vxlan.is_empty() && state.tunnels.is_empty());
     assert_eq!(state.subnet_env.mtu, 1500);
     assert_eq!(state.left_out.len(), 1);
     assert_eq!(
@@ -396,11 +393,86 @@ fn host_gw_routes_each_family_via_the_peers_address_of_that_family() {
     );
 }
 
+/// A dual-stack vxlan lease: node `n` at 198.51.100.`n` and fd77::`n`, VTEP MACs `n`
+/// (IPv4) and `0x80 + n` (IPv6).
+fn dual_vx(n: u8) -> Lease {
+    let mut l = vx(
+        &format!("node-{n}"),
+        &format!("10.244.{n}.0/24"),
+        [198, 51, 100, n],
+        n,
+    );
+    l.subnet_v6 = Some(format!("fd00:0:0:{n}::/64").parse().unwrap());
+    l.public_ipv6 = Some(format!("fd77::{n}").parse().unwrap());
+    l.backend_v6_data = Some(vxlan_backend_data(1, &mac(0x80 + n)));
+    l
+}
+
+const VXLAN_DUAL: &str = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "vxlan"}}"#;
+
 #[test]
-fn ipv6_with_vxlan_is_a_clear_error() {
-    let conf = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "vxlan"}}"#;
-    let mut me = vx("node-a", "10.244.1.0/24", [198, 51, 100, 1], 1);
-    me.subnet_v6 = Some("fd00:0:0:1::/64".parse().unwrap());
-    let err = run(conf, me, vec![]).unwrap_err().to_string();
-    assert!(err.contains("IPv6 with the vxlan backend"), "{err}");
+fn vxlan_gives_ipv6_its_own_device_over_the_ipv6_underlay() {
+    let mut bad_v6 = dual_vx(3);
+    bad_v6.backend_v6_data = Some(json!({"VNI": 1}));
+    let state = run(VXLAN_DUAL, dual_vx(1), vec![dual_vx(2), bad_v6]).unwrap();
+    let [v4, v6] = &state.vxlan[..] else {
+        panic!("two devices: {:?}", state.vxlan);
+    };
+    assert_eq!(
+        (v4.device.as_str(), v6.device.as_str()),
+        ("flannel.1", "flannel-v6.1")
+    );
+    assert_eq!(v6.local, "fd77::1".parse::<IpAddr>().unwrap());
+    assert_eq!(v6.mac, mac(0x81));
+    assert_eq!((v4.mtu, v6.mtu), (1450, 1430));
+    assert_eq!(v6.addresses, ["fd00:0:0:1::/128".parse().unwrap()]);
+    let peer = |v: &VxlanSpec| {
+        v.peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {} {} {}",
+                    p.node,
+                    p.gateway,
+                    format_mac(&p.mac),
+                    p.public_ip
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(peer(v6), ["node-2 fd00:0:0:2:: 0a:00:00:00:00:82 fd77::2"]);
+    assert_eq!(peer(v4).len(), 2, "node-3's IPv4 half is fine");
+    let routes: Vec<String> = state
+        .routes
+        .iter()
+        .filter(|r| r.dst.addr().is_ipv6())
+        .map(|r| {
+            format!(
+                "{} via {} dev {} onlink {}",
+                r.dst,
+                r.via.unwrap(),
+                r.device,
+                r.onlink
+            )
+        })
+        .collect();
+    assert_eq!(
+        routes,
+        ["fd00:0:0:2::/64 via fd00:0:0:2:: dev flannel-v6.1 onlink true"]
+    );
+    let reasons: Vec<String> = state.left_out.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reasons,
+        ["node node-3 left out: its backend-v6-data is unusable: it has no VtepMAC"]
+    );
+    // The pods' MTU fits the IPv6 device.
+    assert_eq!(state.subnet_env.mtu, 1430);
+    // Without this node's IPv6 address the plan says what to give.
+    let mut me = dual_vx(1);
+    me.public_ipv6 = None;
+    let err = run(VXLAN_DUAL, me, vec![]).unwrap_err().to_string();
+    assert!(
+        err.contains("no global IPv6 address") && err.contains("--public-ipv6"),
+        "{err}"
+    );
 }
