@@ -62,6 +62,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (port_taken, kill_loop) = (sibling_test("port_taken"), sibling_test("kill_loop"));
     let (rotation, nat) = (sibling_test("rotation"), sibling_test("nat"));
     let (cleanup, kube_lab) = (sibling_test("cleanup"), sibling_test("kube_lab"));
+    let dual_stack = sibling_test("dual_stack");
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -109,6 +110,12 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             kernel,
             &kube_lab,
             "a_kube_cluster_meshes",
+        ),
+        (
+            "dual stack: kernel",
+            kernel,
+            &dual_stack,
+            "wireguard_carries the_ipv6_device",
         ),
     ];
     let mut steps = steps.to_vec();
