@@ -53,8 +53,9 @@ impl ClearWatch {
                 continue;
             };
             // Each of the pod's addresses: IPv4, and IPv6 in a dual-stack lab.
-            let targets =
-                std::iter::once(std::net::IpAddr::V4(to.ip)).chain(to.ip6.map(Into::into));
+            let targets = std::iter::once(std::net::IpAddr::V4(to.ip))
+                .filter(|ip| !ip.is_unspecified())
+                .chain(to.ip6.map(Into::into));
             for (family, target) in targets.enumerate() {
                 let label = format!("{} ({}) -> {target} ({})", from.ns, node.index, peer.index);
                 let out = lab

@@ -64,6 +64,8 @@ pub struct LabConfig {
     /// A dual-stack lab (`LabConfig::dual_stack`): every node has an IPv6 underlay address
     /// (`fd77::<n>/64`) beside its IPv4 one, and every pod an address of each family.
     pub ipv6: bool,
+    /// IPv4 pod subnets (all but an IPv6-only lab, `LabConfig::ipv6_only`).
+    pub ipv4: bool,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -100,6 +102,7 @@ impl LabConfig {
             own_address: Vec::new(),
             agent_env: Vec::new(),
             ipv6: false,
+            ipv4: true,
         }
     }
 
@@ -123,6 +126,37 @@ impl LabConfig {
             self.net_conf = serde_json::Value::Object(conf).to_string();
         }
         self.ipv6 = true;
+        self
+    }
+
+    /// This lab made IPv6-only (`EnableIPv4: false`): as `dual_stack`, with no IPv4 pod
+    /// network; pods have IPv6 addresses only (`Pod::ip` is 0.0.0.0). The underlay keeps
+    /// its IPv4 addresses too.
+    pub fn ipv6_only(self) -> Self {
+        let mut lab = self.dual_stack();
+        if let Ok(serde_json::Value::Object(mut conf)) =
+            serde_json::from_str::<serde_json::Value>(&lab.net_conf)
+        {
+            for key in ["Network", "SubnetMax"] {
+                conf.remove(key);
+            }
+            conf.insert("EnableIPv4".into(), false.into());
+            lab.net_conf = serde_json::Value::Object(conf).to_string();
+        }
+        lab.ipv4 = false;
+        lab
+    }
+
+    /// This lab with WireGuard's `Mode` set (`auto`, `ipv6`, …).
+    pub fn wireguard_mode(mut self, mode: &str) -> Self {
+        if let Ok(serde_json::Value::Object(mut conf)) =
+            serde_json::from_str::<serde_json::Value>(&self.net_conf)
+        {
+            if let Some(serde_json::Value::Object(backend)) = conf.get_mut("Backend") {
+                backend.insert("Mode".into(), mode.into());
+            }
+            self.net_conf = serde_json::Value::Object(conf).to_string();
+        }
         self
     }
 

@@ -48,6 +48,7 @@ use fabric::{attach, attach_to, Namespaces};
 
 pub struct Pod {
     pub ns: String,
+    /// Its IPv4 address; 0.0.0.0 in an IPv6-only lab.
     pub ip: Ipv4Addr,
     /// Its IPv6 address, in a dual-stack lab.
     pub ip6: Option<Ipv6Addr>,
@@ -448,10 +449,12 @@ impl Lab {
         for a in &self.nodes {
             for b in self.nodes.iter().filter(|b| b.index != a.index) {
                 for pa in &a.pods {
-                    for pb in &b.pods {
-                        pairs += 1;
-                        if !self.ping(&pa.ns, pb.ip, within) {
-                            failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
+                    for pb in b.pods.iter() {
+                        if !pb.ip.is_unspecified() {
+                            pairs += 1;
+                            if !self.ping(&pa.ns, pb.ip, within) {
+                                failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
+                            }
                         }
                         if let Some(to) = pb.ip6 {
                             pairs += 1;

@@ -15,16 +15,19 @@ impl Lab {
     pub(super) fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
         let env_path = self.nodes[i].subnet_env();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let (gateway, gateway_v6): (ipnet::Ipv4Net, Option<ipnet::Ipv6Net>) = loop {
+        type Gateways = (Option<ipnet::Ipv4Net>, Option<ipnet::Ipv6Net>);
+        let (gateway, gateway_v6): Gateways = loop {
             let text = fs::read_to_string(&env_path).unwrap_or_default();
             let value = |key: &str| text.lines().find_map(|l| l.strip_prefix(key));
-            let v6 = value("FLANNEL_IPV6_SUBNET=");
-            if let Some(v) = value("FLANNEL_SUBNET=").filter(|_| !self.cfg.ipv6 || v6.is_some()) {
+            let (v4, v6) = (value("FLANNEL_SUBNET="), value("FLANNEL_IPV6_SUBNET="));
+            // Each enabled family's subnet is there.
+            if v4.is_some() == self.cfg.ipv4 && v6.is_some() == self.cfg.ipv6 {
+                let v4 = v4.map(str::parse).transpose().context("FLANNEL_SUBNET")?;
                 let v6 = v6
                     .map(str::parse)
                     .transpose()
                     .context("FLANNEL_IPV6_SUBNET")?;
-                break (v.parse().context("FLANNEL_SUBNET")?, v6);
+                break (v4, v6);
             }
             if Instant::now() > deadline {
                 bail!(
@@ -35,7 +38,7 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        self.nodes[i].subnet = Some(gateway.trunc());
+        self.nodes[i].subnet = gateway.map(|g| g.trunc());
         self.nodes[i].subnet_v6 = gateway_v6.map(|g| g.trunc());
         for _ in 0..self.cfg.pods_per_node {
             self.add_pod(i, cni::conflist())?;
@@ -64,7 +67,11 @@ impl Lab {
         }
         .add(&attachment)
         .with_context(|| format!("adding pod {pod_ns} on node {}", i + 1))?;
-        let ip = cni::result_ipv4(&result)?.addr();
+        // An IPv6-only pod has no IPv4 address: 0.0.0.0 stands for none.
+        let ip = match self.cfg.ipv4 {
+            true => cni::result_ipv4(&result)?.addr(),
+            false => std::net::Ipv4Addr::UNSPECIFIED,
+        };
         let ip6 = cni::result_ipv6(&result);
         if self.cfg.ipv6 {
             let Some(v6) = self.nodes[i].subnet_v6 else {
