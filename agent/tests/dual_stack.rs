@@ -182,3 +182,29 @@ fn vxlan_direct_routing_routes_ipv6_straight_to_onlink_peers() {
         );
     }
 }
+
+#[test]
+fn a_dual_stack_kube_cluster_meshes_both_families() {
+    let lab = Lab::start(LabConfig::kube(3, WEFT).dual_stack()).unwrap();
+    let watch = ClearWatch::start(&lab).unwrap();
+    assert_eq!(lab.assert_all_pairs(), 48, "every pod pair, both families");
+    watch.finish().unwrap();
+    // flannel's annotations for the IPv6 half on every Node.
+    let api = lab.kube.as_ref().unwrap();
+    for n in 1..=3 {
+        let node = api.node(&format!("n{n}")).unwrap();
+        let notes = &node["metadata"]["annotations"];
+        assert_eq!(
+            notes["flannel.alpha.coreos.com/public-ipv6"],
+            format!("fd77::{n}"),
+            "{notes}"
+        );
+        let v6: serde_json::Value = serde_json::from_str(
+            notes["flannel.alpha.coreos.com/backend-v6-data"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v6["Port"], 51821, "{notes}");
+    }
+}

@@ -292,8 +292,15 @@ impl Lab {
                     NAT_IP.to_string(),
                 );
             }
-            let cidr = format!("10.244.{i}.0/24");
-            api.add_node_with(&format!("n{i}"), &[&cidr], &labels, &annotations);
+            let mut cidrs = Vec::new();
+            if self.cfg.ipv4 {
+                cidrs.push(format!("10.244.{i}.0/24"));
+            }
+            if self.cfg.ipv6 {
+                cidrs.push(format!("fd00:10:244:{i:x}::/64"));
+            }
+            let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
+            api.add_node_with(&format!("n{i}"), &cidrs, &labels, &annotations);
         }
         let dir = self.dir.path().join(format!("n{i}"));
         for sub in ["run", "lib", "cni"] {
