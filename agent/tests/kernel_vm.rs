@@ -62,7 +62,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (port_taken, kill_loop) = (sibling_test("port_taken"), sibling_test("kill_loop"));
     let (rotation, nat) = (sibling_test("rotation"), sibling_test("nat"));
     let (cleanup, kube_lab) = (sibling_test("cleanup"), sibling_test("kube_lab"));
-    let dual_stack = sibling_test("dual_stack");
+    let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -117,6 +117,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             &dual_stack,
             "wireguard_carries the_ipv6_device",
         ),
+        ("ipip", kernel, &ipip, "--include-ignored"),
     ];
     let mut steps = steps.to_vec();
     if std::env::var_os("WEFT_VM_MORE").is_some() {

@@ -1,8 +1,8 @@
 //! `weft cleanup`: removes what weft created on this node, after an uninstall or a
 //! `kubeadm reset`, and prints each thing it removed:
 //! - the WireGuard devices `flannel-wg` / `flannel-wg-v6` (and the userspace process
-//!   serving one), and the vxlan devices `flannel.<VNI>` / `flannel-v6.<VNI>` with their
-//!   neighbour and FDB entries;
+//!   serving one), the vxlan devices `flannel.<VNI>` / `flannel-v6.<VNI>` with their
+//!   neighbour and FDB entries, and the ipip device `flannel.ipip`;
 //! - every route weft installed (protocol 87: per-peer, covering and blackhole routes);
 //! - the nftables tables `ip flannel-ipv4` and `ip6 flannel-ipv6`;
 //! - subnet.env, and UAPI sockets left by a userspace device that is gone.

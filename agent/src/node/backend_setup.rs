@@ -72,6 +72,13 @@ pub async fn prepare(
                 config_mtu: v.mtu,
             }
         }
+        // flannel's ipip publishes no backend data.
+        Backend::Ipip(i) => BackendSetup {
+            backend_data: None,
+            backend_v6_data: None,
+            implementation: None,
+            config_mtu: i.mtu,
+        },
         Backend::HostGw => BackendSetup {
             backend_data: None,
             backend_v6_data: None,

@@ -173,7 +173,8 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         .tunnels
         .first()
         .map(|t| t.device.clone())
-        .or_else(|| state.vxlan.first().map(|v| v.device.clone()));
+        .or_else(|| state.vxlan.first().map(|v| v.device.clone()))
+        .or_else(|| state.ipip.as_ref().map(|i| i.device.clone()));
     snapshot.ip_masq = !state.masquerade.is_empty();
     snapshot.masquerade = state
         .masquerade

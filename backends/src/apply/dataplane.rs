@@ -263,6 +263,11 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
         }
+        let ipip = state.ipip.as_ref();
+        match super::ipip::reconcile_ipip(&mut self.nl, ipip, full, &mut report.changes).await {
+            Ok(created) => started |= created,
+            Err(e) => report.errors.push(e.to_string()),
+        }
         if started {
             self.routing(state, &mut report).await?;
         }

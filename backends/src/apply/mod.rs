@@ -8,6 +8,7 @@ mod dataplane;
 mod dataplane_tests;
 #[cfg(test)]
 mod fake;
+mod ipip;
 pub mod monitor;
 mod netlink;
 mod nft;
@@ -26,8 +27,8 @@ use std::collections::BTreeMap;
 
 pub use dataplane::{Dataplane, DataplaneReport};
 pub use netlink::{
-    NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo, VxlanNetlink,
-    RTPROT_WEFT,
+    IpipInfo, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo,
+    VxlanNetlink, RTPROT_WEFT,
 };
 pub use nft::{
     expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
@@ -116,6 +117,12 @@ pub async fn reconcile_routing<N: Netlink>(
                 .vxlan
                 .iter()
                 .map(|v| (&v.device, v.mtu, &v.addresses)),
+        )
+        .chain(
+            desired
+                .ipip
+                .iter()
+                .map(|i| (&i.device, i.mtu, &i.addresses)),
         );
     for (device, mtu, addresses) in owned {
         let Some(link) = nl.link(device).await? else {

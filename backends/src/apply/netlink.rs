@@ -25,6 +25,15 @@ pub struct ObservedLink {
     pub mac: Vec<u8>,
     /// A vxlan link's settings.
     pub vxlan: Option<VxlanInfo>,
+    /// An ipip link's settings.
+    pub ipip: Option<IpipInfo>,
+}
+
+/// What an ipip link was created with; a link that differs is recreated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IpipInfo {
+    pub local: Option<IpAddr>,
+    pub underlay_index: Option<u32>,
 }
 
 /// What a vxlan link was created with; a link that differs is recreated.
@@ -113,8 +122,8 @@ pub struct NeighbourEntry<R> {
     pub raw: R,
 }
 
-/// What the vxlan reconciler needs beyond links and routes: the vxlan device itself, and
-/// the neighbour and FDB entries on it.
+/// What the vxlan and ipip reconcilers need beyond links and routes: the vxlan device
+/// itself and the neighbour and FDB entries on it, and the ipip device.
 pub trait VxlanNetlink: Netlink {
     type Raw: Clone;
     /// Every link (for finding stale vxlan devices).
@@ -125,6 +134,12 @@ pub trait VxlanNetlink: Netlink {
         &mut self,
         spec: &crate::model::VxlanSpec,
         info: &VxlanInfo,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Creates the ipip device `spec.device` with the settings `info` and `spec`'s MTU.
+    fn create_ipip(
+        &mut self,
+        spec: &crate::model::IpipSpec,
+        info: &IpipInfo,
     ) -> impl Future<Output = Result<(), ApplyError>>;
     fn set_mac(
         &mut self,

@@ -247,6 +247,7 @@ mod tests {
             kind: Some("wireguard".into()),
             mac: Vec::new(),
             vxlan: None,
+            ipip: None,
         };
         let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
         let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];

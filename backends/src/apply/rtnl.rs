@@ -75,6 +75,7 @@ impl RtNetlink {
             kind: None,
             mac: Vec::new(),
             vxlan: None,
+            ipip: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -87,6 +88,9 @@ impl RtNetlink {
                             LinkInfo::Kind(kind) => link.kind = Some(kind.to_string()),
                             LinkInfo::Data(InfoData::Vxlan(attrs)) => {
                                 link.vxlan = Some(super::rtnl_vxlan::info_of(attrs))
+                            }
+                            LinkInfo::Data(InfoData::IpTunnel(attrs)) => {
+                                link.ipip = Some(super::rtnl_vxlan::ipip_info_of(attrs))
                             }
                             _ => {}
                         }

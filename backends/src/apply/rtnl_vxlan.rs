@@ -1,20 +1,20 @@
-//! `VxlanNetlink` over rtnetlink: the vxlan device, and the neighbour and FDB entries on
-//! it. Every error names the operation, the object and the errno.
+//! `VxlanNetlink` over rtnetlink: the vxlan device and the neighbour and FDB entries on
+//! it, and the ipip device. Every error names the operation, the object and the errno.
 
 use std::net::IpAddr;
 
 use futures::TryStreamExt;
-use netlink_packet_route::link::InfoVxlan;
+use netlink_packet_route::link::{InfoIpTunnel, InfoVxlan};
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::AddressFamily;
-use rtnetlink::{LinkUnspec, LinkVxlan};
+use rtnetlink::{LinkIpIp, LinkUnspec, LinkVxlan};
 
-use super::netlink::{NeighbourEntry, ObservedLink, VxlanInfo, VxlanNetlink};
+use super::netlink::{IpipInfo, NeighbourEntry, ObservedLink, VxlanInfo, VxlanNetlink};
 use super::rtnl::fail;
 use super::{ApplyError, RtNetlink};
-use crate::model::VxlanSpec;
+use crate::model::{IpipSpec, VxlanSpec};
 
 /// A vxlan link's settings, from its `IFLA_INFO_DATA`.
 pub(super) fn info_of(attrs: &[InfoVxlan]) -> VxlanInfo {
@@ -28,6 +28,19 @@ pub(super) fn info_of(attrs: &[InfoVxlan]) -> VxlanInfo {
             InfoVxlan::Link(i) => info.underlay_index = Some(*i),
             InfoVxlan::Learning(l) => info.learning = *l,
             InfoVxlan::Gbp => info.gbp = true,
+            _ => {}
+        }
+    }
+    info
+}
+
+/// An ipip link's settings, from its `IFLA_INFO_DATA`.
+pub(super) fn ipip_info_of(attrs: &[InfoIpTunnel]) -> IpipInfo {
+    let mut info = IpipInfo::default();
+    for a in attrs {
+        match a {
+            InfoIpTunnel::Local(ip) if !ip.is_unspecified() => info.local = Some(*ip),
+            InfoIpTunnel::Link(i) if *i != 0 => info.underlay_index = Some(*i),
             _ => {}
         }
     }
@@ -96,6 +109,21 @@ impl VxlanNetlink for RtNetlink {
             .execute()
             .await
             .map_err(fail(format!("creating vxlan device {}", spec.device)))
+    }
+
+    async fn create_ipip(&mut self, spec: &IpipSpec, info: &IpipInfo) -> Result<(), ApplyError> {
+        let mut b = LinkIpIp::new(&spec.device).local(spec.local);
+        if let Some(index) = info.underlay_index {
+            b = b.dev(index);
+        }
+        let msg = b.mtu(spec.mtu).build();
+        self.writes += 1;
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(fail(format!("creating ipip device {}", spec.device)))
     }
 
     async fn set_mac(&mut self, link: &ObservedLink, mac: &[u8; 6]) -> Result<(), ApplyError> {

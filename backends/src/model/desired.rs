@@ -15,6 +15,8 @@ pub struct DesiredState {
     /// The vxlan devices (backend `vxlan`), each with its per-peer neighbour and FDB
     /// entries: `flannel.<VNI>` for IPv4, then `flannel-v6.<VNI>` for IPv6.
     pub vxlan: Vec<VxlanSpec>,
+    /// The ipip device `flannel.ipip` (backend `ipip`).
+    pub ipip: Option<IpipSpec>,
     pub routes: Vec<RouteSpec>,
     /// Networks blackholed at a high metric, independent of any device: while a tunnel
     /// device or its routes are missing (first start, a device being recreated, the agent
@@ -54,6 +56,20 @@ pub struct PeerSpec {
     /// Seconds; 0 = off.
     pub keepalive: u16,
     pub psk: Option<PresharedKey>,
+}
+
+/// The ipip device `flannel.ipip`: IPv4 in IPv4 from this node's public IP to any peer
+/// (the peer is the route's on-link next hop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpipSpec {
+    pub device: String,
+    /// This node's public IP: the tunnel's source address.
+    pub local: std::net::Ipv4Addr,
+    /// The external interface the tunnel runs over.
+    pub underlay_device: Option<String>,
+    pub mtu: u32,
+    /// The subnet's network address as /32.
+    pub addresses: Vec<IpNet>,
 }
 
 /// The vxlan device `flannel.<VNI>` and what each peer needs on it.

@@ -12,7 +12,7 @@ mod observed;
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
-    format_mac, parse_mac, DesiredState, Family, ForwardRule, LeaveReason, LeftOut,
+    format_mac, parse_mac, DesiredState, Family, ForwardRule, IpipSpec, LeaveReason, LeftOut,
     MasqueradeTable, Match, NatRule, PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
     VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };

@@ -17,13 +17,15 @@ pub enum BackendKind {
     Wireguard,
     Vxlan,
     HostGw,
+    Ipip,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 3] = [
+    pub const ALL: [BackendKind; 4] = [
         BackendKind::Wireguard,
         BackendKind::Vxlan,
         BackendKind::HostGw,
+        BackendKind::Ipip,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -31,6 +33,7 @@ impl BackendKind {
             BackendKind::Wireguard => "wireguard",
             BackendKind::Vxlan => "vxlan",
             BackendKind::HostGw => "host-gw",
+            BackendKind::Ipip => "ipip",
         }
     }
 
@@ -49,7 +52,6 @@ impl fmt::Display for BackendKind {
 /// flannel backends weft does not implement; named so the error can say so.
 const FLANNEL_ONLY: &[&str] = &[
     "udp",
-    "ipip",
     "ipsec",
     "alloc",
     "extension",
@@ -67,7 +69,7 @@ impl UnknownBackend {
     fn message(&self) -> String {
         let valid = BackendKind::ALL.map(|k| k.as_str()).join(", ");
         if FLANNEL_ONLY.contains(&self.0.to_ascii_lowercase().as_str()) {
-            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard encrypts, vxlan and host-gw do not)", crate::model::clip(&self.0))
+            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard encrypts, vxlan, host-gw and ipip do not)", crate::model::clip(&self.0))
         } else {
             format!(
                 "unknown backend type {:?}; valid types: {valid}",
@@ -177,11 +179,20 @@ pub struct VxlanConf {
     pub mtu: Option<u32>,
 }
 
+/// flannel's `ipip` backend: IPv4 in IPv4 over `flannel.ipip`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpipConf {
+    pub direct_routing: bool,
+    /// Underlay MTU; `None` = the external interface's.
+    pub mtu: Option<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     Wireguard(WireguardConf),
     Vxlan(VxlanConf),
     HostGw,
+    Ipip(IpipConf),
 }
 
 impl Backend {
@@ -190,6 +201,7 @@ impl Backend {
             Backend::Wireguard(_) => BackendKind::Wireguard,
             Backend::Vxlan(_) => BackendKind::Vxlan,
             Backend::HostGw => BackendKind::HostGw,
+            Backend::Ipip(_) => BackendKind::Ipip,
         }
     }
 
@@ -215,6 +227,11 @@ impl Backend {
                 "MTU": v.mtu,
             }),
             Backend::HostGw => json!({ "Type": "host-gw" }),
+            Backend::Ipip(i) => json!({
+                "Type": "ipip",
+                "DirectRouting": i.direct_routing,
+                "MTU": i.mtu,
+            }),
         }
     }
 }
@@ -239,6 +256,7 @@ const VXLAN_KEYS: &[&str] = &[
     "MTU",
 ];
 const HOST_GW_KEYS: &[&str] = &["Type"];
+const IPIP_KEYS: &[&str] = &["Type", "DirectRouting", "MTU"];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
 /// encrypts by default.
@@ -282,7 +300,7 @@ pub(super) fn parse(
             errors.push(ConfigError::invalid(
                 "Backend.Type",
                 other,
-                "expected a string: wireguard, vxlan or host-gw",
+                "expected a string: wireguard, vxlan, host-gw or ipip",
             ));
             return None;
         }
@@ -319,6 +337,13 @@ pub(super) fn parse(
         BackendKind::HostGw => {
             Fields::new("Backend.", map, HOST_GW_KEYS, errors);
             Backend::HostGw
+        }
+        BackendKind::Ipip => {
+            let mut f = Fields::new("Backend.", map, IPIP_KEYS, errors);
+            Backend::Ipip(IpipConf {
+                direct_routing: f.bool("DirectRouting").unwrap_or(false),
+                mtu: mtu(&mut f, false),
+            })
         }
     };
     (errors.len() == before).then_some(backend)

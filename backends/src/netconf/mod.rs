@@ -15,7 +15,8 @@ use std::str::FromStr;
 use serde_json::{json, Map, Value};
 
 pub use self::backend::{
-    Backend, BackendKind, Implementation, UnknownBackend, VxlanConf, WireguardConf, WireguardMode,
+    Backend, BackendKind, Implementation, IpipConf, UnknownBackend, VxlanConf, WireguardConf,
+    WireguardMode,
 };
 pub use self::error::{ConfigError, ConfigErrors};
 use self::fields::Fields;
@@ -136,6 +137,13 @@ pub fn parse(text: &str) -> Result<NetConf, ConfigErrors> {
         ));
     }
     let backend = backend::parse(top.get("Backend"), enable_v6, &mut errors);
+    if let (Some(Backend::Ipip(_)), true) = (&backend, enable_v6 || !enable_v4) {
+        errors.push(ConfigError::invalid(
+            "Backend.Type",
+            "\"ipip\"",
+            "ipip carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw",
+        ));
+    }
     match (errors.is_empty(), backend) {
         (true, Some(backend)) => Ok(NetConf {
             ipv4,

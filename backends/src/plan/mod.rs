@@ -5,6 +5,7 @@
 //! left out and why. A bad peer is left out with a reason naming it; it never disturbs the
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
+mod ipip;
 mod masquerade;
 mod peers;
 pub mod roaming;
@@ -123,6 +124,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
         Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened)?,
         Backend::Vxlan(conf) => unencrypted::vxlan(input, &ours, conf, screened)?,
         Backend::HostGw => unencrypted::host_gw(input, &ours, screened)?,
+        Backend::Ipip(conf) => ipip::plan(input, &ours, conf, screened)?,
     };
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
@@ -161,6 +163,8 @@ mod tests;
 
 #[cfg(test)]
 mod claims_tests;
+#[cfg(test)]
+mod ipip_tests;
 #[cfg(test)]
 mod switchover_tests;
 #[cfg(test)]

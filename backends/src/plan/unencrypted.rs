@@ -73,7 +73,7 @@ pub fn vxlan_mac(value: Option<&Value>) -> Result<[u8; 6], BackendDataError> {
     }
 }
 
-fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
+pub(super) fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
     input
         .options
         .underlay_networks
@@ -81,7 +81,7 @@ fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
         .any(|n| n.contains(&ip))
 }
 
-fn leave(node: &str, reason: LeaveReason) -> LeftOut {
+pub(super) fn leave(node: &str, reason: LeaveReason) -> LeftOut {
     LeftOut {
         node: node.to_string(),
         reason,
@@ -96,7 +96,12 @@ fn underlay_device(input: &PlanInput<'_>, backend: &'static str) -> Result<Strin
         .ok_or(PlanError::NoUnderlay { backend })
 }
 
-fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> RouteSpec {
+pub(super) fn direct_route(
+    c: &Candidate<'_>,
+    subnet: IpNet,
+    ip: IpAddr,
+    device: &str,
+) -> RouteSpec {
     RouteSpec {
         dst: subnet,
         device: device.to_string(),
@@ -107,7 +112,7 @@ fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> R
 }
 
 /// A candidate's subnet and public IP of one family (`v6`), or why it cannot be a peer.
-fn reach(c: &Candidate<'_>, v6: bool) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
+pub(super) fn reach(c: &Candidate<'_>, v6: bool) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
     let (subnet, ip, family) = if v6 {
         (c.v6, c.lease.public_ipv6.map(IpAddr::V6), Family::Ipv6)
     } else {

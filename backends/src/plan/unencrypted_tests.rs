@@ -17,7 +17,13 @@ fn mac(n: u8) -> [u8; 6] {
     [0x0a, 0, 0, 0, 0, n]
 }
 
-fn lease(node: &str, subnet: &str, ip: [u8; 4], backend: &str, data: serde_json::Value) -> Lease {
+pub(super) fn lease(
+    node: &str,
+    subnet: &str,
+    ip: [u8; 4],
+    backend: &str,
+    data: serde_json::Value,
+) -> Lease {
     Lease {
         node: node.into(),
         subnet: Some(subnet.parse().unwrap()),
@@ -43,7 +49,7 @@ fn run(conf: &str, me: Lease, peers: Vec<Lease>) -> Result<DesiredState, PlanErr
 }
 
 /// As `run`, with the external interface on `networks`.
-fn run_on(
+pub(super) fn run_on(
     conf: &str,
     me: Lease,
     peers: Vec<Lease>,

@@ -19,10 +19,10 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use super::{
-    ApplyError, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo,
-    VxlanNetlink, RTPROT_WEFT,
+    ApplyError, IpipInfo, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite,
+    VxlanInfo, VxlanNetlink, RTPROT_WEFT,
 };
-use crate::model::{Family, VxlanSpec, FAIL_CLOSED_METRIC};
+use crate::model::{Family, IpipSpec, VxlanSpec, FAIL_CLOSED_METRIC};
 
 /// A neighbour (`bridge` false) or FDB entry (`bridge` true) on link `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +57,7 @@ impl FakeNetlink {
                 kind: Some(kind.to_string()),
                 mac: Vec::new(),
                 vxlan: None,
+                ipip: None,
             },
         );
         index
@@ -213,6 +214,22 @@ impl VxlanNetlink for FakeNetlink {
             l.mtu = spec.mtu;
             l.mac = spec.mac.to_vec();
             l.vxlan = Some(info.clone());
+        }
+        Ok(())
+    }
+
+    async fn create_ipip(&mut self, spec: &IpipSpec, info: &IpipInfo) -> Result<(), ApplyError> {
+        self.writes += 1;
+        if self.links.contains_key(&spec.device) {
+            return Err(ApplyError::Netlink {
+                op: format!("creating ipip device {}", spec.device),
+                source: std::io::Error::from_raw_os_error(17),
+            });
+        }
+        self.add_link(&spec.device, "ipip");
+        if let Some(l) = self.links.get_mut(&spec.device) {
+            l.mtu = spec.mtu;
+            l.ipip = Some(info.clone());
         }
         Ok(())
     }

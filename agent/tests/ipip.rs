@@ -1,0 +1,137 @@
+//! The ipip backend end to end: every pod reaches every pod through `flannel.ipip` (MTU
+//! underlay − 20, routes via the peers' public IPs on-link), a deleted device comes back
+//! with its routes, `DirectRouting` goes straight to the on-link peer and through the
+//! tunnel to the one behind the router, and switching to and from ipip leaves nothing of
+//! the previous backend.
+//!
+//! This machine's kernel has no ipip, so the tests are `#[ignore]`d here; the VM runner
+//! runs them with `--include-ignored`, and there a kernel without ipip fails them.
+
+use std::time::Duration;
+
+use weft_lab::lab::clear_watch::ClearWatch;
+use weft_lab::lab::{in_ns, Lab, LabConfig};
+use weft_lab::wait::{until, until_or};
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+fn routes(lab: &Lab, i: usize) -> String {
+    in_ns(&lab.nodes[i].ns, "ip -4 route show proto 87").unwrap_or_default()
+}
+
+/// Node `i`'s route to node `j`'s subnet through the tunnel.
+fn tunnel_route(lab: &Lab, j: usize) -> String {
+    format!(
+        "{} via {} dev flannel.ipip onlink",
+        lab.nodes[j].subnet.unwrap(),
+        lab.nodes[j].ip
+    )
+}
+
+#[test]
+#[ignore = "needs a kernel with ipip: run by the VM runner"]
+fn ipip_meshes_all_pairs_and_heals_its_device() {
+    let lab = Lab::start(LabConfig::backend(3, WEFT, "ipip", false)).unwrap();
+    lab.assert_all_pairs();
+    let node = &lab.nodes[0];
+    let link = in_ns(&node.ns, "ip -d link show flannel.ipip").unwrap();
+    assert!(
+        link.contains("mtu 1480") && link.contains("ipip") && link.contains("local 198.51.100.1"),
+        "{link}"
+    );
+    for j in [1, 2] {
+        assert!(
+            routes(&lab, 0).contains(&tunnel_route(&lab, j)),
+            "{}",
+            routes(&lab, 0)
+        );
+    }
+    in_ns(&node.ns, "ip link del flannel.ipip").unwrap();
+    let back = until_or(
+        "flannel.ipip back with its routes",
+        Duration::from_secs(5),
+        || {
+            let r = routes(&lab, 0);
+            r.contains(&tunnel_route(&lab, 1)) && r.contains(&tunnel_route(&lab, 2))
+        },
+        || lab.logs(),
+    );
+    eprintln!("flannel.ipip deleted -> back with its routes in {back:?}");
+    lab.assert_all_pairs();
+}
+
+#[test]
+#[ignore = "needs a kernel with ipip: run by the VM runner"]
+fn ipip_direct_routing_goes_direct_on_link_and_tunnels_across_the_router() {
+    let mut cfg = LabConfig::backend(3, WEFT, "ipip", true);
+    cfg.routed = vec![2];
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    let r = routes(&lab, 0);
+    assert!(
+        r.contains(&format!(
+            "{} via 198.51.100.2 dev eth0",
+            lab.nodes[1].subnet.unwrap()
+        )),
+        "node 2 is on-link: a direct route\n{r}"
+    );
+    assert!(
+        r.contains(&tunnel_route(&lab, 2)),
+        "node 3 is behind the router: ipip\n{r}"
+    );
+}
+
+#[test]
+#[ignore = "needs a kernel with ipip: run by the VM runner"]
+fn switching_to_and_from_ipip_leaves_nothing_of_the_previous_backend() {
+    let mut lab = Lab::start(LabConfig::backend(2, WEFT, "ipip", false)).unwrap();
+    lab.assert_all_pairs();
+    for (backend, gone) in [
+        ("wireguard", "flannel.ipip"),
+        ("ipip", "flannel-wg"),
+        ("vxlan", "flannel.ipip"),
+        ("ipip", "flannel.1"),
+    ] {
+        for i in 0..2 {
+            lab.stop_agent(i, "TERM").unwrap();
+        }
+        let conf = format!(
+            r#"{{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {{"Type": "{backend}"}}}}"#
+        );
+        lab.etcd()
+            .etcdctl(&["put", "/coreos.com/network/config", &conf])
+            .unwrap();
+        for i in 0..2 {
+            lab.start_agent(i).unwrap();
+        }
+        let watch = (backend == "wireguard").then(|| {
+            for i in 0..2 {
+                until(
+                    "the agent sealing the pod network",
+                    Duration::from_secs(10),
+                    || {
+                        std::fs::read_to_string(lab.nodes[i].agent_log())
+                            .is_ok_and(|l| l.contains("pod networks sealed"))
+                    },
+                );
+            }
+            ClearWatch::start(&lab).unwrap()
+        });
+        lab.assert_all_pairs();
+        if let Some(watch) = watch {
+            watch.finish().unwrap();
+        }
+        for i in 0..2 {
+            let ns = &lab.nodes[i].ns;
+            until(
+                &format!("{gone} gone after switching to {backend}"),
+                Duration::from_secs(5),
+                || in_ns(ns, &format!("ip link show {gone}")).is_err(),
+            );
+            let peer = lab.nodes[1 - i].subnet.unwrap().to_string();
+            let r = routes(&lab, i);
+            let lines = r.lines().filter(|l| l.starts_with(&peer)).count();
+            assert_eq!(lines, 1, "one route to the peer on {backend}: {r}");
+        }
+    }
+}
