@@ -50,6 +50,15 @@ fn wireguard_carries_both_families_between_all_pairs() {
         let routes = in_ns(&node.ns, "ip -6 route show type blackhole").unwrap();
         assert!(routes.contains("blackhole fd00:10:244::/56"), "{routes}");
     }
+    // `weft status`: each peer once per device, with that family's subnet, both up.
+    let status = lab.on_node(0, &format!("{WEFT} status")).unwrap();
+    let rows: Vec<&str> = status.lines().filter(|l| l.ends_with(" up")).collect();
+    assert_eq!(rows.len(), 4, "{status}");
+    assert_eq!(
+        rows.iter().filter(|r| r.contains("/64 ")).count(),
+        2,
+        "{status}"
+    );
     let watched = watch.finish().unwrap();
     eprintln!("dual-stack watch: {watched:?}");
 }

@@ -1,6 +1,7 @@
 //! `weft status`: this node and every peer, from the local agent's snapshot (its control
 //! socket) and the device itself (handshakes, transfer): one table, or `--json`.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
@@ -49,8 +50,12 @@ fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-/// The rows for `snapshot`, with `device` as read now (WireGuard backends).
-pub fn rows(snapshot: &Snapshot, device: Option<&WgDevice>, now: SystemTime) -> Vec<Row> {
+/// The rows for `snapshot`, with its WireGuard devices as read now, by name.
+pub fn rows(
+    snapshot: &Snapshot,
+    devices: &BTreeMap<String, WgDevice>,
+    now: SystemTime,
+) -> Vec<Row> {
     let since_epoch = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
@@ -59,6 +64,7 @@ pub fn rows(snapshot: &Snapshot, device: Option<&WgDevice>, now: SystemTime) -> 
         .iter()
         .map(|p| {
             let key: Option<PublicKey> = p.public_key.as_deref().and_then(|k| k.parse().ok());
+            let device = p.device.as_ref().and_then(|d| devices.get(d));
             let on_device = match (key, device) {
                 (Some(k), Some(d)) => d.peers.get(&k),
                 _ => None,
@@ -184,12 +190,22 @@ pub fn table(report: &Report) -> String {
 
 /// The report for the agent answering on the control socket.
 pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
-    let device = match (&snapshot.device, snapshot.implementation.as_str()) {
-        (Some(d), "kernel" | "userspace") => read_device(d).await?,
-        _ => None,
-    };
+    // Every WireGuard device the peers are on (both families' with `Mode: separate`).
+    let mut devices = BTreeMap::new();
+    if matches!(snapshot.implementation.as_str(), "kernel" | "userspace") {
+        let names: std::collections::BTreeSet<&String> = snapshot
+            .peers
+            .iter()
+            .filter_map(|p| p.device.as_ref())
+            .collect();
+        for name in names {
+            if let Some(d) = read_device(name).await? {
+                devices.insert(name.clone(), d);
+            }
+        }
+    }
     Ok(Report {
-        peers: rows(&snapshot, device.as_ref(), SystemTime::now()),
+        peers: rows(&snapshot, &devices, SystemTime::now()),
         node: snapshot.node.clone(),
         subnet: or_dash(snapshot.subnet),
         backend: snapshot.backend.clone(),
@@ -230,6 +246,7 @@ mod tests {
             endpoint: Some(format!("198.51.100.{n}:51820")),
             public_key: Some(key(n).to_string()),
             vtep_mac: None,
+            device: Some("flannel-wg".into()),
         };
         let mut snapshot = Snapshot {
             peers: vec![peer(2), peer(3), peer(4)],
@@ -265,7 +282,7 @@ mod tests {
                 ..WgPeer::default()
             },
         );
-        let r = rows(&snapshot, Some(&device), now);
+        let r = rows(&snapshot, &[("flannel-wg".to_string(), device)].into(), now);
         let states: Vec<&str> = r.iter().map(|r| r.state.as_str()).collect();
         assert_eq!(
             states,

@@ -150,7 +150,10 @@ impl Metrics {
             left_out,
         );
         let planned: Gauge = Gauge::default();
-        planned.set(snapshot.peers.len() as i64);
+        // Nodes, not device peers: a dual-stack node is a peer of two devices.
+        let nodes: std::collections::BTreeSet<&str> =
+            snapshot.peers.iter().map(|p| p.node.as_str()).collect();
+        planned.set(nodes.len() as i64);
         registry.register("peers", "Peers in the plan", planned);
 
         let info: Family<Labels, Gauge> = Family::default();

@@ -69,6 +69,10 @@ pub struct PeerInfo {
     pub endpoint: Option<String>,
     pub public_key: Option<String>,
     pub vtep_mac: Option<String>,
+    /// The device it is a peer of (`flannel-wg`, `flannel-wg-v6`, `flannel.1`, …); `None`
+    /// for a host-gw or DirectRouting route.
+    #[serde(default)]
+    pub device: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -130,16 +134,27 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
     snapshot.backend = me.backend_type.clone();
     snapshot.public_ip = me.public_ip.map(IpAddr::V4);
     snapshot.published = me.backend_data.clone();
-    let subnet_of = |node: &str| view.get(node).and_then(|l| l.subnet);
+    // A dual-stack node is a peer of each family's device: one row each, with that
+    // family's subnet.
+    let subnet_of = |node: &str, v6: bool| {
+        let lease = view.get(node)?;
+        if v6 {
+            lease.subnet_v6
+        } else {
+            lease.subnet
+        }
+    };
     let mut peers = Vec::new();
     for t in &state.tunnels {
         for p in &t.peers {
+            let v6 = p.allowed_ips.first().is_some_and(|n| n.addr().is_ipv6());
             peers.push(PeerInfo {
                 node: p.node.clone(),
-                subnet: subnet_of(&p.node),
+                subnet: subnet_of(&p.node, v6),
                 endpoint: Some(p.endpoint.to_string()),
                 public_key: Some(p.public_key.to_string()),
                 vtep_mac: None,
+                device: Some(t.device.clone()),
             });
         }
     }
@@ -147,10 +162,11 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         for p in &v.peers {
             peers.push(PeerInfo {
                 node: p.node.clone(),
-                subnet: subnet_of(&p.node),
+                subnet: subnet_of(&p.node, p.gateway.is_ipv6()),
                 endpoint: Some(p.public_ip.to_string()),
                 public_key: None,
                 vtep_mac: Some(format_mac(&p.mac)),
+                device: Some(v.device.clone()),
             });
         }
     }
@@ -163,6 +179,7 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
                     endpoint: r.via.map(|v| v.to_string()),
                     public_key: None,
                     vtep_mac: None,
+                    device: None,
                 });
             }
         }

@@ -2,7 +2,9 @@
 //! peer a neighbour and an FDB entry and an on-link route via the peer subnet's network
 //! address, or with `DirectRouting` a plain route via the public IP of a peer on this
 //! node's segment. host-gw: one route per peer subnet via the peer's public IP, for peers
-//! on this node's segment; the others are left out with the reason. IPv4 only.
+//! on this node's segment; the others are left out with the reason. Both families: IPv6
+//! subnets via the peers' IPv6 addresses (host-gw, DirectRouting) or over the IPv6 vxlan
+//! device `flannel-v6.<VNI>`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
