@@ -160,6 +160,17 @@ fn vxlan_carries_ipv6_over_its_own_device_and_heals_it() {
     for peer in ["fd77::2", "fd77::3"] {
         assert!(fdb.contains(&format!("dst {peer} ")), "{fdb}");
     }
+    // The doctor checks both devices' entries against what the peers published.
+    let (said, doctor) = lab.doctor_says(
+        0,
+        &[
+            "PASS",
+            "vxlan entries",
+            "flannel.1, flannel-v6.1",
+            "of 4 peers",
+        ],
+    );
+    assert!(said, "{doctor}");
     // Deleted, it comes back with its neighbours and FDB entries, and IPv6 flows again.
     in_ns(&node.ns, "ip link del flannel-v6.1").unwrap();
     let back = until_or(

@@ -115,7 +115,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "dual stack: kernel",
             kernel,
             &dual_stack,
-            "wireguard_carries the_ipv6_device",
+            "wireguard_carries_both_families",
         ),
         ("ipip", kernel, &ipip, "--include-ignored"),
     ];

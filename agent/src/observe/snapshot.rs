@@ -95,6 +95,9 @@ pub struct RegistryEntry {
     pub public_ip: Option<IpAddr>,
     pub backend_type: String,
     pub backend_data: Option<Value>,
+    /// `backend-v6-data` (the IPv6 devices' data).
+    #[serde(default)]
+    pub backend_v6_data: Option<Value>,
 }
 
 /// The agent's current snapshot, shared between the control loop and the servers.
@@ -225,6 +228,7 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
                     public_ip: l.public_ip.map(IpAddr::V4),
                     backend_type: l.backend_type.clone(),
                     backend_data: l.backend_data.clone(),
+                    backend_v6_data: l.backend_v6_data.clone(),
                 },
             )
         })

@@ -163,20 +163,57 @@ fn ip_json(args: &[&str]) -> Result<Vec<Value>, String> {
 
 pub fn vxlan_entries(snapshot: &Snapshot) -> Check {
     const NAME: &str = "vxlan entries";
-    let Some(dev) = snapshot.device.as_deref() else {
-        return Check::fail(
+    // Each vxlan device the peers are on: `flannel.<VNI>`, and `flannel-v6.<VNI>` with IPv6.
+    let mut devices: Vec<&str> = Vec::new();
+    for p in snapshot.peers.iter().filter(|p| p.vtep_mac.is_some()) {
+        if let Some(d) = p.device.as_deref().filter(|d| !devices.contains(d)) {
+            devices.push(d);
+        }
+    }
+    let devices: Vec<&str> = match (devices.is_empty(), snapshot.device.as_deref()) {
+        (false, _) => devices,
+        (true, Some(dev)) => vec![dev],
+        (true, None) => {
+            return Check::fail(
+                NAME,
+                "no vxlan device in the plan",
+                "look at the agent's log",
+            )
+        }
+    };
+    let (mut problems, mut count) = (Vec::new(), 0);
+    for dev in &devices {
+        match device_entries(snapshot, dev, &mut problems) {
+            Ok(n) => count += n,
+            Err(e) => return Check::fail(NAME, e, "run as root on the node"),
+        }
+    }
+    if problems.is_empty() {
+        Check::pass(
             NAME,
-            "no vxlan device in the plan",
-            "look at the agent's log",
-        );
-    };
-    let (neigh, fdb) = match (
-        ip_json(&["ip", "-j", "neigh", "show", "dev", dev]),
-        ip_json(&["bridge", "-j", "fdb", "show", "dev", dev]),
-    ) {
-        (Ok(n), Ok(f)) => (n, f),
-        (Err(e), _) | (_, Err(e)) => return Check::fail(NAME, e, "run as root on the node"),
-    };
+            format!(
+                "{}: neighbour and FDB entries match the published VTEP MACs of {count} peers",
+                devices.join(", ")
+            ),
+        )
+    } else {
+        Check::fail(
+            NAME,
+            problems.join("; "),
+            "the agent rewrites these at its next full resync; if a peer's MAC is what changed, that peer restarted without /var/lib/weft",
+        )
+    }
+}
+
+/// Checks the neighbour and FDB entries of vxlan device `dev` against the peers on it;
+/// returns how many peers it checked.
+fn device_entries(
+    snapshot: &Snapshot,
+    dev: &str,
+    problems: &mut Vec<String>,
+) -> Result<usize, String> {
+    let neigh = ip_json(&["ip", "-j", "neigh", "show", "dev", dev])?;
+    let fdb = ip_json(&["bridge", "-j", "fdb", "show", "dev", dev])?;
     let neigh_mac: BTreeMap<String, String> = neigh
         .iter()
         .filter_map(|n| {
@@ -195,16 +232,24 @@ pub fn vxlan_entries(snapshot: &Snapshot) -> Check {
             ))
         })
         .collect();
-    let mut problems = Vec::new();
     let mut count = 0;
-    for p in snapshot.peers.iter().filter(|p| p.vtep_mac.is_some()) {
+    let on_dev = snapshot
+        .peers
+        .iter()
+        .filter(|p| p.vtep_mac.is_some() && p.device.as_deref().is_none_or(|d| d == dev));
+    for p in on_dev {
         count += 1;
+        let v6 = p.subnet.is_some_and(|s| s.addr().is_ipv6());
         let published = snapshot
             .registry
             .get(&p.node)
             .and_then(|e| {
-                e.backend_data
-                    .as_ref()?
+                let data = if v6 {
+                    &e.backend_v6_data
+                } else {
+                    &e.backend_data
+                };
+                data.as_ref()?
                     .get("VtepMAC")?
                     .as_str()
                     .map(str::to_lowercase)
@@ -232,18 +277,5 @@ pub fn vxlan_entries(snapshot: &Snapshot) -> Check {
             None => problems.push(format!("{}: no FDB entry for {published}", p.node)),
         }
     }
-    if problems.is_empty() {
-        Check::pass(
-            NAME,
-            format!(
-                "{dev}: neighbour and FDB entries match the {count} peers' published VTEP MACs"
-            ),
-        )
-    } else {
-        Check::fail(
-            NAME,
-            problems.join("; "),
-            "the agent rewrites these at its next full resync; if a peer's MAC is what changed, that peer restarted without /var/lib/weft",
-        )
-    }
+    Ok(count)
 }
