@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig};
 use weft_lab::wait::{until, until_or};
 
@@ -77,31 +76,7 @@ fn switching_to_and_from_ipip_leaves_nothing_of_the_previous_backend() {
         ("vxlan", "flannel.ipip"),
         ("ipip", "flannel.1"),
     ] {
-        for i in 0..2 {
-            lab.stop_agent(i, "TERM").unwrap();
-        }
-        let conf = format!(
-            r#"{{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {{"Type": "{backend}"}}}}"#
-        );
-        lab.etcd()
-            .etcdctl(&["put", "/coreos.com/network/config", &conf])
-            .unwrap();
-        for i in 0..2 {
-            lab.start_agent(i).unwrap();
-        }
-        let watch = (backend == "wireguard").then(|| {
-            for i in 0..2 {
-                until(
-                    "the agent sealing the pod network",
-                    Duration::from_secs(10),
-                    || {
-                        std::fs::read_to_string(lab.nodes[i].agent_log())
-                            .is_ok_and(|l| l.contains("pod networks sealed"))
-                    },
-                );
-            }
-            ClearWatch::start(&lab).unwrap()
-        });
+        let watch = lab.switch_backend(backend).unwrap();
         lab.assert_all_pairs();
         if let Some(watch) = watch {
             watch.finish().unwrap();

@@ -25,36 +25,28 @@ fn links(lab: &Lab) -> String {
     in_ns(&lab.nodes[0].ns, "ip -o link show").unwrap()
 }
 
-#[test]
-fn mode_auto_carries_both_families_on_one_device_over_ipv4() {
+/// A dual-stack wireguard lab in `mode`: all pairs of both families, nothing in clear, one
+/// device (`flannel-wg`) whose peers are at `want` endpoints.
+fn one_device(mode: &str, want: [&str; 2]) {
     let cfg = LabConfig::wireguard(3, WEFT)
         .dual_stack()
-        .wireguard_mode("auto");
+        .wireguard_mode(mode);
     let lab = Lab::start(cfg).unwrap();
     let watch = ClearWatch::start(&lab).unwrap();
     assert_eq!(lab.assert_all_pairs(), 48);
     watch.finish().unwrap();
     assert!(!links(&lab).contains("flannel-wg-v6"), "{}", links(&lab));
-    assert_eq!(
-        endpoints(&lab, "flannel-wg"),
-        ["198.51.100.2:51820", "198.51.100.3:51820"]
-    );
+    assert_eq!(endpoints(&lab, "flannel-wg"), want);
+}
+
+#[test]
+fn mode_auto_carries_both_families_on_one_device_over_ipv4() {
+    one_device("auto", ["198.51.100.2:51820", "198.51.100.3:51820"]);
 }
 
 #[test]
 fn mode_ipv6_carries_both_families_on_one_device_over_ipv6() {
-    let cfg = LabConfig::wireguard(3, WEFT)
-        .dual_stack()
-        .wireguard_mode("ipv6");
-    let lab = Lab::start(cfg).unwrap();
-    let watch = ClearWatch::start(&lab).unwrap();
-    assert_eq!(lab.assert_all_pairs(), 48);
-    watch.finish().unwrap();
-    assert!(!links(&lab).contains("flannel-wg-v6"), "{}", links(&lab));
-    assert_eq!(
-        endpoints(&lab, "flannel-wg"),
-        ["[fd77::2]:51820", "[fd77::3]:51820"]
-    );
+    one_device("ipv6", ["[fd77::2]:51820", "[fd77::3]:51820"]);
 }
 
 #[test]

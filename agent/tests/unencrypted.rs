@@ -7,7 +7,6 @@
 
 use std::time::{Duration, Instant};
 
-use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig};
 use weft_lab::wait::until;
 
@@ -244,31 +243,9 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         ("wireguard", vec!["flannel.1"]),
         ("vxlan", vec!["flannel-wg"]),
     ] {
-        for i in 0..2 {
-            lab.stop_agent(i, "TERM").unwrap();
-        }
-        let conf = format!(r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}"}}}}"#);
-        lab.etcd()
-            .etcdctl(&["put", "/coreos.com/network/config", &conf])
-            .unwrap();
-        for i in 0..2 {
-            lab.start_agent(i).unwrap();
-        }
         // Onto wireguard: once its agents have read the config (until then the node runs
         // the backend it had), no pod packet in clear.
-        let watch = (backend == "wireguard").then(|| {
-            for i in 0..2 {
-                until(
-                    "the agent sealing the pod network",
-                    Duration::from_secs(10),
-                    || {
-                        std::fs::read_to_string(lab.nodes[i].agent_log())
-                            .is_ok_and(|l| l.contains("pod networks sealed"))
-                    },
-                );
-            }
-            ClearWatch::start(&lab).unwrap()
-        });
+        let watch = lab.switch_backend(backend).unwrap();
         lab.assert_all_pairs();
         if let Some(watch) = watch {
             let watched = watch.finish().unwrap();

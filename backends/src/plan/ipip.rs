@@ -7,7 +7,7 @@
 use ipnet::IpNet;
 
 use super::peers::Screened;
-use super::unencrypted::{direct_route, leave, onlink, reach};
+use super::unencrypted::tunnel_target;
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::{DesiredState, IpipSpec, RouteRole, RouteSpec};
 use crate::netconf::IpipConf;
@@ -42,20 +42,12 @@ pub(crate) fn plan(
     } = screened;
     let mut state = DesiredState::default();
     for c in &candidates {
-        let (subnet, ip) = match reach(c, false) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(reason) => {
-                left_out.push(leave(&c.lease.node, reason));
-                continue;
-            }
+        let direct = conf.direct_routing;
+        let routes = &mut state.routes;
+        let Some((subnet, ip)) = tunnel_target(input, c, false, direct, routes, &mut left_out)
+        else {
+            continue;
         };
-        if conf.direct_routing && onlink(input, ip) {
-            if let Some(dev) = &underlay {
-                state.routes.push(direct_route(c, subnet, ip, dev));
-                continue;
-            }
-        }
         state.routes.push(RouteSpec {
             dst: subnet,
             device: IPIP_DEVICE.to_string(),

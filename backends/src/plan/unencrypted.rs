@@ -75,7 +75,7 @@ pub fn vxlan_mac(value: Option<&Value>) -> Result<[u8; 6], BackendDataError> {
     }
 }
 
-pub(super) fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
+fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
     input
         .options
         .underlay_networks
@@ -83,7 +83,7 @@ pub(super) fn onlink(input: &PlanInput<'_>, ip: IpAddr) -> bool {
         .any(|n| n.contains(&ip))
 }
 
-pub(super) fn leave(node: &str, reason: LeaveReason) -> LeftOut {
+fn leave(node: &str, reason: LeaveReason) -> LeftOut {
     LeftOut {
         node: node.to_string(),
         reason,
@@ -98,12 +98,7 @@ fn underlay_device(input: &PlanInput<'_>, backend: &'static str) -> Result<Strin
         .ok_or(PlanError::NoUnderlay { backend })
 }
 
-pub(super) fn direct_route(
-    c: &Candidate<'_>,
-    subnet: IpNet,
-    ip: IpAddr,
-    device: &str,
-) -> RouteSpec {
+fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> RouteSpec {
     RouteSpec {
         dst: subnet,
         device: device.to_string(),
@@ -114,7 +109,7 @@ pub(super) fn direct_route(
 }
 
 /// A candidate's subnet and public IP of one family (`v6`), or why it cannot be a peer.
-pub(super) fn reach(c: &Candidate<'_>, v6: bool) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
+fn reach(c: &Candidate<'_>, v6: bool) -> Result<Option<(IpNet, IpAddr)>, LeaveReason> {
     let (subnet, ip, family) = if v6 {
         (c.v6, c.lease.public_ipv6.map(IpAddr::V6), Family::Ipv6)
     } else {
@@ -158,6 +153,35 @@ pub(crate) fn host_gw(
         input.options.ip_masq,
     );
     Ok(state)
+}
+
+/// A candidate's subnet and address of one family (`v6`) for a tunnel to it; `None` when
+/// it has none of that family, is left out (pushed onto `left_out`), or, with `direct`
+/// (`DirectRouting`), is on this node's segment and gets a plain route (pushed onto
+/// `routes`) instead.
+pub(super) fn tunnel_target(
+    input: &PlanInput<'_>,
+    c: &Candidate<'_>,
+    v6: bool,
+    direct: bool,
+    routes: &mut Vec<RouteSpec>,
+    left_out: &mut Vec<LeftOut>,
+) -> Option<(IpNet, IpAddr)> {
+    let (subnet, ip) = match reach(c, v6) {
+        Ok(Some(r)) => r,
+        Ok(None) => return None,
+        Err(reason) => {
+            left_out.push(leave(&c.lease.node, reason));
+            return None;
+        }
+    };
+    if direct && onlink(input, ip) {
+        if let Some(dev) = &input.options.underlay_device {
+            routes.push(direct_route(c, subnet, ip, dev));
+            return None;
+        }
+    }
+    Some((subnet, ip))
 }
 
 /// A peer left out for its `backend-data` (`backend-v6-data` when `v6`).
@@ -284,20 +308,10 @@ fn vxlan_device_plan(
     let mut macs: BTreeMap<[u8; 6], String> = BTreeMap::new();
     macs.insert(own_mac, input.local.node.clone());
     for c in family.candidates {
-        let (subnet, ip) = match reach(c, v6) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(reason) => {
-                left_out.push(leave(&c.lease.node, reason));
-                continue;
-            }
+        let Some((subnet, ip)) = tunnel_target(input, c, v6, conf.direct_routing, routes, left_out)
+        else {
+            continue;
         };
-        if conf.direct_routing && onlink(input, ip) {
-            if let Some(dev) = &underlay {
-                routes.push(direct_route(c, subnet, ip, dev));
-                continue;
-            }
-        }
         let data = if v6 {
             c.lease.backend_v6_data.as_ref()
         } else {

@@ -28,4 +28,40 @@ impl Lab {
         let found = out.lines().any(|l| words.iter().all(|w| l.contains(w)));
         (found, out)
     }
+
+    /// Switches every node to `backend` as an operator would: the agents stopped (TERM), the
+    /// config in etcd rewritten (the lab's network, `Backend.Type` only), the agents
+    /// started. Onto wireguard, once every agent has sealed the pod network (until then a
+    /// node runs the backend it had), returns a clear-traffic watch started from there.
+    pub fn switch_backend(
+        &mut self,
+        backend: &str,
+    ) -> anyhow::Result<Option<super::clear_watch::ClearWatch>> {
+        let count = self.nodes.len();
+        for i in 0..count {
+            self.stop_agent(i, "TERM")?;
+        }
+        let conf = format!(
+            r#"{{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {{"Type": "{backend}"}}}}"#
+        );
+        let key = format!("{}/config", self.cfg.etcd_prefix);
+        self.etcd().etcdctl(&["put", &key, &conf])?;
+        for i in 0..count {
+            self.start_agent(i)?;
+        }
+        if backend != "wireguard" {
+            return Ok(None);
+        }
+        for node in &self.nodes {
+            crate::wait::until(
+                "the agent sealing the pod network",
+                std::time::Duration::from_secs(10),
+                || {
+                    std::fs::read_to_string(node.agent_log())
+                        .is_ok_and(|l| l.contains("pod networks sealed"))
+                },
+            );
+        }
+        super::clear_watch::ClearWatch::start(self).map(Some)
+    }
 }
