@@ -57,13 +57,24 @@ impl RtNetlink {
     /// Creates a kernel WireGuard link; the kernel answers `EOPNOTSUPP` when it has no
     /// WireGuard (module missing or not built).
     pub async fn add_wireguard_link(&mut self, name: &str) -> Result<(), ApplyError> {
+        let msg = LinkWireguard::new(name).build();
+        self.add_link(msg, format!("creating WireGuard link {name}"))
+            .await
+    }
+
+    /// Adds the link `msg` describes (one write); an error names `op`.
+    pub(super) async fn add_link(
+        &mut self,
+        msg: LinkMessage,
+        op: String,
+    ) -> Result<(), ApplyError> {
         self.writes += 1;
         self.handle
             .link()
-            .add(LinkWireguard::new(name).build())
+            .add(msg)
             .execute()
             .await
-            .map_err(fail(format!("creating WireGuard link {name}")))
+            .map_err(fail(op))
     }
 
     pub(super) fn parse_link(msg: &LinkMessage) -> ObservedLink {

@@ -102,13 +102,8 @@ impl VxlanNetlink for RtNetlink {
             b = b.gbp();
         }
         let msg = b.address(spec.mac.to_vec()).mtu(spec.mtu).build();
-        self.writes += 1;
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
+        self.add_link(msg, format!("creating vxlan device {}", spec.device))
             .await
-            .map_err(fail(format!("creating vxlan device {}", spec.device)))
     }
 
     async fn create_ipip(&mut self, spec: &IpipSpec, info: &IpipInfo) -> Result<(), ApplyError> {
@@ -117,13 +112,8 @@ impl VxlanNetlink for RtNetlink {
             b = b.dev(index);
         }
         let msg = b.mtu(spec.mtu).build();
-        self.writes += 1;
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
+        self.add_link(msg, format!("creating ipip device {}", spec.device))
             .await
-            .map_err(fail(format!("creating ipip device {}", spec.device)))
     }
 
     async fn set_mac(&mut self, link: &ObservedLink, mac: &[u8; 6]) -> Result<(), ApplyError> {
