@@ -130,13 +130,9 @@ impl Shared {
     }
 }
 
-/// The parts of a snapshot a plan determines.
-pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot: &mut Snapshot) {
-    snapshot.node = me.node.clone();
-    snapshot.subnet = me.subnet;
-    snapshot.backend = me.backend_type.clone();
-    snapshot.public_ip = me.public_ip.map(IpAddr::V4);
-    snapshot.published = me.backend_data.clone();
+/// One row per peer of each device (WireGuard, vxlan, ipip) and per node reached by a
+/// plain route (host-gw, DirectRouting), sorted by node.
+fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
     // A dual-stack node is a peer of each family's device: one row each, with that
     // family's subnet.
     let subnet_of = |node: &str, v6: bool| {
@@ -173,22 +169,40 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
             });
         }
     }
+    // Nodes reached by a route alone: a plain one (host-gw, DirectRouting), or one through
+    // the ipip device, whose peers are its routes.
+    let ipip = state.ipip.as_ref().map(|i| i.device.as_str());
     for r in &state.routes {
-        if let RouteRole::Direct(node) = &r.role {
-            if !peers.iter().any(|p| &p.node == node) {
-                peers.push(PeerInfo {
-                    node: node.clone(),
-                    subnet: Some(r.dst),
-                    endpoint: r.via.map(|v| v.to_string()),
-                    public_key: None,
-                    vtep_mac: None,
-                    device: None,
-                });
+        let (node, device) = match &r.role {
+            RouteRole::Direct(node) => (node, None),
+            RouteRole::Peer(node) if Some(r.device.as_str()) == ipip => {
+                (node, Some(r.device.clone()))
             }
+            _ => continue,
+        };
+        if !peers.iter().any(|p| &p.node == node) {
+            peers.push(PeerInfo {
+                node: node.clone(),
+                subnet: Some(r.dst),
+                endpoint: r.via.map(|v| v.to_string()),
+                public_key: None,
+                vtep_mac: None,
+                device,
+            });
         }
     }
     peers.sort_by(|a, b| a.node.cmp(&b.node));
-    snapshot.peers = peers;
+    peers
+}
+
+/// The parts of a snapshot a plan determines.
+pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot: &mut Snapshot) {
+    snapshot.node = me.node.clone();
+    snapshot.subnet = me.subnet;
+    snapshot.backend = me.backend_type.clone();
+    snapshot.public_ip = me.public_ip.map(IpAddr::V4);
+    snapshot.published = me.backend_data.clone();
+    snapshot.peers = peer_rows(view, state);
     snapshot.device = state
         .tunnels
         .first()
