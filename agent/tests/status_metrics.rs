@@ -77,8 +77,11 @@ fn status_and_metrics_describe_the_mesh() {
     let deadline = Instant::now() + Duration::from_secs(2 * RESYNC_SECS + 2);
     let m = loop {
         let m = metrics(&lab, 0);
+        // Both directions' counters: the pass that read the device may have come between
+        // the handshake's first message and the first one this node sent.
         let rx = value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap_or(0.0);
-        if rx > 0.0 || Instant::now() > deadline {
+        let tx = value(&m, &format!("weft_peer_transmit_bytes_total{n1}")).unwrap_or(0.0);
+        if (rx > 0.0 && tx > 0.0) || Instant::now() > deadline {
             break m;
         }
         std::thread::sleep(Duration::from_millis(200));
