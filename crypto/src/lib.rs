@@ -7,6 +7,7 @@
 //! atomic file replacement every weft crate uses (`atomic_file`).
 
 pub mod atomic_file;
+pub mod esp;
 mod keyfile;
 mod keys;
 
