@@ -7,7 +7,9 @@ use std::net::Ipv4Addr;
 
 use weft_backends::model::annotations::{publish, read, DEFAULT_PREFIX};
 use weft_backends::model::{Lease, LeaseAttrs};
+use weft_backends::plan::ipsec;
 use weft_backends::plan::{vxlan_backend_data, vxlan_mac, wireguard_backend_data, WireguardData};
+use weft_crypto::esp::Epoch;
 use weft_crypto::PublicKey;
 
 fn fixture(name: &str) -> String {
@@ -27,6 +29,7 @@ fn ours(backend: &str) -> LeaseAttrs {
     let data = match backend {
         "wireguard" => Some(wireguard_backend_data(&key(), 51820)),
         "vxlan" => Some(vxlan_backend_data(1, &[0x0a, 0, 0, 0, 0, 2])),
+        "ipsec" => Some(ipsec::backend_data(&key(), &epoch())),
         _ => None,
     };
     LeaseAttrs {
@@ -39,7 +42,14 @@ fn ours(backend: &str) -> LeaseAttrs {
     }
 }
 
-const BACKENDS: [&str; 3] = ["wireguard", "vxlan", "host-gw"];
+fn epoch() -> Epoch {
+    Epoch {
+        number: 3,
+        nonce: [7; 16],
+    }
+}
+
+const BACKENDS: [&str; 4] = ["wireguard", "vxlan", "host-gw", "ipsec"];
 
 #[test]
 fn weft_writes_flannels_etcd_values_byte_for_byte() {
@@ -70,6 +80,10 @@ fn check_read(b: &str, lease: &Lease) {
             vxlan_mac(lease.backend_data.as_ref()).unwrap(),
             [0x0a, 0, 0, 0, 0, 2]
         ),
+        "ipsec" => {
+            let d = ipsec::IpsecData::decode(lease.backend_data.as_ref()).unwrap();
+            assert_eq!((d.public_key, d.epoch), (key(), epoch()));
+        }
         _ => assert_eq!(lease.backend_data, None, "host-gw has no backend data"),
     }
 }
@@ -143,7 +157,8 @@ fn ours_dual(backend: &str) -> LeaseAttrs {
 
 #[test]
 fn dual_stack_values_are_flannels_both_ways() {
-    for b in BACKENDS {
+    // ipsec carries IPv4 only.
+    for b in ["wireguard", "vxlan", "host-gw"] {
         let golden = fixture(&format!("etcd-{b}-dual.json"));
         let written = serde_json::to_string(&ours_dual(b)).unwrap();
         assert_eq!(written, golden, "backend {b}");

@@ -54,3 +54,38 @@ impl BackendDataError {
         }
     }
 }
+
+/// The object in a node's published data, whose shape `example` shows.
+pub fn object<'v>(
+    value: Option<&'v serde_json::Value>,
+    example: &'static str,
+) -> Result<&'v serde_json::Map<String, serde_json::Value>, BackendDataError> {
+    let value = value.ok_or(BackendDataError::Missing)?;
+    value
+        .as_object()
+        .ok_or_else(|| BackendDataError::NotAnObject {
+            example,
+            got: value.to_string(),
+        })
+}
+
+/// The `PublicKey` field of a published object (WireGuard's, ipsec's).
+pub fn public_key(
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Result<weft_crypto::PublicKey, BackendDataError> {
+    match obj.get("PublicKey") {
+        Some(published @ serde_json::Value::String(s)) => {
+            s.parse().map_err(|source| BackendDataError::BadKey {
+                field: "PublicKey",
+                value: published.to_string(),
+                source,
+            })
+        }
+        Some(other) => Err(BackendDataError::WrongType {
+            field: "PublicKey",
+            got: other.to_string(),
+            expected: "a base64 string",
+        }),
+        None => Err(BackendDataError::NoField("PublicKey")),
+    }
+}

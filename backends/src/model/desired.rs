@@ -17,6 +17,8 @@ pub struct DesiredState {
     pub vxlan: Vec<VxlanSpec>,
     /// The ipip device `flannel.ipip` (backend `ipip`).
     pub ipip: Option<IpipSpec>,
+    /// The XFRM interface `flannel-ipsec` and its ESP peers (backend `ipsec`).
+    pub ipsec: Option<IpsecSpec>,
     pub routes: Vec<RouteSpec>,
     /// Networks blackholed at a high metric, independent of any device: while a tunnel
     /// device or its routes are missing (first start, a device being recreated, the agent
@@ -70,6 +72,65 @@ pub struct IpipSpec {
     pub mtu: u32,
     /// The subnet's network address as /32.
     pub addresses: Vec<IpNet>,
+}
+
+/// The ipsec backend: the XFRM interface `flannel-ipsec` and, per peer, the two tunnel-mode
+/// ESP SAs and three policies. Keys are not here: the reconciler derives them from this
+/// node's private key, the peer's public key and the two epochs (docs/ipsec.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpsecSpec {
+    pub device: String,
+    /// The XFRM interface id binding the SAs and policies to the device.
+    pub if_id: u32,
+    /// The external interface the device sits on.
+    pub underlay_device: Option<String>,
+    pub mtu: u32,
+    /// The subnet's network address as /32.
+    pub addresses: Vec<IpNet>,
+    /// This node's public IP: the tunnels' local end.
+    pub local: std::net::Ipv4Addr,
+    /// This node's epoch as published (the registry confirmed it).
+    pub epoch: weft_crypto::esp::Epoch,
+    pub algorithm: crate::netconf::EspAlgorithm,
+    pub psk: Option<crate::netconf::IpsecPsk>,
+    pub udp_encap: bool,
+    /// This node's subnet; the guard drops clear packets from any other part of `network`
+    /// that did not come through the device.
+    pub subnet: IpNet,
+    pub network: IpNet,
+    /// Sorted by node name.
+    pub peers: Vec<IpsecPeer>,
+}
+
+/// One ESP peer: what its states and the policies need, except the keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpsecPeer {
+    pub node: String,
+    pub public_key: PublicKey,
+    /// The peer's public IP: the tunnels' remote end.
+    pub remote: std::net::Ipv4Addr,
+    pub subnet: IpNet,
+    /// The state this node sends with (the peer receives on it).
+    pub outbound: EspSa,
+    /// The states this node receives on: first the one matching `outbound`'s epochs, then,
+    /// while either node has announced its next epoch, the ones staged for it.
+    pub inbound: Vec<EspSa>,
+}
+
+impl IpsecPeer {
+    /// SPI of the state this node receives on now.
+    pub fn spi_in(&self) -> u32 {
+        self.inbound.first().map_or(0, |s| s.spi)
+    }
+}
+
+/// One ESP state of a pair: its SPI and the two epochs its key is derived from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EspSa {
+    pub spi: u32,
+    /// This node's epoch and the peer's.
+    pub local_epoch: weft_crypto::esp::Epoch,
+    pub peer_epoch: weft_crypto::esp::Epoch,
 }
 
 /// The vxlan device `flannel.<VNI>` and what each peer needs on it.

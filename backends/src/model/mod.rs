@@ -3,7 +3,7 @@
 
 pub mod alloc;
 pub mod annotations;
-mod backend_data;
+pub mod backend_data;
 mod desired;
 mod lease;
 pub mod net;
@@ -12,9 +12,9 @@ mod observed;
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
-    format_mac, parse_mac, DesiredState, Family, ForwardRule, IpipSpec, LeaveReason, LeftOut,
-    MasqueradeTable, Match, NatRule, PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec,
-    VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
+    format_mac, parse_mac, DesiredState, EspSa, Family, ForwardRule, IpipSpec, IpsecPeer,
+    IpsecSpec, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule, PeerSpec, RouteRole,
+    RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;

@@ -18,14 +18,16 @@ pub enum BackendKind {
     Vxlan,
     HostGw,
     Ipip,
+    Ipsec,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 4] = [
+    pub const ALL: [BackendKind; 5] = [
         BackendKind::Wireguard,
         BackendKind::Vxlan,
         BackendKind::HostGw,
         BackendKind::Ipip,
+        BackendKind::Ipsec,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,12 +36,13 @@ impl BackendKind {
             BackendKind::Vxlan => "vxlan",
             BackendKind::HostGw => "host-gw",
             BackendKind::Ipip => "ipip",
+            BackendKind::Ipsec => "ipsec",
         }
     }
 
     /// Whether pod traffic between nodes is encrypted (and so must fail closed).
     pub fn encrypts(self) -> bool {
-        matches!(self, BackendKind::Wireguard)
+        matches!(self, BackendKind::Wireguard | BackendKind::Ipsec)
     }
 }
 
@@ -52,7 +55,6 @@ impl fmt::Display for BackendKind {
 /// flannel backends weft does not implement; named so the error can say so.
 const FLANNEL_ONLY: &[&str] = &[
     "udp",
-    "ipsec",
     "alloc",
     "extension",
     "gce",
@@ -69,7 +71,7 @@ impl UnknownBackend {
     fn message(&self) -> String {
         let valid = BackendKind::ALL.map(|k| k.as_str()).join(", ");
         if FLANNEL_ONLY.contains(&self.0.to_ascii_lowercase().as_str()) {
-            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard encrypts, vxlan, host-gw and ipip do not)", crate::model::clip(&self.0))
+            format!("flannel's `{}` backend is not implemented by weft; valid types: {valid} (wireguard and ipsec encrypt, vxlan, host-gw and ipip do not)", crate::model::clip(&self.0))
         } else {
             format!(
                 "unknown backend type {:?}; valid types: {valid}",
@@ -187,12 +189,98 @@ pub struct IpipConf {
     pub mtu: Option<u32>,
 }
 
+/// The ESP algorithm of the ipsec backend, from flannel's strongSwan-style `ESPProposal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EspAlgorithm {
+    /// `aes128gcm16…` (flannel's default proposal).
+    #[default]
+    Aes128Gcm,
+    /// `aes256gcm16…`.
+    Aes256Gcm,
+    /// `chacha20poly1305…`.
+    ChaCha20Poly1305,
+}
+
+impl EspAlgorithm {
+    const PROPOSALS: [(&'static str, EspAlgorithm); 3] = [
+        ("aes128gcm16", EspAlgorithm::Aes128Gcm),
+        ("aes256gcm16", EspAlgorithm::Aes256Gcm),
+        ("chacha20poly1305", EspAlgorithm::ChaCha20Poly1305),
+    ];
+
+    /// The kernel's AEAD name (`ip xfrm state` prints it).
+    pub fn kernel_name(self) -> &'static str {
+        match self {
+            EspAlgorithm::Aes128Gcm | EspAlgorithm::Aes256Gcm => "rfc4106(gcm(aes))",
+            EspAlgorithm::ChaCha20Poly1305 => "rfc7539esp(chacha20,poly1305)",
+        }
+    }
+
+    /// Key material in bytes: the cipher key and the 4-byte salt the ESP AEADs take.
+    pub fn key_len(self) -> usize {
+        match self {
+            EspAlgorithm::Aes128Gcm => 16 + 4,
+            EspAlgorithm::Aes256Gcm | EspAlgorithm::ChaCha20Poly1305 => 32 + 4,
+        }
+    }
+
+    /// The integrity check value's length in bits.
+    pub fn icv_bits(self) -> u32 {
+        128
+    }
+
+    /// The proposal's first word (`aes128gcm16`).
+    pub fn as_str(self) -> &'static str {
+        Self::PROPOSALS
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("aes128gcm16", |(text, _)| text)
+    }
+
+    /// `aes128gcm16-sha256-prfsha256-ecp256` and the like: the first word picks the
+    /// algorithm; the rest (IKE's PRF and group, which weft has no use for) may be anything.
+    pub fn from_proposal(text: &str) -> Option<Self> {
+        let lower = text.trim().to_ascii_lowercase();
+        let first = lower.split('-').next().unwrap_or_default();
+        Self::PROPOSALS
+            .iter()
+            .find(|(word, _)| *word == first)
+            .map(|(_, a)| *a)
+    }
+}
+
+/// flannel's ipsec `PSK`: at least 96 characters; weft salts its key derivation with it.
+/// Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IpsecPsk(pub Vec<u8>);
+
+impl fmt::Debug for IpsecPsk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IpsecPsk({} bytes, not shown)", self.0.len())
+    }
+}
+
+/// flannel's PSK rule.
+pub const IPSEC_PSK_MIN: usize = 96;
+
+/// The ipsec backend: kernel ESP in tunnel mode through the XFRM interface `flannel-ipsec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpsecConf {
+    pub psk: Option<IpsecPsk>,
+    /// ESP in UDP (port 4500) instead of IP protocol 50.
+    pub udp_encap: bool,
+    pub algorithm: EspAlgorithm,
+    /// Underlay MTU; `None` = the external interface's.
+    pub mtu: Option<u32>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     Wireguard(WireguardConf),
     Vxlan(VxlanConf),
     HostGw,
     Ipip(IpipConf),
+    Ipsec(IpsecConf),
 }
 
 impl Backend {
@@ -202,6 +290,7 @@ impl Backend {
             Backend::Vxlan(_) => BackendKind::Vxlan,
             Backend::HostGw => BackendKind::HostGw,
             Backend::Ipip(_) => BackendKind::Ipip,
+            Backend::Ipsec(_) => BackendKind::Ipsec,
         }
     }
 
@@ -232,6 +321,13 @@ impl Backend {
                 "DirectRouting": i.direct_routing,
                 "MTU": i.mtu,
             }),
+            Backend::Ipsec(i) => json!({
+                "Type": "ipsec",
+                "PSK": i.psk.as_ref().map(|p| format!("(set: {} characters, not shown)", p.0.len())),
+                "UDPEncap": i.udp_encap,
+                "ESPProposal": i.algorithm.as_str(),
+                "MTU": i.mtu,
+            }),
         }
     }
 }
@@ -257,6 +353,7 @@ const VXLAN_KEYS: &[&str] = &[
 ];
 const HOST_GW_KEYS: &[&str] = &["Type"];
 const IPIP_KEYS: &[&str] = &["Type", "DirectRouting", "MTU"];
+const IPSEC_KEYS: &[&str] = &["Type", "PSK", "UDPEncap", "ESPProposal", "MTU"];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
 /// encrypts by default.
@@ -300,7 +397,7 @@ pub(super) fn parse(
             errors.push(ConfigError::invalid(
                 "Backend.Type",
                 other,
-                "expected a string: wireguard, vxlan, host-gw or ipip",
+                "expected a string: wireguard, vxlan, host-gw, ipip or ipsec",
             ));
             return None;
         }
@@ -345,6 +442,15 @@ pub(super) fn parse(
                 mtu: mtu(&mut f, false),
             })
         }
+        BackendKind::Ipsec => {
+            let mut f = Fields::new("Backend.", map, IPSEC_KEYS, errors);
+            Backend::Ipsec(IpsecConf {
+                psk: ipsec_psk(&mut f),
+                udp_encap: f.bool("UDPEncap").unwrap_or(false),
+                algorithm: esp_proposal(&mut f).unwrap_or_default(),
+                mtu: mtu(&mut f, false),
+            })
+        }
     };
     (errors.len() == before).then_some(backend)
 }
@@ -384,4 +490,31 @@ fn psk(f: &mut Fields<'_, '_>) -> Option<PresharedKey> {
             None
         }
     }
+}
+
+fn ipsec_psk(f: &mut Fields<'_, '_>) -> Option<IpsecPsk> {
+    let text = f.string("PSK")?;
+    let chars = text.chars().count();
+    if chars < IPSEC_PSK_MIN {
+        f.push(ConfigError::invalid(
+            f.path("PSK"),
+            format!("<{chars} characters, not shown>"),
+            format!("an ipsec PSK must be at least {IPSEC_PSK_MIN} characters (flannel's rule); generate one with `openssl rand -hex 48`"),
+        ));
+        return None;
+    }
+    Some(IpsecPsk(text.as_bytes().to_vec()))
+}
+
+fn esp_proposal(f: &mut Fields<'_, '_>) -> Option<EspAlgorithm> {
+    let text = f.string("ESPProposal")?;
+    let found = EspAlgorithm::from_proposal(text);
+    if found.is_none() {
+        f.push(ConfigError::invalid(
+            f.path("ESPProposal"),
+            format!("{:?}", crate::model::clip(text)),
+            "valid: aes128gcm16…, aes256gcm16…, chacha20poly1305… (a strongSwan ESP proposal such as \"aes128gcm16-sha256-prfsha256-ecp256\"; the first word picks the algorithm)",
+        ));
+    }
+    found
 }

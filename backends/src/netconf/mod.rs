@@ -15,8 +15,8 @@ use std::str::FromStr;
 use serde_json::{json, Map, Value};
 
 pub use self::backend::{
-    Backend, BackendKind, Implementation, IpipConf, UnknownBackend, VxlanConf, WireguardConf,
-    WireguardMode,
+    Backend, BackendKind, EspAlgorithm, Implementation, IpipConf, IpsecConf, IpsecPsk,
+    UnknownBackend, VxlanConf, WireguardConf, WireguardMode,
 };
 pub use self::error::{ConfigError, ConfigErrors};
 use self::fields::Fields;
@@ -137,12 +137,14 @@ pub fn parse(text: &str) -> Result<NetConf, ConfigErrors> {
         ));
     }
     let backend = backend::parse(top.get("Backend"), enable_v6, &mut errors);
-    if let (Some(Backend::Ipip(_)), true) = (&backend, enable_v6 || !enable_v4) {
-        errors.push(ConfigError::invalid(
-            "Backend.Type",
-            "\"ipip\"",
-            "ipip carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw",
-        ));
+    for (kind, name) in [(BackendKind::Ipip, "ipip"), (BackendKind::Ipsec, "ipsec")] {
+        if backend.as_ref().map(Backend::kind) == Some(kind) && (enable_v6 || !enable_v4) {
+            errors.push(ConfigError::invalid(
+                "Backend.Type",
+                format!("{name:?}"),
+                format!("{name} carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw"),
+            ));
+        }
     }
     match (errors.is_empty(), backend) {
         (true, Some(backend)) => Ok(NetConf {

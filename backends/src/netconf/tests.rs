@@ -44,15 +44,27 @@ fn each_bad_input_names_key_value_and_what_is_valid() {
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PSK": "not base64 at all!!"}}"#,
          "`Backend.PSK` = <19 characters, not shown>: not valid base64 (Invalid symbol 32, offset 3.); a WireGuard key is 44 characters of standard base64, as printed by `wg genkey`; generate one with `weft keys psk` or `wg genpsk`"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "geneve"}}"#,
-         "`Backend.Type` = \"geneve\": unknown backend type \"geneve\"; valid types: wireguard, vxlan, host-gw, ipip"),
+         "`Backend.Type` = \"geneve\": unknown backend type \"geneve\"; valid types: wireguard, vxlan, host-gw, ipip, ipsec"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "udp"}}"#,
-         "`Backend.Type` = \"udp\": flannel's `udp` backend is not implemented by weft; valid types: wireguard, vxlan, host-gw, ipip (wireguard encrypts, vxlan, host-gw and ipip do not)"),
+         "`Backend.Type` = \"udp\": flannel's `udp` backend is not implemented by weft; valid types: wireguard, vxlan, host-gw, ipip, ipsec (wireguard and ipsec encrypt, vxlan, host-gw and ipip do not)"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipip", "DirectRouting": "yes"}}"#,
          "`Backend.DirectRouting` = \"yes\": expected true or false"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipip", "VNI": 1}}"#,
          "unknown key `Backend.VNI`; valid keys in Backend: Type, DirectRouting, MTU"),
         (r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "ipip"}}"#,
          "`Backend.Type` = \"ipip\": ipip carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "PSK": "too short"}}"#,
+         "`Backend.PSK` = <9 characters, not shown>: an ipsec PSK must be at least 96 characters (flannel's rule); generate one with `openssl rand -hex 48`"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "UDPEncap": "yes"}}"#,
+         "`Backend.UDPEncap` = \"yes\": expected true or false"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "ESPProposal": "aes128-sha256-modp2048"}}"#,
+         "`Backend.ESPProposal` = \"aes128-sha256-modp2048\": valid: aes128gcm16…, aes256gcm16…, chacha20poly1305… (a strongSwan ESP proposal such as \"aes128gcm16-sha256-prfsha256-ecp256\"; the first word picks the algorithm)"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "MTU": 100}}"#,
+         "`Backend.MTU` = 100: out of range for an IPv4 underlay MTU; valid: 576–65535"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "VNI": 1}}"#,
+         "unknown key `Backend.VNI`; valid keys in Backend: Type, PSK, UDPEncap, ESPProposal, MTU"),
+        (r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "ipsec"}}"#,
+         "`Backend.Type` = \"ipsec\": ipsec carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "Mode": "both"}}"#,
          "`Backend.Mode` = \"both\": valid: separate, auto, ipv4, ipv6"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "Implementation": "ebpf"}}"#,
@@ -198,4 +210,41 @@ fn effective_config_round_trips_and_hides_the_psk() {
     ))
     .unwrap();
     assert!(!wg.to_string().contains(&secret[..10]));
+}
+
+#[test]
+fn ipsec_takes_flannels_keys_and_maps_the_proposal() {
+    let psk = "p".repeat(96);
+    let text = format!(
+        r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "ipsec", "PSK": "{psk}", "UDPEncap": true, "ESPProposal": "AES256GCM16-sha256-prfsha256-ecp256", "MTU": 1400}}}}"#
+    );
+    let conf = parse(&text).unwrap();
+    let Backend::Ipsec(i) = &conf.backend else {
+        panic!("{conf:?}")
+    };
+    assert_eq!(i.psk.as_ref().map(|p| p.0.len()), Some(96));
+    assert!(i.udp_encap);
+    assert_eq!(i.algorithm, EspAlgorithm::Aes256Gcm);
+    assert_eq!(
+        (i.algorithm.kernel_name(), i.algorithm.key_len()),
+        ("rfc4106(gcm(aes))", 36)
+    );
+    assert_eq!(i.mtu, Some(1400));
+    assert!(!format!("{conf:?}").contains(&psk), "the PSK never prints");
+    assert!(!conf.to_json().to_string().contains(&psk));
+    // flannel's default proposal is AES-128-GCM.
+    let conf = parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec"}}"#).unwrap();
+    let Backend::Ipsec(i) = &conf.backend else {
+        panic!("{conf:?}")
+    };
+    assert_eq!(
+        (i.algorithm, i.psk.is_none(), i.udp_encap),
+        (EspAlgorithm::Aes128Gcm, true, false)
+    );
+    let chacha = EspAlgorithm::from_proposal("chacha20poly1305").unwrap();
+    assert_eq!(
+        (chacha.kernel_name(), chacha.key_len()),
+        ("rfc7539esp(chacha20,poly1305)", 36)
+    );
+    assert!(conf.backend.kind().encrypts());
 }
