@@ -10,6 +10,7 @@ use super::wireguard::diff::apply_to;
 use super::wireguard::pass::{applied, device_change};
 use super::wireguard::process::UserspaceProcess;
 use super::wireguard::WgDevices;
+use super::xfrm::{Xfrm, XfrmSocket};
 use super::{
     reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
     VxlanNetlink,
@@ -27,6 +28,9 @@ pub struct DataplaneReport {
     pub timings: Vec<(&'static str, f64)>,
     /// The WireGuard peers whose endpoint this pass set (added peers among them).
     pub endpoints_set: Vec<crate::model::DevicePeer>,
+    /// ipsec: states installed once under this node's epoch and gone since; the agent
+    /// must bump the epoch (`Dataplane::bump_esp_epoch`) and publish it.
+    pub esp_lost: Vec<String>,
 }
 
 fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::Instant) {
@@ -37,11 +41,15 @@ fn lap(report: &mut DataplaneReport, part: &'static str, since: &mut std::time::
 }
 
 /// Generic over its kernel interfaces: links, routes and vxlan entries (`N`), nftables
-/// (`F`) and WireGuard devices (`W`). A node runs the real ones (the defaults, opened by
-/// `connect`); the reconcile tests run in-memory ones.
-pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl> {
-    nl: N,
-    nft: F,
+/// (`F`), WireGuard devices (`W`) and XFRM (`X`). A node runs the real ones (the defaults,
+/// opened by `connect`); the reconcile tests run in-memory ones.
+pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl, X = XfrmSocket> {
+    pub(super) nl: N,
+    pub(super) nft: F,
+    /// The ipsec backend's XFRM socket and epoch book; `None` for the other backends.
+    pub(super) ipsec: Option<super::dataplane_ipsec::IpsecPlane<X>>,
+    /// The ipsec guard last found in place (its network and subnet).
+    pub(super) guard_seen: Option<Option<(ipnet::IpNet, ipnet::IpNet)>>,
     /// `None` for the unencrypted backends: no WireGuard implementation is probed.
     wg: Option<W>,
     /// Each device as last read, with this agent's changes since applied: an incremental
@@ -87,7 +95,7 @@ impl Dataplane {
     }
 }
 
-impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
+impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, X> {
     /// A data plane over these kernel interfaces; `wg` is `None` for the unencrypted
     /// backends.
     #[cfg(test)]
@@ -99,6 +107,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
         Dataplane {
             nl,
             nft,
+            ipsec: None,
+            guard_seen: None,
             wg,
             wg_seen: Default::default(),
             nft_seen: None,
@@ -179,7 +189,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
 
     /// Writes made so far, all kinds together.
     pub fn writes(&self) -> u64 {
-        self.nl.writes() + self.nft.writes() + self.wireguard_writes()
+        self.nl.writes() + self.nft.writes() + self.wireguard_writes() + self.xfrm_writes()
     }
 
     /// Writes to WireGuard devices alone: for the kernel, generic netlink messages.
@@ -204,16 +214,26 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
 
     /// Only the nftables part (a cheap, frequent check: table deletions raise no netlink
     /// event).
+    /// The ipsec states and policies are checked with it (their deletion raises no event
+    /// the agent watches), which needs the key.
     pub async fn reconcile_nft(
         &mut self,
         state: &DesiredState,
+        key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
         let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
-        Ok(DataplaneReport {
+        let mut report = DataplaneReport {
             changes: nft.applied,
             errors: nft.failed.iter().map(ToString::to_string).collect(),
             ..DataplaneReport::default()
-        })
+        };
+        // The guard is looked at only where it belongs (or was last found): other
+        // backends' nodes pay no `nft list` for it every 2 s.
+        self.guard(state, state.ipsec.is_some(), &mut report).await;
+        if state.ipsec.is_some() {
+            self.ipsec_pass(state, key, false, &mut report).await;
+        }
+        Ok(report)
     }
 
     /// Brings the node's data plane in line with `state`, reading everything from the
@@ -268,6 +288,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
         }
+        started |= self.ipsec_pass(state, key, full, &mut report).await;
         if started {
             self.routing(state, &mut report).await?;
         }
@@ -275,6 +296,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>> Dataplane<N, F, W> {
         if let Some(wg) = self.wg.as_mut() {
             report.errors.extend(wg.start_handshakes(&added));
         }
+        self.guard(state, full, &mut report).await;
         if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
             return Ok(report);
         }

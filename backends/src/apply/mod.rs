@@ -4,14 +4,18 @@
 //! next pass tries again.
 
 mod dataplane;
+mod dataplane_ipsec;
 #[cfg(test)]
 mod dataplane_tests;
 #[cfg(test)]
 mod fake;
 mod ipip;
+mod ipsec_guard;
+mod ipsec_link;
 pub mod monitor;
 mod netlink;
 mod nft;
+mod nl_request;
 mod port_taken;
 #[cfg(test)]
 mod reconcile_tests;
@@ -22,13 +26,15 @@ mod seal;
 mod underlay;
 mod vxlan;
 pub mod wireguard;
+pub mod xfrm;
 
 use std::collections::BTreeMap;
 
 pub use dataplane::{Dataplane, DataplaneReport};
+pub use dataplane_ipsec::IpsecPlane;
 pub use netlink::{
     IpipInfo, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite, VxlanInfo,
-    VxlanNetlink, RTPROT_WEFT,
+    VxlanNetlink, XfrmInfo, RTPROT_WEFT,
 };
 pub use nft::{
     expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
@@ -121,6 +127,12 @@ pub async fn reconcile_routing<N: Netlink>(
         .chain(
             desired
                 .ipip
+                .iter()
+                .map(|i| (&i.device, i.mtu, &i.addresses)),
+        )
+        .chain(
+            desired
+                .ipsec
                 .iter()
                 .map(|i| (&i.device, i.mtu, &i.addresses)),
         );

@@ -1,6 +1,7 @@
 //! Wakes the control loop when the kernel reports that a link, an address, a route or a
-//! permanent neighbour/FDB entry went away: a deleted device is back within one reconcile, not one resync period. It only
-//! signals; the reconcile re-reads everything (level-triggered).
+//! permanent neighbour/FDB entry went away (and, for ipsec, an XFRM state or policy): a
+//! deleted device is back within one reconcile, not one resync period. It only signals;
+//! the reconcile re-reads everything (level-triggered).
 
 use futures::StreamExt;
 use netlink_packet_core::NetlinkPayload;
@@ -15,8 +16,9 @@ use tokio::sync::mpsc;
 use super::ApplyError;
 
 /// Starts listening; each deletion the kernel reports sends one `()` (coalesced: a full
-/// channel means a wake-up is already pending). Must run inside a tokio runtime.
-pub fn deletions() -> Result<mpsc::Receiver<()>, ApplyError> {
+/// channel means a wake-up is already pending). With `xfrm`, XFRM state and policy
+/// deletions and flushes count too. Must run inside a tokio runtime.
+pub fn deletions(xfrm: bool) -> Result<mpsc::Receiver<()>, ApplyError> {
     let fail = |source| ApplyError::Netlink {
         op: "subscribing to link, address, route and neighbour events".into(),
         source,
@@ -34,6 +36,9 @@ pub fn deletions() -> Result<mpsc::Receiver<()>, ApplyError> {
         .map_err(fail)?;
     tokio::spawn(conn);
     let (tx, rx) = mpsc::channel(1);
+    if xfrm {
+        xfrm_deletions(tx.clone())?;
+    }
     tokio::spawn(async move {
         while let Some((msg, _)) = messages.next().await {
             let deleted = match &msg.payload {
@@ -68,4 +73,59 @@ fn interface_name(index: u32) -> Option<String> {
     }
     let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
     Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// XFRM's multicast groups for states and policies (`XFRMNLGRP_SA`, `XFRMNLGRP_POLICY`).
+const XFRM_GROUPS: u32 = 1 << (3 - 1) | 1 << (4 - 1);
+/// `XFRM_MSG_DELSA`, `XFRM_MSG_DELPOLICY`, `XFRM_MSG_FLUSHSA`, `XFRM_MSG_FLUSHPOLICY`.
+const XFRM_REMOVALS: [u16; 4] = [0x11, 0x14, 0x1c, 0x1d];
+
+/// A thread reading XFRM events: a removal sends one `()`.
+fn xfrm_deletions(tx: mpsc::Sender<()>) -> Result<(), ApplyError> {
+    let fail = |source| ApplyError::Netlink {
+        op: "subscribing to XFRM state and policy events".into(),
+        source,
+    };
+    let mut socket =
+        netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_XFRM).map_err(fail)?;
+    socket
+        .bind(&SocketAddr::new(0, XFRM_GROUPS))
+        .map_err(fail)?;
+    std::thread::Builder::new()
+        .name("xfrm-events".into())
+        .spawn(move || {
+            let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
+            loop {
+                buf.clear();
+                let Ok(n) = socket.recv(&mut buf, 0) else {
+                    // ENOBUFS (events dropped): a wake-up re-reads everything anyway.
+                    if tx.try_send(()).is_err() && tx.is_closed() {
+                        return;
+                    }
+                    continue;
+                };
+                if removal(&buf[..n]) && tx.try_send(()).is_err() && tx.is_closed() {
+                    return;
+                }
+            }
+        })
+        .map_err(fail)?;
+    Ok(())
+}
+
+/// Whether a datagram of netlink messages holds an XFRM removal.
+fn removal(mut data: &[u8]) -> bool {
+    while data.len() >= 16 {
+        let len = u32::from_ne_bytes([data[0], data[1], data[2], data[3]]) as usize;
+        let kind = u16::from_ne_bytes([data[4], data[5]]);
+        if XFRM_REMOVALS.contains(&kind) {
+            return true;
+        }
+        let step = (len + 3) & !3;
+        if step < 16 || step > data.len() {
+            return false;
+        }
+        data = &data[step..];
+    }
+    false
 }

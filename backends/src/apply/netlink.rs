@@ -27,6 +27,15 @@ pub struct ObservedLink {
     pub vxlan: Option<VxlanInfo>,
     /// An ipip link's settings.
     pub ipip: Option<IpipInfo>,
+    /// An XFRM interface's settings.
+    pub xfrm: Option<XfrmInfo>,
+}
+
+/// What an XFRM interface was created with; one that differs is recreated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct XfrmInfo {
+    pub if_id: u32,
+    pub underlay_index: Option<u32>,
 }
 
 /// What an ipip link was created with; a link that differs is recreated.
@@ -140,6 +149,12 @@ pub trait VxlanNetlink: Netlink {
         &mut self,
         spec: &crate::model::IpipSpec,
         info: &IpipInfo,
+    ) -> impl Future<Output = Result<(), ApplyError>>;
+    /// Creates the XFRM interface `spec.device` with the settings `info` and `spec`'s MTU.
+    fn create_xfrm(
+        &mut self,
+        spec: &crate::model::IpsecSpec,
+        info: &XfrmInfo,
     ) -> impl Future<Output = Result<(), ApplyError>>;
     fn set_mac(
         &mut self,

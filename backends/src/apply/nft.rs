@@ -104,7 +104,7 @@ impl Nft for NftCli {
     }
 }
 
-fn addr_match(family: Family, field: &str, m: &Match) -> Value {
+pub(super) fn addr_match(family: Family, field: &str, m: &Match) -> Value {
     let (op, net) = match m {
         Match::In(n) => ("==", n),
         Match::NotIn(n) => ("!=", n),
@@ -182,7 +182,7 @@ pub fn listed_rules(listing: &Value) -> Value {
     json!(observed(listing))
 }
 
-fn observed(listing: &Value) -> Vec<(Value, Vec<Vec<Value>>)> {
+pub(super) fn observed(listing: &Value) -> Vec<(Value, Vec<Vec<Value>>)> {
     let items = listing
         .get("nftables")
         .and_then(Value::as_array)
@@ -214,18 +214,27 @@ fn observed(listing: &Value) -> Vec<(Value, Vec<Vec<Value>>)> {
 }
 
 fn replace_batch(t: &MasqueradeTable) -> Value {
-    let fam = t.family.nft();
-    let table = json!({"table": {"family": fam, "name": t.table}});
+    replace_table(t.family, t.table, wanted(t))
+}
+
+/// One transaction that replaces table `name` with `chains` (created if missing).
+pub(super) fn replace_table(
+    family: Family,
+    name: &str,
+    chains: Vec<(Value, Vec<Vec<Value>>)>,
+) -> Value {
+    let fam = family.nft();
+    let table = json!({"table": {"family": fam, "name": name}});
     let mut cmds = vec![
         json!({"add": table}),
         json!({"delete": table}),
         json!({"add": table}),
     ];
-    for (chain, rules) in wanted(t) {
-        let name = chain.get("name").cloned().unwrap_or_default();
+    for (chain, rules) in chains {
+        let chain_name = chain.get("name").cloned().unwrap_or_default();
         cmds.push(json!({"add": {"chain": chain}}));
         for expr in rules {
-            cmds.push(json!({"add": {"rule": {"family": fam, "table": t.table, "chain": name, "expr": expr}}}));
+            cmds.push(json!({"add": {"rule": {"family": fam, "table": name, "chain": chain_name, "expr": expr}}}));
         }
     }
     json!({ "nftables": cmds })

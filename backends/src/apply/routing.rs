@@ -248,6 +248,7 @@ mod tests {
             mac: Vec::new(),
             vxlan: None,
             ipip: None,
+            xfrm: None,
         };
         let want: Vec<IpNet> = vec!["10.244.1.0/32".parse().unwrap()];
         let have: Vec<IpNet> = vec!["10.9.9.9/32".parse().unwrap()];

@@ -87,6 +87,7 @@ impl RtNetlink {
             mac: Vec::new(),
             vxlan: None,
             ipip: None,
+            xfrm: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -102,6 +103,9 @@ impl RtNetlink {
                             }
                             LinkInfo::Data(InfoData::IpTunnel(attrs)) => {
                                 link.ipip = Some(super::rtnl_vxlan::ipip_info_of(attrs))
+                            }
+                            LinkInfo::Data(InfoData::Xfrm(attrs)) => {
+                                link.xfrm = Some(super::rtnl_vxlan::xfrm_info_of(attrs))
                             }
                             _ => {}
                         }

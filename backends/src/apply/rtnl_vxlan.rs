@@ -9,12 +9,12 @@ use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::AddressFamily;
-use rtnetlink::{LinkIpIp, LinkUnspec, LinkVxlan};
+use rtnetlink::{LinkIpIp, LinkUnspec, LinkVxlan, LinkXfrm};
 
-use super::netlink::{IpipInfo, NeighbourEntry, ObservedLink, VxlanInfo, VxlanNetlink};
+use super::netlink::{IpipInfo, NeighbourEntry, ObservedLink, VxlanInfo, VxlanNetlink, XfrmInfo};
 use super::rtnl::fail;
 use super::{ApplyError, RtNetlink};
-use crate::model::{IpipSpec, VxlanSpec};
+use crate::model::{IpipSpec, IpsecSpec, VxlanSpec};
 
 /// A vxlan link's settings, from its `IFLA_INFO_DATA`.
 pub(super) fn info_of(attrs: &[InfoVxlan]) -> VxlanInfo {
@@ -28,6 +28,20 @@ pub(super) fn info_of(attrs: &[InfoVxlan]) -> VxlanInfo {
             InfoVxlan::Link(i) => info.underlay_index = Some(*i),
             InfoVxlan::Learning(l) => info.learning = *l,
             InfoVxlan::Gbp => info.gbp = true,
+            _ => {}
+        }
+    }
+    info
+}
+
+/// An XFRM interface's settings, from its `IFLA_INFO_DATA`.
+pub(super) fn xfrm_info_of(attrs: &[netlink_packet_route::link::InfoXfrm]) -> XfrmInfo {
+    use netlink_packet_route::link::InfoXfrm;
+    let mut info = XfrmInfo::default();
+    for a in attrs {
+        match a {
+            InfoXfrm::IfId(id) => info.if_id = *id,
+            InfoXfrm::Link(index) if *index != 0 => info.underlay_index = Some(*index),
             _ => {}
         }
     }
@@ -113,6 +127,16 @@ impl VxlanNetlink for RtNetlink {
         }
         let msg = b.mtu(spec.mtu).build();
         self.add_link(msg, format!("creating ipip device {}", spec.device))
+            .await
+    }
+
+    async fn create_xfrm(&mut self, spec: &IpsecSpec, info: &XfrmInfo) -> Result<(), ApplyError> {
+        let mut b = rtnetlink::LinkMessageBuilder::<LinkXfrm>::new(&spec.device).if_id(info.if_id);
+        if let Some(index) = info.underlay_index {
+            b = b.dev(index);
+        }
+        let msg = b.mtu(spec.mtu).build();
+        self.add_link(msg, format!("creating XFRM interface {}", spec.device))
             .await
     }
 

@@ -6,6 +6,7 @@
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
 mod ipip;
+pub mod ipsec;
 mod masquerade;
 mod peers;
 pub mod roaming;
@@ -125,6 +126,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
         Backend::Vxlan(conf) => unencrypted::vxlan(input, &ours, conf, screened)?,
         Backend::HostGw => unencrypted::host_gw(input, &ours, screened)?,
         Backend::Ipip(conf) => ipip::plan(input, &ours, conf, screened)?,
+        Backend::Ipsec(conf) => ipsec::plan(input, &ours, conf, screened)?,
     };
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
@@ -165,6 +167,8 @@ mod tests;
 mod claims_tests;
 #[cfg(test)]
 mod ipip_tests;
+#[cfg(test)]
+mod ipsec_tests;
 #[cfg(test)]
 mod switchover_tests;
 #[cfg(test)]

@@ -55,6 +55,17 @@ pub(super) fn run_on(
     peers: Vec<Lease>,
     networks: &[&str],
 ) -> Result<DesiredState, PlanError> {
+    run_on_at(conf, me, peers, networks, SystemTime::UNIX_EPOCH)
+}
+
+/// As `run_on`, planned at `now`.
+pub(super) fn run_on_at(
+    conf: &str,
+    me: Lease,
+    peers: Vec<Lease>,
+    networks: &[&str],
+    now: SystemTime,
+) -> Result<DesiredState, PlanError> {
     let config = parse(conf).unwrap();
     let mut view = ClusterView::default();
     view.insert(me.clone());
@@ -73,7 +84,7 @@ pub(super) fn run_on(
         view: &view,
         config: &config,
         options: &options,
-        now: SystemTime::UNIX_EPOCH,
+        now,
     })
 }
 

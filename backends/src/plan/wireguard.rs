@@ -11,6 +11,7 @@ use weft_crypto::PublicKey;
 
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
+use crate::model::backend_data;
 use crate::model::{
     BackendDataError, DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec,
     RouteRole, RouteSpec, TunnelSpec, SEEN_LEAD, SWITCH_GRACE,
@@ -38,33 +39,8 @@ pub fn backend_data(key: &PublicKey, port: u16) -> Value {
 impl WireguardData {
     /// Decodes a peer's published data; the error says what is wrong, for the reason.
     pub fn decode(value: Option<&Value>) -> Result<Self, BackendDataError> {
-        let Some(value) = value else {
-            return Err(BackendDataError::Missing);
-        };
-        let Some(obj) = value.as_object() else {
-            return Err(BackendDataError::NotAnObject {
-                example: r#"{"PublicKey":"…","Port":51820}"#,
-                got: value.to_string(),
-            });
-        };
-        let key = match obj.get("PublicKey") {
-            Some(published @ Value::String(s)) => {
-                s.parse::<PublicKey>()
-                    .map_err(|source| BackendDataError::BadKey {
-                        field: "PublicKey",
-                        value: published.to_string(),
-                        source,
-                    })?
-            }
-            Some(other) => {
-                return Err(BackendDataError::WrongType {
-                    field: "PublicKey",
-                    got: other.to_string(),
-                    expected: "a base64 string",
-                })
-            }
-            None => return Err(BackendDataError::NoField("PublicKey")),
-        };
+        let obj = backend_data::object(value, r#"{"PublicKey":"…","Port":51820}"#)?;
+        let key = backend_data::public_key(obj)?;
         let port = match obj.get("Port") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {

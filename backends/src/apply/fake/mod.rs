@@ -8,9 +8,11 @@
 
 mod nft;
 mod wg;
+mod xfrm;
 
 pub use nft::FakeNft;
 pub use wg::FakeWg;
+pub use xfrm::FakeXfrm;
 
 use std::collections::BTreeMap;
 
@@ -20,9 +22,9 @@ use ipnet::IpNet;
 
 use super::{
     ApplyError, IpipInfo, NeighbourEntry, Netlink, ObservedLink, ObservedRoute, RouteWrite,
-    VxlanInfo, VxlanNetlink, RTPROT_WEFT,
+    VxlanInfo, VxlanNetlink, XfrmInfo, RTPROT_WEFT,
 };
-use crate::model::{Family, IpipSpec, VxlanSpec, FAIL_CLOSED_METRIC};
+use crate::model::{Family, IpipSpec, IpsecSpec, VxlanSpec, FAIL_CLOSED_METRIC};
 
 /// A neighbour (`bridge` false) or FDB entry (`bridge` true) on link `index`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +60,7 @@ impl FakeNetlink {
                 mac: Vec::new(),
                 vxlan: None,
                 ipip: None,
+                xfrm: None,
             },
         );
         index
@@ -230,6 +233,22 @@ impl VxlanNetlink for FakeNetlink {
         if let Some(l) = self.links.get_mut(&spec.device) {
             l.mtu = spec.mtu;
             l.ipip = Some(info.clone());
+        }
+        Ok(())
+    }
+
+    async fn create_xfrm(&mut self, spec: &IpsecSpec, info: &XfrmInfo) -> Result<(), ApplyError> {
+        self.writes += 1;
+        if self.links.contains_key(&spec.device) {
+            return Err(ApplyError::Netlink {
+                op: format!("creating XFRM interface {}", spec.device),
+                source: std::io::Error::from_raw_os_error(17),
+            });
+        }
+        self.add_link(&spec.device, "xfrm");
+        if let Some(l) = self.links.get_mut(&spec.device) {
+            l.mtu = spec.mtu;
+            l.xfrm = Some(info.clone());
         }
         Ok(())
     }

@@ -8,10 +8,7 @@ use std::io;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use netlink_packet_core::{
-    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP};
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
 use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::GenlMessage;
@@ -19,76 +16,26 @@ use netlink_packet_wireguard::{
     WireguardAllowedIpAttr, WireguardAttribute, WireguardCmd, WireguardMessage,
     WireguardPeerAttribute,
 };
-use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
+use netlink_sys::protocols::NETLINK_GENERIC;
+
+use crate::apply::nl_request::NlSocket;
 use weft_crypto::{PresharedKey, PublicKey};
 
 use super::{WgDevice, WgPeer};
 
-/// Room for the largest message the kernel sends in one datagram.
-const RECV_BUFFER: usize = 1 << 17;
-
 pub struct Genl {
-    socket: Socket,
+    socket: NlSocket,
     /// The `wireguard` family's id, resolved on first use: the family exists only once
     /// the module is loaded, which creating the first link does.
     family: Option<u16>,
-    seq: u32,
 }
 
 impl Genl {
     pub fn open() -> io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_GENERIC)?;
-        socket.bind_auto()?;
-        socket.connect(&SocketAddr::new(0, 0))?;
         Ok(Genl {
-            socket,
+            socket: NlSocket::open(NETLINK_GENERIC)?,
             family: None,
-            seq: 0,
         })
-    }
-
-    /// Sends `payload` and collects the answers: until `NLMSG_DONE` for a dump, until the
-    /// acknowledgement otherwise. An error answer becomes the `io::Error` of its errno.
-    fn request<T>(&mut self, payload: T, flags: u16) -> io::Result<Vec<T>>
-    where
-        T: NetlinkSerializable + NetlinkDeserializable + std::fmt::Debug,
-    {
-        self.seq = self.seq.wrapping_add(1);
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | flags;
-        header.sequence_number = self.seq;
-        let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
-        msg.finalize();
-        let mut buf = vec![0u8; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
-        let mut answers = Vec::new();
-        loop {
-            let mut data: Vec<u8> = Vec::with_capacity(RECV_BUFFER);
-            let n = self.socket.recv(&mut data, 0)?;
-            let mut offset = 0;
-            while offset < n {
-                let reply = NetlinkMessage::<T>::deserialize(&data[offset..n])
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                let len = reply.header.length as usize;
-                if len == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "a netlink message of length 0",
-                    ));
-                }
-                offset += len;
-                if reply.header.sequence_number != self.seq {
-                    continue;
-                }
-                match reply.payload {
-                    NetlinkPayload::InnerMessage(inner) => answers.push(inner),
-                    NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
-                    NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(answers),
-                    _ => {}
-                }
-            }
-        }
     }
 
     fn family(&mut self) -> io::Result<u16> {
@@ -99,7 +46,7 @@ impl Genl {
             cmd: GenlCtrlCmd::GetFamily,
             nlas: vec![GenlCtrlAttrs::FamilyName("wireguard".into())],
         });
-        let answers = self.request(ask, NLM_F_ACK)?;
+        let answers = self.socket.request(ask, NLM_F_ACK)?;
         let id = answers
             .iter()
             .flat_map(|m| m.payload.nlas.iter())
@@ -120,7 +67,7 @@ impl Genl {
         let family = self.family()?;
         let mut msg = GenlMessage::from_payload(message);
         msg.set_resolved_family_id(family);
-        let answers = self.request(msg, flags)?;
+        let answers = self.socket.request(msg, flags)?;
         Ok(answers.into_iter().map(|m| m.payload).collect())
     }
 

@@ -1,0 +1,419 @@
+//! The ipsec reconciler: the XFRM interface `flannel-ipsec`, then per peer two ESP states
+//! (keys derived here, never in the plan) and three policies, diffed against what the
+//! kernel holds under weft's interface id. Level-triggered; zero writes when nothing
+//! differs.
+//!
+//! No (key, SPI) pair is installed twice: every install is first recorded (`EspBook`,
+//! persisted and synced); a state the plan wants whose fingerprint is already recorded was
+//! installed before and is gone (deleted, flushed, a reboot), and installing it again
+//! would reuse the key from sequence number 1. It is not installed: the outcome reports it
+//! lost, the agent bumps its epoch and publishes it, and the plan after that wants new keys.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ipnet::{IpNet, Ipv4Net};
+use weft_crypto::esp::{
+    install_fingerprint, pair_keys, DeriveError, Epoch, EspStore, Loaded, PairKeys, Party,
+    StoreError,
+};
+use weft_crypto::{PrivateKey, PublicKey};
+
+use super::{PolicyDir, PolicySpec, SaSpec, Xfrm};
+use crate::apply::dataplane_ipsec::IpsecPlane;
+use crate::apply::netlink::VxlanNetlink;
+use crate::apply::ApplyError;
+use crate::model::{EspSa, IpsecPeer, IpsecSpec};
+
+/// This node's epoch and the fingerprints of the states installed under it.
+#[derive(Debug)]
+pub struct EspBook {
+    /// `None`: kept in memory only (tests).
+    store: Option<EspStore>,
+    epoch: Epoch,
+    /// The epoch a rotation left: its keys may still be installed (the record covers it)
+    /// while the rotation settles. `None` after a bump or a restart.
+    previous: Option<Epoch>,
+    installed: HashSet<String>,
+}
+
+impl EspBook {
+    pub fn new(store: Option<EspStore>, loaded: Loaded) -> Self {
+        EspBook {
+            store,
+            epoch: loaded.epoch,
+            previous: None,
+            installed: loaded.installed,
+        }
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// A new epoch (persisted first), with an empty record.
+    pub fn bump(&mut self) -> Result<Epoch, StoreError> {
+        self.epoch = match &self.store {
+            Some(store) => store.bump(&self.epoch)?,
+            None => self.epoch.next()?,
+        };
+        self.previous = None;
+        self.installed.clear();
+        Ok(self.epoch)
+    }
+
+    /// A rotation's next epoch (persisted first): the record goes on, and the keys of the
+    /// epoch left may still be installed (each at most once, as ever).
+    pub fn advance(&mut self) -> Result<Epoch, StoreError> {
+        let next = match &self.store {
+            Some(store) => store.advance(&self.epoch)?,
+            None => self.epoch.next()?,
+        };
+        self.previous = Some(self.epoch);
+        self.epoch = next;
+        Ok(next)
+    }
+
+    /// Whether keys of this node's `epoch` may be installed.
+    fn installs(&self, epoch: &Epoch) -> bool {
+        *epoch == self.epoch || Some(*epoch) == self.previous
+    }
+
+    fn record(&mut self, fingerprints: &[String]) -> Result<(), StoreError> {
+        if let Some(store) = &self.store {
+            store.record(&self.epoch, fingerprints)?;
+        }
+        self.installed.extend(fingerprints.iter().cloned());
+        Ok(())
+    }
+}
+
+/// What one ipsec pass found beyond its changes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct IpsecOutcome {
+    /// The interface was created (its routes need another routing pass).
+    pub created: bool,
+    /// States installed once under this epoch and gone since, one line each: the epoch
+    /// must be bumped before anything is installed again.
+    pub lost: Vec<String>,
+}
+
+/// A planned state with the fingerprint recorded before it is installed, and the epoch
+/// of this node its key belongs to (only the book's epoch is installed).
+struct Wanted {
+    sa: SaSpec,
+    fingerprint: String,
+    local_epoch: Epoch,
+}
+
+fn any() -> Ipv4Net {
+    Ipv4Net::default()
+}
+
+fn v4(net: IpNet) -> Option<Ipv4Net> {
+    match net {
+        IpNet::V4(n) => Some(n),
+        IpNet::V6(_) => None,
+    }
+}
+
+/// A peer's states (outbound, then inbound), keys derived from this node's private key.
+fn peer_states(
+    spec: &IpsecSpec,
+    p: &IpsecPeer,
+    key: &PrivateKey,
+    cache: &mut KeyCache,
+) -> Result<Vec<Wanted>, String> {
+    let alg = spec.algorithm;
+    let mut keys = |sa: &EspSa| {
+        cache
+            .pair(key, spec, &p.public_key, sa)
+            .map_err(|e| format!("node {}: no ESP keys: {e}", p.node))
+    };
+    let wanted = |sa: &EspSa, src, dst, key: &weft_crypto::esp::SaKey| Wanted {
+        fingerprint: install_fingerprint(key, sa.spi, &std::net::Ipv4Addr::octets(&dst)),
+        local_epoch: sa.local_epoch,
+        sa: SaSpec {
+            src,
+            dst,
+            spi: sa.spi,
+            algorithm: alg.kernel_name().to_string(),
+            key: key.as_bytes().to_vec(),
+            icv_bits: alg.icv_bits(),
+            udp_encap: spec.udp_encap,
+            if_id: spec.if_id,
+        },
+    };
+    let out = &p.outbound;
+    let mut states = vec![wanted(out, spec.local, p.remote, &keys(out)?.outbound)];
+    for sa in &p.inbound {
+        states.push(wanted(sa, p.remote, spec.local, &keys(sa)?.inbound));
+    }
+    Ok(states)
+}
+
+fn peer_policies(spec: &IpsecSpec, p: &IpsecPeer) -> Option<[PolicySpec; 3]> {
+    let subnet = v4(p.subnet)?;
+    let inbound = |dir| PolicySpec {
+        dir,
+        src: subnet,
+        dst: any(),
+        tmpl_src: p.remote,
+        tmpl_dst: spec.local,
+        if_id: spec.if_id,
+    };
+    Some([
+        PolicySpec {
+            dir: PolicyDir::Out,
+            src: any(),
+            dst: subnet,
+            tmpl_src: spec.local,
+            tmpl_dst: p.remote,
+            if_id: spec.if_id,
+        },
+        inbound(PolicyDir::In),
+        inbound(PolicyDir::Fwd),
+    ])
+}
+
+/// Brings the XFRM interface, states and policies in line with `spec`; without a spec
+/// and with `sweep` (full passes), removes what weft made for ipsec.
+pub async fn reconcile_ipsec<N: VxlanNetlink, X: Xfrm>(
+    nl: &mut N,
+    plane: &mut IpsecPlane<X>,
+    spec: Option<&IpsecSpec>,
+    key: &PrivateKey,
+    sweep: bool,
+    changes: &mut Vec<String>,
+    errors: &mut Vec<String>,
+) -> Result<IpsecOutcome, ApplyError> {
+    let if_id = crate::plan::ipsec::IF_ID;
+    let IpsecPlane {
+        xfrm, book, memory, ..
+    } = plane;
+    let Some(spec) = spec else {
+        if sweep {
+            super::super::ipsec_link::remove(nl, changes).await?;
+            remove_all(xfrm, if_id, changes)?;
+        }
+        return Ok(IpsecOutcome::default());
+    };
+    let created = super::super::ipsec_link::ensure(nl, spec, changes).await?;
+    let mut wanted = Vec::new();
+    let mut policies = BTreeMap::new();
+    for p in &spec.peers {
+        match peer_states(spec, p, key, &mut memory.keys) {
+            Ok(states) => wanted.extend(states),
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        }
+        for policy in peer_policies(spec, p).into_iter().flatten() {
+            policies.insert((policy.dir, policy.src, policy.dst), policy);
+        }
+    }
+    memory.keys.sweep();
+    let lost = states(xfrm, book, memory, if_id, spec.local, wanted, changes)?;
+    self::policies(xfrm, if_id, &policies, changes)?;
+    Ok(IpsecOutcome { created, lost })
+}
+
+/// Each pair's keys, derived once (an X25519 and two HKDFs a pair): a steady-state pass
+/// derives nothing. Entries a pass did not use are dropped.
+#[derive(Default)]
+pub struct KeyCache {
+    keys: HashMap<CacheKey, PairKeys>,
+    used: HashSet<CacheKey>,
+}
+
+/// This node's public key, the peer's, both epochs and the algorithm.
+type CacheKey = (PublicKey, PublicKey, Epoch, Epoch, &'static str);
+
+impl std::fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyCache({} pairs)", self.keys.len())
+    }
+}
+
+impl KeyCache {
+    fn pair(
+        &mut self,
+        own: &PrivateKey,
+        spec: &IpsecSpec,
+        peer: &PublicKey,
+        sa: &EspSa,
+    ) -> Result<PairKeys, DeriveError> {
+        let alg = spec.algorithm;
+        let id = (
+            own.public_key(),
+            *peer,
+            sa.local_epoch,
+            sa.peer_epoch,
+            alg.kernel_name(),
+        );
+        self.used.insert(id);
+        if let Some(k) = self.keys.get(&id) {
+            return Ok(k.clone());
+        }
+        let party = Party {
+            key: peer,
+            epoch: &sa.peer_epoch,
+        };
+        let psk = spec.psk.as_ref().map(|k| k.0.as_slice());
+        let keys = pair_keys(
+            own,
+            &sa.local_epoch,
+            party,
+            psk,
+            alg.kernel_name(),
+            alg.key_len(),
+        )?;
+        self.keys.insert(id, keys.clone());
+        Ok(keys)
+    }
+
+    fn sweep(&mut self) {
+        let used = std::mem::take(&mut self.used);
+        self.keys.retain(|k, _| used.contains(k));
+    }
+}
+
+/// What the reconciler keeps of the kernel's states between passes.
+#[derive(Debug)]
+pub struct StateMemory {
+    /// Each pair's keys.
+    keys: KeyCache,
+    /// weft's states as the last pass read them (for `/metrics`).
+    pub seen: Vec<super::ObservedSa>,
+    /// Inbound states no longer planned, and since when: kept for `grace`, as a peer may
+    /// still send with them for a moment after a switch.
+    retiring: HashMap<(Ipv4Addr, u32), Instant>,
+    pub grace: Duration,
+}
+
+impl Default for StateMemory {
+    fn default() -> Self {
+        StateMemory {
+            keys: KeyCache::default(),
+            seen: Vec::new(),
+            retiring: HashMap::new(),
+            grace: RETIRE_GRACE,
+        }
+    }
+}
+
+/// How long an inbound state outlives the plan that dropped it.
+pub const RETIRE_GRACE: Duration = Duration::from_secs(2);
+
+/// The states: missing ones installed (recorded first) unless installed before, stale ones
+/// removed (inbound ones after the grace). Returns the lost ones.
+fn states<X: Xfrm>(
+    xfrm: &mut X,
+    book: &mut EspBook,
+    memory: &mut StateMemory,
+    if_id: u32,
+    local: Ipv4Addr,
+    wanted: Vec<Wanted>,
+    changes: &mut Vec<String>,
+) -> Result<Vec<String>, ApplyError> {
+    let observed = xfrm.states(if_id)?;
+    memory.seen.clone_from(&observed);
+    let mut have: BTreeMap<(Ipv4Addr, u32), &SaSpec> = observed
+        .iter()
+        .map(|o| ((o.spec.dst, o.spec.spi), &o.spec))
+        .collect();
+    let mut install = Vec::new();
+    let mut lost = Vec::new();
+    for w in wanted {
+        match have.remove(&(w.sa.dst, w.sa.spi)) {
+            Some(present) if *present == w.sa => continue,
+            Some(present) => {
+                xfrm.delete_state(present)?;
+                changes.push(format!("removed {present:?}: it differs from the plan"));
+            }
+            None => {}
+        }
+        if !book.installs(&w.local_epoch) {
+            // A key of an epoch before a bump (or of one a restart left): never installed
+            // again; its successor's states stand beside it.
+            continue;
+        }
+        if book.installed.contains(&w.fingerprint) {
+            lost.push(format!(
+                "{:?} was installed under this epoch and is gone",
+                w.sa
+            ));
+        } else {
+            install.push(w);
+        }
+    }
+    if lost.is_empty() {
+        let fingerprints: Vec<String> = install.iter().map(|w| w.fingerprint.clone()).collect();
+        book.record(&fingerprints).map_err(|e| ApplyError::Io {
+            op: "recording the ESP states about to be installed".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        for w in &install {
+            xfrm.add_state(&w.sa)?;
+            changes.push(format!("added {:?}", w.sa));
+        }
+    }
+    let now = Instant::now();
+    memory.retiring.retain(|k, _| have.contains_key(k));
+    for (k, stale) in have {
+        if stale.dst == local {
+            let since = *memory.retiring.entry(k).or_insert(now);
+            if now.duration_since(since) < memory.grace {
+                continue;
+            }
+        }
+        xfrm.delete_state(stale)?;
+        memory.retiring.remove(&k);
+        changes.push(format!("removed {stale:?}: not in the plan"));
+    }
+    Ok(lost)
+}
+
+fn policies<X: Xfrm>(
+    xfrm: &mut X,
+    if_id: u32,
+    wanted: &BTreeMap<(PolicyDir, Ipv4Net, Ipv4Net), PolicySpec>,
+    changes: &mut Vec<String>,
+) -> Result<(), ApplyError> {
+    let observed = xfrm.policies(if_id)?;
+    let mut have: BTreeMap<_, PolicySpec> = observed
+        .into_iter()
+        .map(|p| ((p.dir, p.src, p.dst), p))
+        .collect();
+    for (k, want) in wanted {
+        if have.remove(k).as_ref() == Some(want) {
+            continue;
+        }
+        xfrm.put_policy(want)?;
+        changes.push(format!("put {want}"));
+    }
+    for stale in have.values() {
+        xfrm.delete_policy(stale)?;
+        changes.push(format!("removed {stale}: not in the plan"));
+    }
+    Ok(())
+}
+
+/// Every state and policy with weft's interface id.
+pub(crate) fn remove_all<X: Xfrm>(
+    xfrm: &mut X,
+    if_id: u32,
+    changes: &mut Vec<String>,
+) -> Result<(), ApplyError> {
+    for sa in xfrm.states(if_id)? {
+        xfrm.delete_state(&sa.spec)?;
+        changes.push(format!("removed {:?}: not in the plan", sa.spec));
+    }
+    for p in xfrm.policies(if_id)? {
+        xfrm.delete_policy(&p)?;
+        changes.push(format!("removed {p}: not in the plan"));
+    }
+    Ok(())
+}

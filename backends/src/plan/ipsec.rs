@@ -1,0 +1,377 @@
+//! The ipsec backend's share of the plan: the XFRM interface `flannel-ipsec` carrying the
+//! whole pod network (the covering route and the fail-closed blackhole, as WireGuard), one
+//! route per peer subnet into it, and per peer what its two ESP SAs need: both public keys,
+//! both epochs, both tunnel ends and the two SPIs. IPv4 only (the config refuses IPv6).
+//!
+//! SPIs are unique per receiving node without randomness: the SA a node receives on from
+//! a peer has the SPI `1 << 31 | index << 8 | generation`, where `index` is the peer's
+//! subnet's place in the Network (unique among the receiver's peers) and `generation` the
+//! low byte of the sender's epoch number plus twice the receiver's, so the SAs that stand
+//! beside it while either node (or both) moves to its next epoch have other SPIs.
+//!
+//! A rotation announces a node's next epoch with a moment (`NextEpoch`, `NextNonce`,
+//! `SwitchAt`). Until the moment its peers and it receive on the states of both epochs
+//! (staged ahead); from the moment on both send with the next one. The plan changes at the
+//! moment, so it names it in `next_switch`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use ipnet::IpNet;
+use serde_json::{json, Value};
+use weft_crypto::esp::{Epoch, NONCE_LEN};
+use weft_crypto::PublicKey;
+
+use super::peers::{Candidate, Screened};
+use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
+use crate::model::backend_data;
+use crate::model::net::to_u128;
+use crate::model::{
+    BackendDataError, DesiredState, EspSa, Family, IpsecPeer, IpsecSpec, LeaveReason, LeftOut,
+    RouteRole, RouteSpec,
+};
+use crate::netconf::IpsecConf;
+
+/// The XFRM interface.
+pub const DEVICE: &str = "flannel-ipsec";
+/// Its interface id: every SA and policy weft installs carries it, which is how weft tells
+/// its own from others'.
+pub const IF_ID: u32 = 0x7765_6674;
+/// Outer IPv4 header 20, ESP header 8, IV 8, ICV 16, trailer 2 and up to 3 of padding,
+/// rounded up to a multiple of 4.
+const ESP_OVERHEAD: u32 = 60;
+/// ESP in UDP adds the UDP header.
+const UDP_ENCAP_OVERHEAD: u32 = 8;
+
+/// `backend-data` of the ipsec backend: `{"PublicKey":"…","Epoch":1,"Nonce":"…"}`, and
+/// during a rotation `"NextEpoch":2,"NextNonce":"…","SwitchAt":<ms since the Unix epoch>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpsecData {
+    pub public_key: PublicKey,
+    pub epoch: Epoch,
+    pub next: Option<NextEpoch>,
+}
+
+/// An announced next epoch and the moment every node starts sending with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextEpoch {
+    pub epoch: Epoch,
+    pub switch_at: SystemTime,
+}
+
+/// What this node publishes as `backend-data`.
+pub fn backend_data(key: &PublicKey, epoch: &Epoch) -> Value {
+    json!({
+        "PublicKey": key.to_base64(),
+        "Epoch": epoch.number,
+        "Nonce": STANDARD.encode(epoch.nonce),
+    })
+}
+
+/// What a rotating node publishes: its epoch and the next one, taking over at `switch_at`.
+pub fn rotating_backend_data(key: &PublicKey, epoch: &Epoch, next: &NextEpoch) -> Value {
+    let mut data = backend_data(key, epoch);
+    let ms = next
+        .switch_at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if let Some(obj) = data.as_object_mut() {
+        obj.insert("NextEpoch".into(), next.epoch.number.into());
+        obj.insert("NextNonce".into(), STANDARD.encode(next.epoch.nonce).into());
+        obj.insert("SwitchAt".into(), ms.into());
+    }
+    data
+}
+
+impl IpsecData {
+    /// Decodes a node's published data; the error names the field and the value.
+    pub fn decode(value: Option<&Value>) -> Result<Self, BackendDataError> {
+        let obj = backend_data::object(value, r#"{"PublicKey":"…","Epoch":1,"Nonce":"…"}"#)?;
+        let key = backend_data::public_key(obj)?;
+        let epoch = epoch_of(obj, "Epoch", "Nonce")?;
+        let next = match obj.get("NextEpoch") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                let epoch = epoch_of(obj, "NextEpoch", "NextNonce")?;
+                let ms = match obj.get("SwitchAt") {
+                    None => return Err(BackendDataError::NoField("SwitchAt")),
+                    Some(v) => v.as_u64().ok_or_else(|| {
+                        BackendDataError::bad("SwitchAt", v, "is not milliseconds since 1970")
+                    })?,
+                };
+                Some(NextEpoch {
+                    epoch,
+                    switch_at: SystemTime::UNIX_EPOCH + Duration::from_millis(ms),
+                })
+            }
+        };
+        Ok(IpsecData {
+            public_key: key,
+            epoch,
+            next,
+        })
+    }
+
+    /// The epoch the node sends with at `now`: the next one from its moment on.
+    pub fn effective(&self, now: SystemTime) -> Epoch {
+        match self.next {
+            Some(n) if now >= n.switch_at => n.epoch,
+            _ => self.epoch,
+        }
+    }
+
+    /// The epochs its peers may send to it with, or it with: the effective one, then, while
+    /// an announcement stands, the other one — the next before its moment, the one being
+    /// left after it (a peer that learns of the moment late still sends with that one, and
+    /// must be heard).
+    pub fn epochs(&self, now: SystemTime) -> Vec<Epoch> {
+        let mut out = vec![self.effective(now)];
+        if let Some(n) = self.next {
+            out.push(if now < n.switch_at {
+                n.epoch
+            } else {
+                self.epoch
+            });
+        }
+        out
+    }
+
+    /// The epoch it sends with, once no announced moment is ahead (`None` while one is).
+    pub fn in_force(&self, now: SystemTime) -> Option<Epoch> {
+        self.upcoming(now).is_none().then(|| self.effective(now))
+    }
+
+    /// The announced moment, if it is still ahead.
+    fn upcoming(&self, now: SystemTime) -> Option<SystemTime> {
+        self.next.map(|n| n.switch_at).filter(|t| now < *t)
+    }
+}
+
+/// The epoch in fields `number` and `nonce` of a published object.
+fn epoch_of(
+    obj: &serde_json::Map<String, Value>,
+    number: &'static str,
+    nonce: &'static str,
+) -> Result<Epoch, BackendDataError> {
+    let n = match obj.get(number) {
+        None => return Err(BackendDataError::NoField(number)),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| BackendDataError::bad(number, v, "is not a positive whole number"))?,
+    };
+    let bytes = match obj.get(nonce) {
+        None => return Err(BackendDataError::NoField(nonce)),
+        Some(v) => v
+            .as_str()
+            .and_then(|s| STANDARD.decode(s).ok())
+            .and_then(|b| <[u8; NONCE_LEN]>::try_from(b.as_slice()).ok())
+            .ok_or_else(|| BackendDataError::bad(nonce, v, "is not 16 bytes of standard base64"))?,
+    };
+    Ok(Epoch {
+        number: n,
+        nonce: bytes,
+    })
+}
+
+/// The low byte of the sender's epoch number plus twice the receiver's: the same on both
+/// nodes for one direction, and different for each of the (at most four) combinations of
+/// two consecutive epochs on each side that stand together during rotations.
+pub fn generation(sender: &Epoch, receiver: &Epoch) -> u8 {
+    (sender.number.wrapping_add(receiver.number.wrapping_mul(2)) & 0xff) as u8
+}
+
+/// The SPI of the SA carrying what the holder of `sender` sends (see the module doc);
+/// `None` when the subnet lies outside the network or its index does not fit in 23 bits.
+pub fn spi(network: IpNet, sender: IpNet, generation: u8) -> Option<u32> {
+    if !network.contains(&sender) {
+        return None;
+    }
+    let shift = u32::from(sender.max_prefix_len() - sender.prefix_len());
+    let offset = to_u128(sender.network()).checked_sub(to_u128(network.network()))?;
+    let index = u32::try_from(offset >> shift)
+        .ok()
+        .filter(|i| *i < 1 << 23)?;
+    Some(1 << 31 | index << 8 | u32::from(generation))
+}
+
+pub(crate) fn plan(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    conf: &IpsecConf,
+    screened: Screened<'_>,
+) -> Result<DesiredState, PlanError> {
+    let node = || input.local.node.clone();
+    let local = input
+        .local
+        .public_ip
+        .ok_or_else(|| PlanError::LocalNoPublicIp {
+            node: node(),
+            family: "IPv4",
+            flag: "",
+        })?;
+    let own = IpsecData::decode(input.local.backend_data.as_ref()).map_err(|detail| {
+        PlanError::LocalBackendData {
+            node: node(),
+            detail,
+        }
+    })?;
+    let (Some(subnet), Some(network)) = (ours.v4, input.config.ipv4.map(|n| n.network)) else {
+        return Err(PlanError::LocalNoSubnet {
+            node: node(),
+            family: Family::Ipv4,
+        });
+    };
+    let overhead = ESP_OVERHEAD
+        + if conf.udp_encap {
+            UDP_ENCAP_OVERHEAD
+        } else {
+            0
+        };
+    let mtu = conf
+        .mtu
+        .unwrap_or(input.options.underlay_mtu)
+        .saturating_sub(overhead);
+    let Screened {
+        candidates,
+        mut left_out,
+    } = screened;
+    let mut state = DesiredState::default();
+    let mut holders: BTreeMap<PublicKey, &str> = BTreeMap::new();
+    let mut peers = Vec::new();
+    let now = input.now;
+    let ends = Ends {
+        subnet,
+        network,
+        now,
+    };
+    state.next_switch = own.upcoming(now);
+    for c in &candidates {
+        match peer(c, &own, &ends, &holders) {
+            Ok((p, upcoming)) => {
+                holders.insert(p.public_key, &c.lease.node);
+                peers.push(p);
+                if let Some(t) = upcoming {
+                    state.next_switch = Some(state.next_switch.map_or(t, |n| n.min(t)));
+                }
+            }
+            Err(reason) => left_out.push(LeftOut {
+                node: c.lease.node.clone(),
+                reason,
+            }),
+        }
+    }
+    peers.sort_by(|a, b| a.node.cmp(&b.node));
+    into_device(&mut state, &peers, network);
+    state.ipsec = Some(IpsecSpec {
+        device: DEVICE.into(),
+        if_id: IF_ID,
+        underlay_device: input.options.underlay_device.clone(),
+        mtu,
+        addresses: vec![IpNet::new(subnet.network(), 32).unwrap_or(subnet)],
+        local,
+        epoch: own.effective(now),
+        algorithm: conf.algorithm,
+        psk: conf.psk.clone(),
+        udp_encap: conf.udp_encap,
+        subnet,
+        network,
+        peers,
+    });
+    state.left_out = left_out;
+    state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
+    Ok(state)
+}
+
+/// This node's side of every pair.
+struct Ends {
+    subnet: IpNet,
+    network: IpNet,
+    now: SystemTime,
+}
+
+/// One peer (with its announced moment, if ahead), or why it is left out. Candidates come
+/// oldest first, so a key already in `holders` belongs to an older entry, which keeps it.
+fn peer(
+    c: &Candidate<'_>,
+    own: &IpsecData,
+    ends: &Ends,
+    holders: &BTreeMap<PublicKey, &str>,
+) -> Result<(IpsecPeer, Option<SystemTime>), LeaveReason> {
+    let lease = c.lease;
+    let data = IpsecData::decode(lease.backend_data.as_ref()).map_err(|detail| {
+        LeaveReason::BadBackendData {
+            field: "backend-data",
+            detail,
+        }
+    })?;
+    if data.public_key == own.public_key {
+        return Err(LeaveReason::KeyIsOurs {
+            key: data.public_key,
+        });
+    }
+    if let Some(other) = holders.get(&data.public_key) {
+        return Err(LeaveReason::DuplicateKey {
+            key: data.public_key,
+            other: other.to_string(),
+        });
+    }
+    let remote = lease.public_ip.ok_or(LeaveReason::NoPublicIp {
+        family: Family::Ipv4,
+    })?;
+    let peer_subnet = c.v4.ok_or(LeaveReason::NoSubnet)?;
+    let outside = || LeaveReason::SubnetOutsideNetwork {
+        subnet: peer_subnet,
+        network: ends.network,
+    };
+    let (mine, theirs) = (own.effective(ends.now), data.effective(ends.now));
+    let outbound = EspSa {
+        spi: spi(ends.network, ends.subnet, generation(&mine, &theirs)).ok_or_else(outside)?,
+        local_epoch: mine,
+        peer_epoch: theirs,
+    };
+    let mut inbound = Vec::new();
+    for p in data.epochs(ends.now) {
+        for m in own.epochs(ends.now) {
+            let spi = spi(ends.network, peer_subnet, generation(&p, &m)).ok_or_else(outside)?;
+            inbound.push(EspSa {
+                spi,
+                local_epoch: m,
+                peer_epoch: p,
+            });
+        }
+    }
+    let p = IpsecPeer {
+        node: lease.node.clone(),
+        public_key: data.public_key,
+        remote,
+        subnet: peer_subnet,
+        outbound,
+        inbound,
+    };
+    Ok((p, data.upcoming(ends.now)))
+}
+
+/// A route per peer subnet into `flannel-ipsec`, the covering route for the pod network,
+/// and its fail-closed blackhole.
+fn into_device(state: &mut DesiredState, peers: &[IpsecPeer], network: IpNet) {
+    for p in peers {
+        state.routes.push(RouteSpec {
+            dst: p.subnet,
+            device: DEVICE.into(),
+            via: None,
+            onlink: false,
+            role: RouteRole::Peer(p.node.clone()),
+        });
+    }
+    state.routes.push(RouteSpec {
+        dst: network,
+        device: DEVICE.into(),
+        via: None,
+        onlink: false,
+        role: RouteRole::Covering,
+    });
+    state.fail_closed.push(network);
+}
