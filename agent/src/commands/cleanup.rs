@@ -2,9 +2,10 @@
 //! `kubeadm reset`, and prints each thing it removed:
 //! - the WireGuard devices `flannel-wg` / `flannel-wg-v6` (and the userspace process
 //!   serving one), the vxlan devices `flannel.<VNI>` / `flannel-v6.<VNI>` with their
-//!   neighbour and FDB entries, and the ipip device `flannel.ipip`;
+//!   neighbour and FDB entries, the ipip device `flannel.ipip`, and the XFRM interface
+//!   `flannel-ipsec` with every XFRM state and policy bound to weft's interface id;
 //! - every route weft installed (protocol 87: per-peer, covering and blackhole routes);
-//! - the nftables tables `ip flannel-ipv4` and `ip6 flannel-ipv6`;
+//! - the nftables tables `ip flannel-ipv4`, `ip6 flannel-ipv6` and `ip weft-ipsec`;
 //! - subnet.env, and UAPI sockets left by a userspace device that is gone.
 //!
 //! It works by reconciling the data plane to an empty plan, with the same code and the
@@ -20,9 +21,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use weft_backends::apply::wireguard::process::{stop_server, UserspaceProcess};
 use weft_backends::apply::wireguard::uapi_socket::socket_path;
-use weft_backends::apply::Dataplane;
+use weft_backends::apply::xfrm::{EspBook, XfrmSocket};
+use weft_backends::apply::{Dataplane, IpsecPlane};
 use weft_backends::model::DesiredState;
 use weft_backends::plan::{WG_DEVICE, WG_DEVICE_V6};
+use weft_crypto::esp::{Epoch, Loaded};
 use weft_crypto::PrivateKey;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -80,6 +83,19 @@ pub fn run(args: &CleanupArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
         let (mut dataplane, _) = Dataplane::connect(None, UserspaceProcess::default())
             .await
             .context("opening netlink")?;
+        // weft's XFRM states and policies, where the kernel has XFRM at all.
+        if let Ok(xfrm) = XfrmSocket::open() {
+            let nothing = Loaded {
+                epoch: Epoch {
+                    number: 0,
+                    nonce: [0; 16],
+                },
+                installed: Default::default(),
+                bumped: None,
+            };
+            let book = EspBook::new(None, nothing);
+            dataplane = dataplane.with_ipsec(IpsecPlane::new(xfrm, book, None));
+        }
         // An empty plan: no device, route or table is wanted. The key is never used.
         let key = PrivateKey::from_bytes([1; 32]);
         dataplane

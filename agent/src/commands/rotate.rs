@@ -10,11 +10,23 @@ use weft_backends::model::NextKey;
 use crate::cli::RotateArgs;
 use crate::observe::control_socket::{fetch, request, socket_path};
 
+/// What a rotation changes: the published key, and for ipsec the published epoch (an ipsec
+/// rotation keeps the key); empty while an ipsec rotation is announced but not done.
 fn published_key(snapshot: &crate::observe::snapshot::Snapshot) -> String {
-    snapshot
+    let key = snapshot
         .published_key()
         .map(|k| k.to_string())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if snapshot.backend != "ipsec" {
+        return key;
+    }
+    match weft_backends::plan::ipsec::IpsecData::decode(snapshot.published.as_ref()) {
+        Ok(d) => d
+            .in_force(SystemTime::now())
+            .map(|e| format!("{key} epoch {}", e.number))
+            .unwrap_or_default(),
+        Err(_) => String::new(),
+    }
 }
 
 /// This node: asks the local agent, then waits until it publishes the new key.
@@ -23,7 +35,11 @@ fn rotate_local(args: &RotateArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
     let before = published_key(&fetch(&path)?);
     let started = Instant::now();
     let body = request(&path, "POST", "/rotate")?;
-    let next: NextKey = serde_json::from_str(&body).context("the agent's answer to /rotate")?;
+    let mut next: NextKey = serde_json::from_str(&body).context("the agent's answer to /rotate")?;
+    if before.contains(" epoch ") {
+        // ipsec: the agent answers with its key and the next epoch's number.
+        next.public_key = format!("{} epoch {}", next.public_key, next.generation);
+    }
     let in_ms = next
         .switch_at()
         .duration_since(SystemTime::now())

@@ -1,7 +1,8 @@
 //! `weft keys rotate --all | --node NAME…`: asks nodes through the registry to rotate
 //! (kube: the `weft.dev/rotate-request` annotation on each Node; etcd:
 //! `<prefix>/weft/rotate/<node>`), a batch at a time, and waits for each node of a batch
-//! to publish its new key with no rotation pending, printing progress. Nodes that did not
+//! to publish its new key (ipsec: its new epoch) with no rotation pending, printing
+//! progress. Nodes that did not
 //! finish within the timeout are named, and the exit status is 1.
 
 use std::collections::BTreeMap;
@@ -35,6 +36,20 @@ struct Seen {
 }
 
 fn seen(lease: &Lease) -> Option<Seen> {
+    if lease.backend_type == "ipsec" {
+        // An ipsec rotation is a new epoch under the same key.
+        let data =
+            weft_backends::plan::ipsec::IpsecData::decode(lease.backend_data.as_ref()).ok()?;
+        let in_force = data.in_force(std::time::SystemTime::now());
+        return Some(Seen {
+            key: format!(
+                "{} epoch {}",
+                data.public_key,
+                in_force.map_or(data.epoch.number, |e| e.number)
+            ),
+            pending: in_force.is_none(),
+        });
+    }
     if lease.backend_type != "wireguard" {
         return None;
     }

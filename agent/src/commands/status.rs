@@ -1,16 +1,20 @@
 //! `weft status`: this node and every peer, from the local agent's snapshot (its control
-//! socket) and the device itself (handshakes, transfer): one table, or `--json`.
+//! socket) and the device itself (handshakes, transfer) or, for ipsec, the peer's two ESP
+//! states: one table, or `--json`.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use weft_backends::apply::wireguard::read::read_device;
 use weft_backends::apply::wireguard::WgDevice;
+use weft_backends::apply::xfrm::{pairs, EspPair, Xfrm, XfrmSocket};
+use weft_backends::plan::ipsec::IF_ID;
 use weft_crypto::PublicKey;
 
-use crate::observe::snapshot::Snapshot;
+use crate::observe::snapshot::{PeerInfo, Snapshot};
 
 /// WireGuard drops a session this long after its handshake (REJECT_AFTER_TIME).
 pub const HANDSHAKE_FRESH: Duration = Duration::from_secs(180);
@@ -50,10 +54,12 @@ fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-/// The rows for `snapshot`, with its WireGuard devices as read now, by name.
+/// The rows for `snapshot`, with its WireGuard devices as read now, by name, and its
+/// ipsec peers' ESP states, by node.
 pub fn rows(
     snapshot: &Snapshot,
     devices: &BTreeMap<String, WgDevice>,
+    esp: &BTreeMap<String, EspPair>,
     now: SystemTime,
 ) -> Vec<Row> {
     let since_epoch = now
@@ -63,6 +69,9 @@ pub fn rows(
         .peers
         .iter()
         .map(|p| {
+            if p.spi_in.is_some() {
+                return esp_row(p, esp.get(&p.node));
+            }
             let key: Option<PublicKey> = p.public_key.as_deref().and_then(|k| k.parse().ok());
             let device = p.device.as_ref().and_then(|d| devices.get(d));
             let on_device = match (key, device) {
@@ -110,6 +119,49 @@ pub fn rows(
         });
     }
     rows
+}
+
+/// An ipsec peer's row: up when both its states are in the kernel.
+fn esp_row(p: &PeerInfo, pair: Option<&EspPair>) -> Row {
+    let (inbound, outbound) =
+        pair.map_or((None, None), |e| (e.inbound.as_ref(), e.outbound.as_ref()));
+    let state = match (inbound, outbound) {
+        (Some(_), Some(_)) => "up",
+        (None, Some(_)) => "no inbound SA",
+        (Some(_), None) => "no outbound SA",
+        (None, None) => "no SAs",
+    };
+    Row {
+        node: p.node.clone(),
+        subnet: or_dash(p.subnet),
+        endpoint: p.endpoint.clone().unwrap_or_else(|| "-".into()),
+        public_key: p.public_key.clone(),
+        handshake_secs: None,
+        rx_bytes: inbound.map(|s| s.bytes),
+        tx_bytes: outbound.map(|s| s.bytes),
+        state: state.to_string(),
+    }
+}
+
+/// Each ipsec peer's two ESP states as the kernel holds them now, by node.
+pub fn esp_states(snapshot: &Snapshot) -> anyhow::Result<BTreeMap<String, EspPair>> {
+    let Some(IpAddr::V4(local)) = snapshot.public_ip else {
+        return Ok(BTreeMap::new());
+    };
+    let peers: Vec<(String, Ipv4Addr, u32, u32)> = snapshot
+        .peers
+        .iter()
+        .filter_map(|p| {
+            let remote = p.endpoint.as_deref()?.parse().ok()?;
+            Some((p.node.clone(), remote, p.spi_in?, p.spi_out?))
+        })
+        .collect();
+    if peers.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let mut xfrm = XfrmSocket::open()?;
+    let states = xfrm.states(IF_ID)?;
+    Ok(pairs(&states, local, peers))
 }
 
 fn bytes(n: Option<u64>) -> String {
@@ -204,8 +256,9 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
             }
         }
     }
+    let esp = esp_states(&snapshot)?;
     Ok(Report {
-        peers: rows(&snapshot, &devices, SystemTime::now()),
+        peers: rows(&snapshot, &devices, &esp, SystemTime::now()),
         node: snapshot.node.clone(),
         subnet: or_dash(snapshot.subnet),
         backend: snapshot.backend.clone(),
@@ -245,8 +298,8 @@ mod tests {
             subnet: format!("10.244.{n}.0/24").parse().ok(),
             endpoint: Some(format!("198.51.100.{n}:51820")),
             public_key: Some(key(n).to_string()),
-            vtep_mac: None,
             device: Some("flannel-wg".into()),
+            ..PeerInfo::default()
         };
         let mut snapshot = Snapshot {
             peers: vec![peer(2), peer(3), peer(4)],
@@ -282,7 +335,8 @@ mod tests {
                 ..WgPeer::default()
             },
         );
-        let r = rows(&snapshot, &[("flannel-wg".to_string(), device)].into(), now);
+        let devices = [("flannel-wg".to_string(), device)].into();
+        let r = rows(&snapshot, &devices, &BTreeMap::new(), now);
         let states: Vec<&str> = r.iter().map(|r| r.state.as_str()).collect();
         assert_eq!(
             states,
@@ -311,5 +365,68 @@ mod tests {
         );
         assert!(text.contains("2.0 KiB / 10 B"), "{text}");
         assert!(text.contains("n5    10.244.5.0/24  -"), "{text}");
+    }
+
+    #[test]
+    fn an_ipsec_peer_is_up_with_both_states_and_shows_their_bytes() {
+        use weft_backends::apply::xfrm::{ObservedSa, SaSpec};
+        let peer = |n: u8| PeerInfo {
+            node: format!("n{n}"),
+            subnet: format!("10.244.{n}.0/24").parse().ok(),
+            endpoint: Some(format!("198.51.100.{n}")),
+            device: Some("flannel-ipsec".into()),
+            spi_in: Some(0x8000_0000 | u32::from(n) << 8),
+            spi_out: Some(0x8000_0100),
+            ..PeerInfo::default()
+        };
+        let sa = |dst: u8, spi: u32, bytes: u64| ObservedSa {
+            spec: SaSpec {
+                src: Ipv4Addr::UNSPECIFIED,
+                dst: Ipv4Addr::new(198, 51, 100, dst),
+                spi,
+                algorithm: String::new(),
+                key: Vec::new(),
+                icv_bits: 128,
+                udp_encap: false,
+                if_id: IF_ID,
+            },
+            bytes,
+            packets: 1,
+            replay_failed: 0,
+            integrity_failed: 0,
+            replay_window: 1024,
+            esn: true,
+        };
+        let states = [
+            sa(1, 0x8000_0200, 3072),
+            sa(2, 0x8000_0100, 10),
+            sa(1, 0x8000_0300, 5),
+        ];
+        let snapshot = Snapshot {
+            peers: vec![peer(2), peer(3)],
+            ..Snapshot::default()
+        };
+        let esp = pairs(
+            &states,
+            Ipv4Addr::new(198, 51, 100, 1),
+            snapshot.peers.iter().map(|p| {
+                let remote = p.endpoint.as_deref().unwrap().parse().unwrap();
+                (
+                    p.node.clone(),
+                    remote,
+                    p.spi_in.unwrap(),
+                    p.spi_out.unwrap(),
+                )
+            }),
+        );
+        let r = rows(&snapshot, &BTreeMap::new(), &esp, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            (r[0].state.as_str(), r[0].rx_bytes, r[0].tx_bytes),
+            ("up", Some(3072), Some(10))
+        );
+        assert_eq!(
+            (r[1].state.as_str(), r[1].rx_bytes, r[1].tx_bytes),
+            ("no outbound SA", Some(5), None)
+        );
     }
 }

@@ -177,7 +177,7 @@ impl Rotation {
 /// Why a rotation cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum RotateError {
-    #[error("only the wireguard backend has a key to rotate")]
+    #[error("only the wireguard and ipsec backends have keys to rotate")]
     NoKey,
     /// Writing the next key or its announcement failed (the chain names the file).
     #[error("{}", crate::report::error_text(.0))]

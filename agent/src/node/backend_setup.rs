@@ -1,5 +1,6 @@
 //! What the agent needs per backend before it can publish and plan: the `backend-data` to
-//! publish (the WireGuard key, the vxlan VTEP MAC, nothing for host-gw) and whether a
+//! publish (the WireGuard key, the vxlan VTEP MAC, the ipsec key and epoch, nothing for
+//! host-gw) and whether a
 //! WireGuard implementation must be chosen.
 
 use std::path::Path;
@@ -7,12 +8,15 @@ use std::path::Path;
 use anyhow::Context;
 use serde_json::Value;
 use tracing::{info, warn};
-use weft_backends::apply::{Netlink, RtNetlink};
+use weft_backends::apply::xfrm::{EncapSocket, EspBook, XfrmSocket};
+use weft_backends::apply::{Dataplane, IpsecPlane, Netlink, RtNetlink};
 use weft_backends::model::{format_mac, parse_mac};
 use weft_backends::netconf::{Backend, Implementation, NetConf};
+use weft_backends::plan::ipsec::backend_data as ipsec_backend_data;
 use weft_backends::plan::{
     vxlan_backend_data, vxlan_device, vxlan_device_v6, wireguard_backend_data,
 };
+use weft_crypto::esp::EspStore;
 use weft_crypto::PublicKey;
 
 pub struct BackendSetup {
@@ -23,6 +27,8 @@ pub struct BackendSetup {
     pub implementation: Option<Implementation>,
     /// The config's `MTU` (the underlay's), if it sets one.
     pub config_mtu: Option<u32>,
+    /// ipsec: this node's epoch and the record of the SAs installed under it.
+    pub esp: Option<weft_crypto::esp::Loaded>,
 }
 
 /// File (beside the key) holding the VTEP MAC this node publishes, so it survives the
@@ -51,6 +57,7 @@ pub async fn prepare(
                 None => wg.implementation,
             }),
             config_mtu: wg.mtu,
+            esp: None,
         },
         Backend::Vxlan(v) => {
             let mac = vtep_mac(&vxlan_device(v.vni), state_dir, VTEP_MAC_FILE).await?;
@@ -70,6 +77,7 @@ pub async fn prepare(
                 backend_v6_data: v6,
                 implementation: None,
                 config_mtu: v.mtu,
+                esp: None,
             }
         }
         // flannel's ipip publishes no backend data.
@@ -78,12 +86,29 @@ pub async fn prepare(
             backend_v6_data: None,
             implementation: None,
             config_mtu: i.mtu,
+            esp: None,
         },
+        Backend::Ipsec(i) => {
+            let loaded = EspStore::new(state_dir)
+                .load()
+                .context("loading this node's ipsec epoch")?;
+            if let Some(why) = &loaded.bumped {
+                info!(epoch = loaded.epoch.number, reason = %why, "ipsec: a new epoch");
+            }
+            BackendSetup {
+                backend_data: Some(ipsec_backend_data(public_key, &loaded.epoch)),
+                backend_v6_data: None,
+                implementation: None,
+                config_mtu: i.mtu,
+                esp: Some(loaded),
+            }
+        }
         Backend::HostGw => BackendSetup {
             backend_data: None,
             backend_v6_data: None,
             implementation: None,
             config_mtu: None,
+            esp: None,
         },
     })
 }
@@ -127,4 +152,30 @@ async fn vtep_mac(device: &str, state_dir: &Path, file: &str) -> anyhow::Result<
         .context("recording the VTEP MAC")?;
     }
     Ok(mac)
+}
+
+/// The ipsec backend's part of the data plane: the XFRM socket, the ESP-in-UDP socket
+/// (`UDPEncap`) and the epoch book. Other backends get the data plane back unchanged.
+pub fn attach_ipsec(
+    dataplane: Dataplane,
+    setup: &BackendSetup,
+    net: &NetConf,
+    state_dir: &Path,
+) -> anyhow::Result<Dataplane> {
+    let (Some(loaded), Backend::Ipsec(conf)) = (setup.esp.clone(), &net.backend) else {
+        return Ok(dataplane);
+    };
+    let xfrm = XfrmSocket::open().context("the ipsec backend needs XFRM (kernel ESP)")?;
+    let encap = match conf.udp_encap {
+        true => Some(EncapSocket::open().context("UDPEncap")?),
+        false => None,
+    };
+    info!(
+        epoch = loaded.epoch.number,
+        algorithm = conf.algorithm.kernel_name(),
+        udp_encap = conf.udp_encap,
+        "ipsec"
+    );
+    let book = EspBook::new(Some(EspStore::new(state_dir)), loaded);
+    Ok(dataplane.with_ipsec(IpsecPlane::new(xfrm, book, encap)))
 }

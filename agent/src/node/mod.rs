@@ -4,6 +4,7 @@
 //! - `run_loop`: the control loop, level-triggered, until shutdown: it chooses what woke
 //!   it; `pass` runs one pass; `error_policy` says what a failure means;
 //! - `backend_setup`: what each backend needs before the first plan;
+//! - `esp_epoch`: a new ipsec epoch when states installed under the old one are lost;
 //! - `roaming`: what the loop remembers of its peers' endpoints, for the plan;
 //! - `iface`: the address this node advertises; `address`: following it when it changes;
 //! - `one_agent`: the lock that keeps a second agent off the node;
@@ -12,6 +13,7 @@
 mod address;
 pub mod backend_setup;
 mod error_policy;
+mod esp_epoch;
 pub mod iface;
 mod one_agent;
 mod pass;

@@ -70,10 +70,11 @@ impl Controller<'_> {
             plan_ms,
         };
         if let Ok(report) = &result {
+            self.esp_lost(&report.esp_lost).await;
             self.roaming
                 .passed(&state, &report.endpoints_set, SystemTime::now());
             if full {
-                self.record_counters();
+                self.record_counters(&state);
             }
         }
         if error_policy::reconciled(&self.inputs, result, &outcome) {
@@ -83,8 +84,8 @@ impl Controller<'_> {
     }
 
     /// The peers' counters as this full pass read them, for `/metrics`.
-    fn record_counters(&mut self) {
-        let counters: BTreeMap<PublicKey, snapshot::PeerCounters> = self
+    fn record_counters(&mut self, state: &DesiredState) {
+        let mut counters: BTreeMap<PublicKey, snapshot::PeerCounters> = self
             .dataplane
             .last_read_peers()
             .map(|(key, p)| {
@@ -92,10 +93,22 @@ impl Controller<'_> {
                     last_handshake: p.last_handshake,
                     rx_bytes: p.rx_bytes,
                     tx_bytes: p.tx_bytes,
+                    ..Default::default()
                 };
                 (*key, counters)
             })
             .collect();
+        for (key, pair) in self.dataplane.esp_counters(state) {
+            let inbound = pair.inbound.as_ref();
+            let esp = snapshot::PeerCounters {
+                last_handshake: None,
+                rx_bytes: inbound.map_or(0, |s| s.bytes),
+                tx_bytes: pair.outbound.as_ref().map_or(0, |s| s.bytes),
+                esp_replay_failed: inbound.map(|s| u64::from(s.replay_failed)),
+                esp_integrity_failed: inbound.map(|s| u64::from(s.integrity_failed)),
+            };
+            counters.insert(key, esp);
+        }
         self.inputs
             .snapshot
             .update(|s| s.counters = Arc::new(counters));

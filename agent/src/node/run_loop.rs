@@ -67,6 +67,8 @@ pub(super) struct Controller<'a> {
     resync: tokio::time::Interval,
     nft_check: tokio::time::Interval,
     psk_check: tokio::time::Interval,
+    /// ipsec: this node's announced next epoch, until its moment.
+    pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
 }
 
 /// What woke the loop, when it needs a pass.
@@ -79,6 +81,15 @@ enum Wake {
 }
 
 /// Sleeps until `at`, or forever.
+/// A periodic check that, when one round outlasts the period (a slow machine), starts the
+/// next a full period after it rather than at once: a check that is always due would keep
+/// the loop from everything else it waits for.
+fn interval(period: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
 async fn sleep_until(at: Option<SystemTime>) {
     match at {
         Some(at) => {
@@ -113,9 +124,10 @@ pub(crate) async fn control_loop(
         switchover: Switchover::default(),
         roaming: Default::default(),
         planned_at: SystemTime::UNIX_EPOCH,
-        resync: tokio::time::interval(args.resync_period),
-        nft_check: tokio::time::interval(NFT_CHECK),
-        psk_check: tokio::time::interval(Duration::from_secs(1)),
+        resync: interval(args.resync_period),
+        nft_check: interval(NFT_CHECK),
+        psk_check: interval(Duration::from_secs(1)),
+        esp_rotation: None,
     };
     node.inputs.psk.refresh();
     if !node.first_listing().await {
@@ -173,20 +185,21 @@ impl Controller<'_> {
             let watch = self.last.as_ref().and_then(|s| s.key_watch.as_ref());
             let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
+            // In order: an operator's request and the announced moments are never kept
+            // waiting behind the periodic checks (`tokio::select!` alone starts at a random
+            // branch and takes the first one ready, so a check that was always ready —
+            // slower than its period — kept a rotation request waiting for 20 s and more).
             tokio::select! {
-                _ = self.inputs.views.changed() => return Wake::Pass { full: false },
-                _ = self.inputs.local.changed() => return Wake::Pass { full: false },
-                _ = self.resync.tick() => return Wake::Pass { full: true },
-                // Links, addresses, routes and neighbours are read in every pass, and a
-                // deleted device is recreated and read afresh; so a deletion (often one of
-                // the agent's own) needs no full pass.
-                Some(()) = self.inputs.deletions.recv() => return Wake::Pass { full: false },
-                _ = self.nft_check.tick() => {
-                    self.check_nft().await;
-                    self.follow_address().await;
-                }
+                biased;
+                _ = self.inputs.shutdown.changed() => return Wake::Shutdown,
                 Some(request) = self.inputs.rotate.recv() => self.rotate_on_request(request).await,
                 Some(id) = self.inputs.registry_rotations.recv() => self.rotate_from_registry(&id).await,
+                // This node's announced ipsec epoch: its moment, then the end of settling.
+                () = sleep_until(self.esp_rotation.map(|r| r.due())) => {
+                    if self.esp_rotation_due().await {
+                        return Wake::Pass { full: false };
+                    }
+                }
                 // This node's announced switch.
                 () = sleep_until(self.keys.due()) => {
                     let published = self.inputs.local.borrow().next_key.clone();
@@ -194,9 +207,27 @@ impl Controller<'_> {
                         return Wake::Pass { full: true };
                     }
                 }
+                // The announced PSK takes over.
+                () = sleep_until(psk_switch) => return Wake::Pass { full: false },
+                // A peer's announced switch, at the latest: its new key takes over now.
+                () = sleep_until(peer_switch) => return Wake::Pass { full: false },
+                // A peer's announced switch is near: is its next key in use yet?
+                () = sleep_until(peer_switch_poll) => {
+                    if self.peer_key_in_use().await {
+                        return Wake::Pass { full: false };
+                    }
+                }
+                _ = self.inputs.views.changed() => return Wake::Pass { full: false },
+                _ = self.inputs.local.changed() => return Wake::Pass { full: false },
+                // Links, addresses, routes and neighbours are read in every pass, and a
+                // deleted device is recreated and read afresh; so a deletion (often one of
+                // the agent's own) needs no full pass.
+                Some(()) = self.inputs.deletions.recv() => return Wake::Pass { full: false },
                 // The PSK sources: the registry's key, or the mounted Secret (read every
-                // second; a Secret's files change without an event we could wait on).
-                changed = self.inputs.psk.registry.changed(), if self.inputs.psk.dir.is_none() => {
+                // second; a Secret's files change without an event we could wait on). A
+                // closed registry channel would be ready forever: it is left out.
+                changed = self.inputs.psk.registry.changed(),
+                    if self.inputs.psk.dir.is_none() && self.inputs.psk.registry.has_changed().is_ok() => {
                     if changed.is_ok() && self.inputs.psk.refresh() {
                         return Wake::Pass { full: false };
                     }
@@ -206,17 +237,11 @@ impl Controller<'_> {
                         return Wake::Pass { full: false };
                     }
                 }
-                // The announced PSK takes over.
-                () = sleep_until(psk_switch) => return Wake::Pass { full: false },
-                // A peer's announced switch is near: is its next key in use yet?
-                () = sleep_until(peer_switch_poll) => {
-                    if self.peer_key_in_use().await {
-                        return Wake::Pass { full: false };
-                    }
+                _ = self.resync.tick() => return Wake::Pass { full: true },
+                _ = self.nft_check.tick() => {
+                    self.check_nft().await;
+                    self.follow_address().await;
                 }
-                // A peer's announced switch, at the latest: its new key takes over now.
-                () = sleep_until(peer_switch) => return Wake::Pass { full: false },
-                _ = self.inputs.shutdown.changed() => return Wake::Shutdown,
             }
         }
     }
@@ -224,8 +249,11 @@ impl Controller<'_> {
     async fn check_nft(&mut self) {
         self.inputs.health.beat();
         if let Some(state) = &self.last {
-            match self.dataplane.reconcile_nft(state).await {
-                Ok(r) => log_report(&r),
+            match self.dataplane.reconcile_nft(state, &self.keys.key).await {
+                Ok(r) => {
+                    log_report(&r);
+                    self.esp_lost(&r.esp_lost).await;
+                }
                 Err(e) => warn!(error = %e, "nftables check failed"),
             }
         }
@@ -233,7 +261,11 @@ impl Controller<'_> {
 
     /// `weft keys rotate` on this node, through the control socket.
     async fn rotate_on_request(&mut self, request: RotateRequest) {
-        let started = self.keys.start().await;
+        info!("key rotation: the control loop takes the request");
+        let started = match self.dataplane.esp_epoch() {
+            Some(_) => self.rotate_esp().await,
+            None => self.keys.start().await,
+        };
         let pending = self.keys.rotation.pending().cloned();
         self.inputs.snapshot.update(|s| s.rotating = pending);
         if let Err(e) = &started {
@@ -248,7 +280,11 @@ impl Controller<'_> {
     async fn rotate_from_registry(&mut self, id: &str) {
         if self.keys.takes_request(id) {
             info!(request = ?id, "key rotation requested through the registry");
-            if let Err(e) = self.keys.start().await {
+            let started = match self.dataplane.esp_epoch() {
+                Some(_) => self.rotate_esp().await.map(|_| ()),
+                None => self.keys.start().await.map(|_| ()),
+            };
+            if let Err(e) = started {
                 warn!(error = %e, "cannot rotate the key");
             }
             let pending = self.keys.rotation.pending().cloned();

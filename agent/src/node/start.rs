@@ -439,9 +439,10 @@ async fn serve<R: Registry>(
     health.set(Readiness::LeaseAcquired);
     // The registry may publish another local address (an operator's node-public-ip).
     let public_ip = lease.public_ip.unwrap_or(public_ip);
-    let mut dataplane = connect_dataplane(&setup).await?;
-    let deletions =
-        monitor::deletions().context("watching the kernel for deleted links and routes")?;
+    let dataplane = connect_dataplane(&setup).await?;
+    let mut dataplane = backend_setup::attach_ipsec(dataplane, &setup, &net, &state_dir)?;
+    let deletions = monitor::deletions(matches!(net.backend, Backend::Ipsec(_)))
+        .context("watching the kernel for deleted links and routes")?;
     let mut handle = registry::spawn(registry, lease, metrics.alerts.clone());
     let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {

@@ -139,6 +139,7 @@ async fn no_body(
 /// Starts a key rotation; answers the announcement (or 409 with why not).
 async fn rotate(State(s): State<ControlState>) -> axum::response::Response {
     use axum::response::IntoResponse;
+    info!("key rotation requested on the control socket");
     let (reply, answer) = tokio::sync::oneshot::channel();
     let request = RotateRequest {
         reply: Some(reply),

@@ -161,6 +161,8 @@ impl Metrics {
         let rx: Family<Labels, Counter> = Family::default();
         let tx: Family<Labels, Counter> = Family::default();
         let generation: Family<Labels, Gauge> = Family::default();
+        let replay: Family<Labels, Counter> = Family::default();
+        let integrity: Family<Labels, Counter> = Family::default();
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -189,6 +191,12 @@ impl Metrics {
                 }
                 rx.get_or_create(&node).inc_by(w.rx_bytes);
                 tx.get_or_create(&node).inc_by(w.tx_bytes);
+                if let Some(n) = w.esp_replay_failed {
+                    replay.get_or_create(&node).inc_by(n);
+                }
+                if let Some(n) = w.esp_integrity_failed {
+                    integrity.get_or_create(&node).inc_by(n);
+                }
             }
         }
         registry.register(
@@ -203,6 +211,7 @@ impl Metrics {
         );
         registry.register("peer_receive_bytes", "Bytes received from the peer", rx);
         registry.register("peer_transmit_bytes", "Bytes sent to the peer", tx);
+        register_esp(&mut registry, replay, integrity);
         registry.register(
             "peer_key_generation",
             "How many keys the peer has had since this agent started (1 = its first)",
@@ -213,6 +222,24 @@ impl Metrics {
         let _ = encode(&mut out, &registry);
         out
     }
+}
+
+/// The ipsec peers' inbound-state counters.
+fn register_esp(
+    registry: &mut Registry,
+    replay: Family<Labels, Counter>,
+    integrity: Family<Labels, Counter>,
+) {
+    registry.register(
+        "peer_esp_replay_dropped",
+        "ipsec: packets from the peer its inbound ESP state dropped as replays",
+        replay,
+    );
+    registry.register(
+        "peer_esp_integrity_failed",
+        "ipsec: packets from the peer that failed the ESP integrity check",
+        integrity,
+    );
 }
 
 #[cfg(test)]

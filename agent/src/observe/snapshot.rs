@@ -51,13 +51,18 @@ pub struct Snapshot {
     pub counters: std::sync::Arc<BTreeMap<weft_crypto::PublicKey, PeerCounters>>,
 }
 
-/// A WireGuard peer's counters, as read from the device.
+/// A peer's counters: a WireGuard peer's as read from the device, or an ipsec peer's
+/// from its two ESP states.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PeerCounters {
     /// Time since the Unix epoch of the last handshake; `None` or zero: never.
     pub last_handshake: Option<std::time::Duration>,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
+    /// ipsec: packets the inbound state dropped as replays, and as failing the
+    /// integrity check.
+    pub esp_replay_failed: Option<u64>,
+    pub esp_integrity_failed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -73,6 +78,11 @@ pub struct PeerInfo {
     /// for a host-gw or DirectRouting route.
     #[serde(default)]
     pub device: Option<String>,
+    /// ipsec: the SPIs of the state this node receives on and of the one it sends with.
+    #[serde(default)]
+    pub spi_in: Option<u32>,
+    #[serde(default)]
+    pub spi_out: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -130,7 +140,7 @@ impl Shared {
     }
 }
 
-/// One row per peer of each device (WireGuard, vxlan, ipip) and per node reached by a
+/// One row per peer of each device (WireGuard, vxlan, ipsec, ipip) and per node reached by a
 /// plain route (host-gw, DirectRouting), sorted by node.
 fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
     // A dual-stack node is a peer of each family's device: one row each, with that
@@ -154,6 +164,7 @@ fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
                 public_key: Some(p.public_key.to_string()),
                 vtep_mac: None,
                 device: Some(t.device.clone()),
+                ..PeerInfo::default()
             });
         }
     }
@@ -166,6 +177,21 @@ fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
                 public_key: None,
                 vtep_mac: Some(format_mac(&p.mac)),
                 device: Some(v.device.clone()),
+                ..PeerInfo::default()
+            });
+        }
+    }
+    for s in state.ipsec.iter() {
+        for p in &s.peers {
+            peers.push(PeerInfo {
+                node: p.node.clone(),
+                subnet: Some(p.subnet),
+                endpoint: Some(p.remote.to_string()),
+                public_key: Some(p.public_key.to_string()),
+                device: Some(s.device.clone()),
+                spi_in: Some(p.spi_in()),
+                spi_out: Some(p.outbound.spi),
+                ..PeerInfo::default()
             });
         }
     }
@@ -185,9 +211,8 @@ fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
                 node: node.clone(),
                 subnet: Some(r.dst),
                 endpoint: r.via.map(|v| v.to_string()),
-                public_key: None,
-                vtep_mac: None,
                 device,
+                ..PeerInfo::default()
             });
         }
     }
@@ -208,7 +233,8 @@ pub fn from_plan(me: &Lease, view: &ClusterView, state: &DesiredState, snapshot:
         .first()
         .map(|t| t.device.clone())
         .or_else(|| state.vxlan.first().map(|v| v.device.clone()))
-        .or_else(|| state.ipip.as_ref().map(|i| i.device.clone()));
+        .or_else(|| state.ipip.as_ref().map(|i| i.device.clone()))
+        .or_else(|| state.ipsec.as_ref().map(|i| i.device.clone()));
     snapshot.ip_masq = !state.masquerade.is_empty();
     snapshot.masquerade = state
         .masquerade

@@ -5,9 +5,11 @@
 //! published key; the device's peers are exactly the planned ones; the masquerade rules
 //! are in place; for vxlan, the neighbour and FDB entries match the peers' published VTEP
 //! MACs. Then the network checks, per peer: a fresh handshake (after nudging the peer with
-//! a packet through the tunnel); the peer's UDP port answers no ICMP error; the path
-//! carries the tunnel's largest packets with DF set.
+//! a packet through the tunnel), or for ipsec both ESP states present with traffic moving
+//! through them and no replays or integrity failures; the peer's UDP port answers no ICMP
+//! error; the path carries the tunnel's largest packets with DF set.
 
+mod esp;
 mod local;
 mod probe;
 
@@ -120,6 +122,9 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
     }
     if snapshot.vxlan_port.is_some() {
         out.push(local::vxlan_entries(snapshot));
+    }
+    if snapshot.backend == "ipsec" {
+        out.push(esp::esp(snapshot).await);
     }
     if wireguard {
         out.push(

@@ -46,7 +46,7 @@ fn fresh(age: Option<u64>) -> bool {
 
 /// One datagram into the tunnel towards `peer` (its subnet's first address): WireGuard
 /// starts a handshake for it if it has no session.
-fn nudge(peer: &PeerInfo) {
+pub(super) fn nudge(peer: &PeerInfo) {
     let Some(subnet) = peer.subnet else { return };
     let target = SocketAddr::new(subnet.network(), 9);
     let bind = if target.is_ipv4() {
@@ -243,6 +243,9 @@ fn df_probe(target: SocketAddr, size: usize) -> io::Result<Option<u32>> {
         match socket.send(&payload) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => return path_mtu().map(Some),
+            // The peer's kernel answered the first datagram (port unreachable): it arrived
+            // whole, so the path carries it.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(None),
             Err(e) => return Err(e),
         }
         if attempt == 0 {

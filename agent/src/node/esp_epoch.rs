@@ -1,0 +1,160 @@
+//! The ipsec backend's epochs.
+//! - Lost SA state (a reboot, a flush, a state deleted behind the agent): states installed
+//!   once are never installed again with the same key, so this node takes a new epoch
+//!   (persisted first), publishes it, and the plan that follows — once the registry carries
+//!   it — derives new keys for every pair it is part of.
+//! - Rotation (`weft keys rotate`, `--all`): the next epoch is persisted and announced with
+//!   a moment (`lead` ahead); until then every node receives on both epochs' states, from
+//!   then on it sends with the new one. The announcement then stays published for
+//!   `SETTLE`, while the epoch left is still received on, and only then is the new epoch
+//!   published alone. A moment never moves: peers act on it as soon as they see it.
+
+use std::time::{Duration, SystemTime};
+
+use tracing::{info, warn};
+use weft_backends::model::NextKey;
+use weft_backends::plan::ipsec::{backend_data, rotating_backend_data, IpsecData, NextEpoch};
+
+use crate::keys::rotation::RotateError;
+
+use super::run_loop::Controller;
+
+impl Controller<'_> {
+    pub(super) async fn esp_lost(&mut self, lost: &[String]) {
+        let Some(first) = lost.first() else {
+            return;
+        };
+        warn!(
+            lost = lost.len(),
+            first = %first,
+            "ipsec: states installed under this epoch are gone; a new epoch replaces every key"
+        );
+        match self.dataplane.bump_esp_epoch() {
+            Some(Ok(epoch)) => {
+                // A rotation under way is overtaken: the new epoch is newer than its.
+                self.esp_rotation = None;
+                let public = self.keys.key.public_key();
+                self.keys.attrs.backend_data = Some(backend_data(&public, &epoch));
+                self.keys.publish().await;
+                info!(epoch = epoch.number, "ipsec: new epoch published");
+            }
+            Some(Err(e)) => warn!(
+                error = %e,
+                "ipsec: persisting a new epoch failed; nothing is installed until it succeeds"
+            ),
+            None => {}
+        }
+    }
+}
+
+/// How long after its moment a rotation's announcement stays published: peers that learn
+/// of the moment late keep sending with the epoch being left until they do, and this node
+/// keeps receiving on it (and stages the states for it) while the announcement stands.
+pub(super) const SETTLE: Duration = Duration::from_secs(10);
+
+/// This node's ipsec rotation under way.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EspRotation {
+    pub next: NextEpoch,
+    /// The moment has passed: the node sends with the next epoch and the announcement
+    /// settles.
+    pub switched: bool,
+}
+
+impl EspRotation {
+    /// When the loop next has something to do for it: the moment, then the end of settling.
+    pub(super) fn due(&self) -> SystemTime {
+        match self.switched {
+            false => self.next.switch_at,
+            true => self.next.switch_at + SETTLE,
+        }
+    }
+}
+
+impl Controller<'_> {
+    /// Starts a rotation of this node's ESP keys (a new epoch), or returns the one under way.
+    /// One that has switched and is settling ends first (its announcement is withdrawn).
+    pub(super) async fn rotate_esp(&mut self) -> Result<NextKey, RotateError> {
+        let public = self.keys.key.public_key();
+        let answer = |next: &NextEpoch| NextKey {
+            public_key: public.to_string(),
+            switch_at_ms: next
+                .switch_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            generation: next.epoch.number,
+        };
+        match self.esp_rotation {
+            Some(r) if !r.switched => return Ok(answer(&r.next)),
+            Some(_) => self.settle_esp_rotation().await,
+            None => {}
+        }
+        let current = IpsecData::decode(self.keys.attrs.backend_data.as_ref())
+            .map_err(|e| RotateError::State(anyhow::anyhow!("this node's ipsec data: {e}")))?
+            .epoch;
+        let epoch = match self.dataplane.advance_esp_epoch() {
+            Some(Ok(epoch)) => epoch,
+            Some(Err(e)) => return Err(RotateError::State(anyhow::anyhow!("{e}"))),
+            None => return Err(RotateError::NoKey),
+        };
+        let next = NextEpoch {
+            epoch,
+            switch_at: SystemTime::now() + self.keys.lead,
+        };
+        self.keys.attrs.backend_data = Some(rotating_backend_data(&public, &current, &next));
+        self.keys.publish().await;
+        info!(epoch = epoch.number, "ipsec: next epoch announced");
+        self.esp_rotation = Some(EspRotation {
+            next,
+            switched: false,
+        });
+        Ok(answer(&next))
+    }
+
+    /// The rotation's moment, or the end of its settling, has come. True when the plan
+    /// changes (the node sends with the next epoch from now on).
+    pub(super) async fn esp_rotation_due(&mut self) -> bool {
+        let Some(rotation) = self.esp_rotation else {
+            return false;
+        };
+        if rotation.switched {
+            self.settle_esp_rotation().await;
+            return false;
+        }
+        // The plan takes the moment from the registry's copy of this node's data: without
+        // the announcement there, this node keeps sending with the epoch it leaves until the
+        // registry carries it (then the moment is past and it switches at once). The moment
+        // never moves: a peer that has seen it acts on it, and an epoch never goes back.
+        let announced = IpsecData::decode(self.me.backend_data.as_ref())
+            .is_ok_and(|d| d.next == Some(rotation.next));
+        if !announced {
+            warn!(
+                epoch = rotation.next.epoch.number,
+                "ipsec: the registry had not carried the announced epoch by its moment; this node switches when it does"
+            );
+        }
+        self.esp_rotation = Some(EspRotation {
+            switched: true,
+            ..rotation
+        });
+        info!(
+            epoch = rotation.next.epoch.number,
+            "ipsec: switched to the next epoch; the epoch left is still received on while the announcement settles"
+        );
+        true
+    }
+
+    /// Settling is over: the next epoch is published as this node's epoch.
+    async fn settle_esp_rotation(&mut self) {
+        let Some(rotation) = self.esp_rotation.take() else {
+            return;
+        };
+        let public = self.keys.key.public_key();
+        self.keys.attrs.backend_data = Some(backend_data(&public, &rotation.next.epoch));
+        self.keys.publish().await;
+        info!(
+            epoch = rotation.next.epoch.number,
+            "ipsec: rotation settled; the epoch left is withdrawn"
+        );
+    }
+}
