@@ -300,3 +300,26 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
         });
     });
 }
+
+#[test]
+fn config_check_names_each_bad_ipsec_value() {
+    let bad = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "PSK": "short", "UDPEncap": 1, "ESPProposal": "3des-sha1", "MTU": 70000}}"#;
+    let out = run(WEFT, &["config", "check", "-"], bad);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has 4 problems:"), "{err}");
+    for needle in [
+        "`Backend.PSK` = <5 characters, not shown>: an ipsec PSK must be at least 96 characters",
+        "`Backend.UDPEncap` = 1: expected true or false",
+        "`Backend.ESPProposal` = \"3des-sha1\": valid: aes128gcm16…, aes256gcm16…, chacha20poly1305…",
+        "`Backend.MTU` = 70000",
+    ] {
+        assert!(err.contains(needle), "missing {needle} in {err}");
+    }
+    assert!(!err.contains("short"), "the PSK is never echoed: {err}");
+    let good = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "ESPProposal": "chacha20poly1305-prfsha256-x25519"}}"#;
+    let out = run(WEFT, &["config", "check", "-"], good);
+    let effective: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(effective["Backend"]["ESPProposal"], "chacha20poly1305");
+    assert_eq!(effective["Backend"]["UDPEncap"], false);
+}

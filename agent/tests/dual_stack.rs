@@ -111,13 +111,7 @@ fn the_ipv6_device_and_table_heal_and_a_restart_loses_no_ipv6_traffic() {
     // SIGKILL and restart node 2's agent under a 100 pps IPv6 ping and TCP stream.
     let (a_ns, b_ns) = (a.ns.clone(), b.ns.clone());
     let probe = Probe::start(&a_ns, &b_ns, b6).unwrap();
-    lab.stop_agent(1, "KILL").unwrap();
-    lab.start_agent(1).unwrap();
-    until(
-        "node 2's agent ready again",
-        Duration::from_secs(10),
-        || lab.on_node(1, &format!("{WEFT} status")).is_ok(),
-    );
+    lab.kill_and_restart(1).unwrap();
     let d = probe.finish().unwrap();
     eprintln!("SIGKILL + restart over IPv6: {d}");
     assert_eq!(d.pings_lost, 0, "{d}");

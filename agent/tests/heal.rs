@@ -138,14 +138,15 @@ fn a_peer_removed_behind_the_agent_comes_back_with_the_resync() {
         .unwrap()
         .trim()
         .to_string();
-    // A change no kernel event reports: only the periodic full pass can see it.
-    lab.on_node(0, &format!("wg set flannel-wg peer {peer} remove"))
+    // A change no kernel event reports: only the periodic full pass can see it. Removed and
+    // read in one command: a separate one may come after the 3 s resync has put it back.
+    let left = lab
+        .on_node(
+            0,
+            &format!("wg set flannel-wg peer {peer} remove && wg show flannel-wg peers"),
+        )
         .unwrap();
-    assert!(lab
-        .on_node(0, "wg show flannel-wg peers")
-        .unwrap()
-        .trim()
-        .is_empty());
+    assert!(left.trim().is_empty(), "{left}");
     let back = until("the peer back", Duration::from_secs(4), || {
         lab.on_node(0, "wg show flannel-wg peers")
             .is_ok_and(|p| p.trim() == peer)

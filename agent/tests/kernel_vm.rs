@@ -4,8 +4,8 @@
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
-//! kernel devices, two VPCs and a NAT, `weft cleanup`, the Kubernetes lab, and a mixed mesh of
-//! kernel and userspace nodes. Any scenario failing in the VM fails this test, with the
+//! kernel devices, two VPCs and a NAT, `weft cleanup`, the Kubernetes lab, a mixed mesh of
+//! kernel and userspace nodes, and the ipip and ipsec backends (kernel ESP). Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
 //! `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the words;
 //! `WEFT_VM_MORE=1` adds key rotation (one node, all nodes, the PSK) on kernel devices,
@@ -63,6 +63,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (rotation, nat) = (sibling_test("rotation"), sibling_test("nat"));
     let (cleanup, kube_lab) = (sibling_test("cleanup"), sibling_test("kube_lab"));
     let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
+    let ipsec = sibling_test("ipsec");
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -118,6 +119,12 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "wireguard_carries_both_families",
         ),
         ("ipip", kernel, &ipip, "--include-ignored"),
+        (
+            "ipsec",
+            kernel,
+            &ipsec,
+            "--include-ignored a_thousand_peers ipsec_in_udp ipsec_meshes ipsec_rotation",
+        ),
     ];
     let mut steps = steps.to_vec();
     if std::env::var_os("WEFT_VM_MORE").is_some() {
@@ -156,6 +163,8 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
                 "node left",
                 "MiB",
                 "NAT rebind",
+                "ESP",
+                "epoch",
             ]
             .iter()
             .any(|m| l.contains(m))

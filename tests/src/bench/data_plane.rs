@@ -44,11 +44,25 @@ fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyho
 }
 
 fn weft_setup(weft: &Path, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
-    let mut cfg = if backend == "wireguard" {
+    let cfg = if backend == "wireguard" {
         LabConfig::wireguard(2, weft)
     } else {
         LabConfig::backend(2, weft, backend, false)
     };
+    weft_lab(cfg, backend, bytes)
+}
+
+/// The ipsec backend with ESP proposal `proposal`.
+fn weft_ipsec(weft: &Path, proposal: &str, bytes: u64) -> anyhow::Result<Sample> {
+    let mut cfg = LabConfig::backend(2, weft, "ipsec", false);
+    cfg.net_conf = cfg.net_conf.replace(
+        r#""Type": "ipsec""#,
+        &format!(r#""Type": "ipsec", "ESPProposal": "{proposal}""#),
+    );
+    weft_lab(cfg, "ipsec", bytes)
+}
+
+fn weft_lab(mut cfg: LabConfig, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
     cfg.pods_per_node = 1;
     cfg.extra_args.clear();
     let lab = Lab::start(cfg)?;
@@ -235,6 +249,56 @@ pub fn run(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
             "| {name} | {t:.0} | {:.2} | {:.2} | {r:.3} | {} |\n",
             t / base,
             t / wg_go,
+            all.join(", ")
+        );
+    }
+    Ok(out)
+}
+
+/// The setups of a kernel with WireGuard and ESP (the VM runner): weft's encrypting
+/// backends in the kernel beside vxlan.
+const KERNEL_SETUPS: [&str; 4] = [
+    "weft vxlan",
+    "weft wireguard (kernel)",
+    "weft ipsec (aes128gcm16)",
+    "weft ipsec (chacha20poly1305)",
+];
+
+/// As `run`, for `KERNEL_SETUPS` (`WEFT_LAB_IMPLEMENTATION=kernel` makes the wireguard row
+/// kernel WireGuard); ratios against weft vxlan and kernel WireGuard.
+pub fn run_kernel(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
+    let mut samples: Vec<Vec<Sample>> = KERNEL_SETUPS.iter().map(|_| Vec::new()).collect();
+    for round in 0..runs {
+        for (i, name) in KERNEL_SETUPS.iter().enumerate() {
+            eprintln!("data plane: round {} of {runs}: {name}", round + 1);
+            let s = match i {
+                0 => weft_setup(weft, "vxlan", bytes),
+                1 => weft_setup(weft, "wireguard", bytes),
+                2 => weft_ipsec(weft, "aes128gcm16-sha256-prfsha256-ecp256", bytes),
+                _ => weft_ipsec(weft, "chacha20poly1305-prfsha256-x25519", bytes),
+            }
+            .with_context(|| format!("{name}, round {}", round + 1))?;
+            samples[i].push(s);
+        }
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| {
+        median(&v.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+    };
+    let (vxlan, wg) = (med(&samples[0], |s| s.mib_s), med(&samples[1], |s| s.mib_s));
+    let mut out = format!(
+        "| setup | throughput, median of {runs} (MiB/s) | vs weft vxlan | vs kernel WireGuard | RTT, median (ms) | runs (MiB/s) |\n| --- | ---: | ---: | ---: | ---: | --- |\n"
+    );
+    for (i, name) in KERNEL_SETUPS.iter().enumerate() {
+        let t = med(&samples[i], |s| s.mib_s);
+        let r = med(&samples[i], |s| s.rtt_ms);
+        let all: Vec<String> = samples[i]
+            .iter()
+            .map(|s| format!("{:.1}", s.mib_s))
+            .collect();
+        out += &format!(
+            "| {name} | {t:.1} | {:.2} | {:.2} | {r:.3} | {} |\n",
+            t / vxlan,
+            t / wg,
             all.join(", ")
         );
     }

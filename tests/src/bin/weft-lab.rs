@@ -3,7 +3,7 @@
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
-//!   `weft-lab bench data-plane [--runs 3] [--bytes N]` and `weft-lab bench rotation
+//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--kernel | --vm]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
 //!   benchmarks of BENCHMARKS.md.
 //! - `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…]`: every parser of outside data
@@ -76,6 +76,32 @@ fn vm(script: &str) -> anyhow::Result<u8> {
     Ok(run.status.and_then(|s| u8::try_from(s).ok()).unwrap_or(1))
 }
 
+/// `bench data-plane --kernel` inside the VM runner's kernel (WireGuard and ESP), with
+/// this build's binaries; prints the VM's table.
+fn data_plane_in_vm(runs: &str, bytes: &str) -> anyhow::Result<()> {
+    let me = std::env::current_exe()?;
+    let mut vm = weft_lab::vm::Vm::prepare()?;
+    // The target directory, wherever it lives, is visible inside the VM.
+    if let Some(dir) = me.ancestors().nth(2) {
+        vm.keep.push(dir.to_path_buf());
+    }
+    let script = format!(
+        "cd /tmp && env WEFT_LAB_IMPLEMENTATION=kernel {} bench data-plane --kernel --runs {runs} --bytes {bytes}\n",
+        me.display()
+    );
+    let run = vm.run(&script, std::time::Duration::from_secs(3600))?;
+    let table: Vec<&str> = run.log.lines().filter(|l| l.starts_with('|')).collect();
+    if run.status != Some(0) || table.is_empty() {
+        anyhow::bail!("the benchmark failed inside the VM:\n{}", run.log);
+    }
+    println!("{}", table.join("\n"));
+    eprintln!(
+        "weft-lab: {} ({}) ran {:.1?}",
+        vm.package, vm.accel, run.elapsed
+    );
+    Ok(())
+}
+
 /// The value after `--name` in `args`.
 fn opt<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     let at = args.iter().position(|a| a == name)?;
@@ -114,10 +140,19 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{}", weft_lab::bench::control_plane::report(&results));
             Ok(())
         }
+        Some("data-plane") if args.iter().any(|a| a == "--vm") => {
+            let runs = opt(args, "--runs").unwrap_or("3");
+            let bytes = opt(args, "--bytes").unwrap_or("67108864");
+            data_plane_in_vm(runs, bytes)
+        }
         Some("data-plane") => {
             let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
             let bytes: u64 = opt(args, "--bytes").unwrap_or("268435456").parse()?;
-            let table = weft_lab::bench::data_plane::run(&weft, runs, bytes)?;
+            let table = if args.iter().any(|a| a == "--kernel") {
+                weft_lab::bench::data_plane::run_kernel(&weft, runs, bytes)?
+            } else {
+                weft_lab::bench::data_plane::run(&weft, runs, bytes)?
+            };
             print!("{table}");
             Ok(())
         }

@@ -124,3 +124,10 @@ pub fn wireguard_packets(text: &str) -> usize {
         })
         .count()
 }
+
+/// How many captured packets are ESP: in IP protocol 50 (`proto50`), or in UDP port 4500.
+pub fn esp_packets(text: &str) -> (usize, usize) {
+    let esp = text.lines().filter(|l| l.contains("ESP(spi="));
+    let in_udp = esp.clone().filter(|l| l.contains("UDP-encap")).count();
+    (esp.count() - in_udp, in_udp)
+}

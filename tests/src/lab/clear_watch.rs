@@ -25,12 +25,15 @@ pub struct ClearWatch {
     streams: Vec<(String, Child, PathBuf)>,
 }
 
-/// What a watch saw: every stream's sent and answered echoes, and the WireGuard packets.
+/// What a watch saw: every stream's sent and answered echoes, and the tunnel packets.
 #[derive(Debug)]
 pub struct Watched {
     pub sent: usize,
     pub answered: usize,
     pub wireguard: usize,
+    /// ESP packets in IP protocol 50, and in UDP port 4500.
+    pub esp: usize,
+    pub esp_in_udp: usize,
 }
 
 impl ClearWatch {
@@ -108,15 +111,19 @@ impl ClearWatch {
             );
         }
         let wireguard = wireguard_packets(&text);
-        if !silent.is_empty() || wireguard == 0 {
+        let (esp, esp_in_udp) = super::capture::esp_packets(&text);
+        if !silent.is_empty() || wireguard + esp + esp_in_udp == 0 {
             bail!(
-                "the window was not watched: streams with no answer {silent:?}, {wireguard} WireGuard packets"
+                "the window was not watched: streams with no answer {silent:?}, {wireguard} WireGuard packets, {} ESP packets",
+                esp + esp_in_udp
             );
         }
         Ok(Watched {
             sent,
             answered,
             wireguard,
+            esp,
+            esp_in_udp,
         })
     }
 }

@@ -56,6 +56,9 @@ pub struct LabConfig {
     /// Capture the underlay from before the first agent starts, and start the clear-traffic
     /// watch's pod streams as soon as the pods exist (`Lab::take_start_watch`).
     pub watch_start: bool,
+    /// Record every XFRM state installed on the nodes, from before the first agent starts
+    /// (`Lab::xfrm_installed`).
+    pub xfrm_record: bool,
     /// Nodes (by index) whose agent gets `--iface=eth0` instead of `--public-ip`: it finds
     /// its address itself, and follows it when it changes.
     pub own_address: Vec<usize>,
@@ -99,6 +102,7 @@ impl LabConfig {
             launchers: BTreeMap::new(),
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
             watch_start: false,
+            xfrm_record: false,
             own_address: Vec::new(),
             agent_env: Vec::new(),
             ipv6: false,

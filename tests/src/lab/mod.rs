@@ -24,6 +24,7 @@ mod operator;
 mod pods;
 mod secrets;
 mod turn;
+pub mod xfrm_record;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -89,6 +90,8 @@ pub struct Lab {
     cfg: LabConfig,
     /// The watch `LabConfig::watch_start` began.
     start_watch: Option<clear_watch::ClearWatch>,
+    /// The record `LabConfig::xfrm_record` began.
+    xfrm_record: Option<xfrm_record::XfrmRecord>,
     /// Dropped last (after `Lab::drop` stops the processes): removes every namespace.
     namespaces: Namespaces,
     /// Released after everything else: the next lab of this process may start.
@@ -158,11 +161,17 @@ impl Lab {
             cni_bin,
             cfg,
             start_watch: None,
+            xfrm_record: None,
             namespaces,
             _turn: turn,
         };
         for _ in 0..count {
             lab.create_node()?;
+        }
+        if lab.cfg.xfrm_record {
+            let namespaces: Vec<(usize, String)> =
+                lab.nodes.iter().map(|n| (n.index, n.ns.clone())).collect();
+            lab.xfrm_record = Some(xfrm_record::XfrmRecord::start(lab.dir(), &namespaces)?);
         }
         let capture = match lab.cfg.watch_start {
             true => Some(capture::UnderlayCapture::start(&lab)?),

@@ -29,6 +29,57 @@ impl Lab {
         (found, out)
     }
 
+    /// SIGKILLs node `i`'s agent and starts it again; returns once it answers
+    /// `weft status`.
+    pub fn kill_and_restart(&mut self, i: usize) -> anyhow::Result<()> {
+        self.stop_agent(i, "KILL")?;
+        self.start_agent(i)?;
+        let status = format!("{} status", self.cfg.weft.display());
+        crate::wait::until(
+            &format!("node {}'s agent ready again", i + 1),
+            std::time::Duration::from_secs(10),
+            || self.on_node(i, &status).is_ok(),
+        );
+        Ok(())
+    }
+
+    /// What each thread of node `i`'s agent is doing (name, kernel wait channel, syscall),
+    /// for failure messages about a wedged agent.
+    pub fn agent_threads(&self, i: usize) -> String {
+        let Some(pid) = self.agent_pid(i) else {
+            return format!("node {}'s agent is not running", i + 1);
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return format!("node {}'s agent (pid {pid}) is gone", i + 1);
+        };
+        let read = |dir: &std::path::Path, f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .map_or_else(|e| e.to_string(), |s| s.trim().to_string())
+        };
+        tasks
+            .flatten()
+            .map(|t| {
+                let dir = t.path();
+                format!(
+                    "{:?} {} wchan={} syscall={}\n",
+                    t.file_name(),
+                    read(&dir, "comm"),
+                    read(&dir, "wchan"),
+                    read(&dir, "syscall")
+                )
+            })
+            .collect()
+    }
+
+    /// Every XFRM state installed on the nodes since before the agents started
+    /// (`LabConfig::xfrm_record`; empty without it).
+    pub fn xfrm_installed(&self) -> Vec<super::xfrm_record::Installed> {
+        self.xfrm_record
+            .as_ref()
+            .map(super::xfrm_record::XfrmRecord::installed)
+            .unwrap_or_default()
+    }
+
     /// Switches every node to `backend` as an operator would: the agents stopped (TERM), the
     /// config in etcd rewritten (the lab's network, `Backend.Type` only), the agents
     /// started. Onto wireguard, once every agent has sealed the pod network (until then a
