@@ -36,6 +36,7 @@ fn status_and_metrics_describe_the_mesh() {
         "/coreos.com/network/subnets/10.244.250.0-24".into(),
         r#"{"PublicIP":"198.51.100.99","BackendType":"wireguard","BackendData":{"PublicKey":"bm90LWEta2V5","Port":51820}}"#.into(),
     )];
+    let started = Instant::now();
     let mut lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     let name = |i: usize| {
@@ -67,7 +68,13 @@ fn status_and_metrics_describe_the_mesh() {
     assert_eq!(peers.len(), 3);
     for p in peers.iter().filter(|p| p["state"] == "up") {
         assert!(p["rx_bytes"].as_u64().unwrap() > 0 && p["tx_bytes"].as_u64().unwrap() > 0);
-        assert!(p["handshake_secs"].as_u64().unwrap() < 60);
+        // A handshake of this lab's (a fixed bound fails under the VM's emulated CPU,
+        // where starting the lab takes about a minute).
+        let age = p["handshake_secs"].as_u64().unwrap();
+        assert!(
+            age <= started.elapsed().as_secs(),
+            "handshake {age} s ago: {p}"
+        );
     }
     assert_eq!(peers.iter().filter(|p| p["state"] == "up").count(), 2);
 
@@ -101,7 +108,10 @@ fn status_and_metrics_describe_the_mesh() {
         "{m}"
     );
     let age = value(&m, &format!("weft_peer_last_handshake_age_seconds{n1}")).unwrap();
-    assert!((0.0..60.0).contains(&age), "{age}");
+    assert!(
+        (0.0..=started.elapsed().as_secs_f64()).contains(&age),
+        "{age}"
+    );
     assert!(value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap() > 0.0);
     assert!(value(&m, &format!("weft_peer_transmit_bytes_total{n1}")).unwrap() > 0.0);
     assert!(
