@@ -6,7 +6,7 @@
 //! what a failure means.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -29,6 +29,9 @@ pub(crate) struct LoopInputs {
     pub(crate) views: watch::Receiver<Arc<ClusterView>>,
     pub(crate) local: watch::Receiver<Lease>,
     pub(crate) deletions: tokio::sync::mpsc::Receiver<()>,
+    /// nf_tables' events; `None` where they cannot be had (the tables are then listed
+    /// at every check).
+    pub(crate) nft_changes: Option<tokio::sync::mpsc::Receiver<()>>,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Told once the data plane is first programmed (the registry may announce it).
     pub(crate) ready: watch::Sender<bool>,
@@ -41,8 +44,15 @@ pub(crate) struct LoopInputs {
     pub(crate) psk: PskSources,
 }
 
-/// How often the nftables tables are checked: deleting one raises no netlink event.
+/// How often the periodic checks run (liveness, the node's address, ipsec's states; the
+/// nftables tables when events say they changed, or when no events can be had).
 const NFT_CHECK: Duration = Duration::from_secs(2);
+/// The tables are listed at least this often even when no event says they changed.
+const NFT_SAFETY: Duration = Duration::from_secs(60);
+/// An event lists the tables at once unless they were listed this recently (then they are
+/// listed when this much has passed): a busy neighbour's rule churn (kube-proxy's) costs
+/// at most two `nft list` a second.
+const NFT_EVENT_GAP: Duration = Duration::from_millis(500);
 
 /// The loop's state between passes, and what it works with.
 pub(super) struct Controller<'a> {
@@ -67,6 +77,10 @@ pub(super) struct Controller<'a> {
     resync: tokio::time::Interval,
     nft_check: tokio::time::Interval,
     psk_check: tokio::time::Interval,
+    /// An nftables event came after the tables were last listed.
+    nft_dirty: bool,
+    /// When the tables were last listed.
+    nft_listed: Instant,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
 }
@@ -88,6 +102,21 @@ fn interval(period: Duration) -> tokio::time::Interval {
     let mut interval = tokio::time::interval(period);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval
+}
+
+/// The next event of `events` (`None` once they end); only polled while `events` is some.
+async fn next_event(events: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option<()> {
+    match events {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_for(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until(at: Option<SystemTime>) {
@@ -127,6 +156,8 @@ pub(crate) async fn control_loop(
         resync: interval(args.resync_period),
         nft_check: interval(NFT_CHECK),
         psk_check: interval(Duration::from_secs(1)),
+        nft_dirty: true,
+        nft_listed: Instant::now(),
         esp_rotation: None,
     };
     node.inputs.psk.refresh();
@@ -185,6 +216,7 @@ impl Controller<'_> {
             let watch = self.last.as_ref().and_then(|s| s.key_watch.as_ref());
             let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
+            let nft_deferred = self.nft_deferred();
             // In order: an operator's request and the announced moments are never kept
             // waiting behind the periodic checks (`tokio::select!` alone starts at a random
             // branch and takes the first one ready, so a check that was always ready —
@@ -238,6 +270,12 @@ impl Controller<'_> {
                     }
                 }
                 _ = self.resync.tick() => return Wake::Pass { full: true },
+                changed = next_event(&mut self.inputs.nft_changes),
+                    if self.inputs.nft_changes.is_some() => {
+                    self.nft_event(changed).await;
+                }
+                // An event that came too soon after the last listing.
+                () = sleep_for(nft_deferred) => self.check_nft().await,
                 _ = self.nft_check.tick() => {
                     self.check_nft().await;
                     self.follow_address().await;
@@ -246,10 +284,41 @@ impl Controller<'_> {
         }
     }
 
+    /// An nftables event (`Some`), or the end of them (`None`: then every check lists the
+    /// tables, as without events).
+    async fn nft_event(&mut self, changed: Option<()>) {
+        if changed.is_none() {
+            warn!("nftables events stopped: listing the tables at every check");
+            self.inputs.nft_changes = None;
+            return;
+        }
+        self.nft_dirty = true;
+        if self.nft_listed.elapsed() >= NFT_EVENT_GAP {
+            self.check_nft().await;
+        }
+    }
+
+    /// How long until a change reported too soon after the last listing is looked at.
+    fn nft_deferred(&self) -> Option<Duration> {
+        (self.nft_dirty && self.inputs.nft_changes.is_some())
+            .then(|| NFT_EVENT_GAP.saturating_sub(self.nft_listed.elapsed()))
+    }
+
     async fn check_nft(&mut self) {
         self.inputs.health.beat();
+        let tables = self.inputs.nft_changes.is_none()
+            || self.nft_dirty
+            || self.nft_listed.elapsed() >= NFT_SAFETY;
+        if tables {
+            self.nft_dirty = false;
+            self.nft_listed = Instant::now();
+        }
         if let Some(state) = &self.last {
-            match self.dataplane.reconcile_nft(state, &self.keys.key).await {
+            match self
+                .dataplane
+                .reconcile_nft(state, &self.keys.key, tables)
+                .await
+            {
                 Ok(r) => {
                     log_report(&r);
                     self.esp_lost(&r.esp_lost).await;

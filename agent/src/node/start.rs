@@ -443,6 +443,9 @@ async fn serve<R: Registry>(
     let mut dataplane = backend_setup::attach_ipsec(dataplane, &setup, &net, &state_dir)?;
     let deletions = monitor::deletions(matches!(net.backend, Backend::Ipsec(_)))
         .context("watching the kernel for deleted links and routes")?;
+    let nft_changes = monitor::nftables_changes()
+        .map_err(|e| warn!(error = %e, "no nftables events: listing the tables every 2 s"))
+        .ok();
     let mut handle = registry::spawn(registry, lease, metrics.alerts.clone());
     let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {
@@ -462,6 +465,7 @@ async fn serve<R: Registry>(
         views: handle.views.clone(),
         local: handle.local.clone(),
         deletions,
+        nft_changes,
         shutdown,
         ready: handle.ready.clone(),
         health,

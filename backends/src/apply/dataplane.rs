@@ -56,7 +56,7 @@ pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl, X = XfrmSocket> {
     /// pass diffs against it instead of dumping thousands of peers again.
     wg_seen: std::collections::HashMap<String, super::wireguard::WgDevice>,
     /// The rule set last found in place; an incremental pass leaves nftables alone when
-    /// the plan's is the same (the 2 s check and every full pass still look).
+    /// the plan's is the same (the check on an nftables event and every full pass still look).
     nft_seen: Option<Vec<crate::model::MasqueradeTable>>,
     /// Devices read afresh by `observe` for the pass about to run: a full pass uses that
     /// read instead of reading them again.
@@ -212,24 +212,24 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         Ok(())
     }
 
-    /// Only the nftables part (a cheap, frequent check: table deletions raise no netlink
-    /// event).
-    /// The ipsec states and policies are checked with it (their deletion raises no event
-    /// the agent watches), which needs the key.
+    /// The periodic check: the nftables tables (with `tables`: the agent lists them when
+    /// nf_tables reports a change, and at least once a minute) and, for ipsec, the states
+    /// and policies with their counters, which needs the key.
     pub async fn reconcile_nft(
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
+        tables: bool,
     ) -> Result<DataplaneReport, ApplyError> {
-        let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
-        let mut report = DataplaneReport {
-            changes: nft.applied,
-            errors: nft.failed.iter().map(ToString::to_string).collect(),
-            ..DataplaneReport::default()
-        };
-        // The guard is looked at only where it belongs (or was last found): other
-        // backends' nodes pay no `nft list` for it every 2 s.
-        self.guard(state, state.ipsec.is_some(), &mut report).await;
+        let mut report = DataplaneReport::default();
+        if tables {
+            let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
+            report.changes = nft.applied;
+            report.errors = nft.failed.iter().map(ToString::to_string).collect();
+            // The guard is looked at only where it belongs (or was last found): other
+            // backends' nodes pay no `nft list` for it.
+            self.guard(state, state.ipsec.is_some(), &mut report).await;
+        }
         if state.ipsec.is_some() {
             self.ipsec_pass(state, key, false, &mut report).await;
         }

@@ -132,7 +132,7 @@ fn wireguard_full_then_incremental_passes() {
     assert_eq!(pass(&mut dp, &three, false).0, [0, 0, 0]);
 
     // A peer removed from the device by hand: an incremental pass trusts its record of
-    // the device; the next full pass (the 2 s check or a resync) reads it and restores
+    // the device; the next full pass (a resync) reads it and restores
     // the peer.
     wg(&mut dp)
         .devices

@@ -1,7 +1,9 @@
 //! Wakes the control loop when the kernel reports that a link, an address, a route or a
 //! permanent neighbour/FDB entry went away (and, for ipsec, an XFRM state or policy): a
-//! deleted device is back within one reconcile, not one resync period. It only signals;
-//! the reconcile re-reads everything (level-triggered).
+//! deleted device is back within one reconcile, not one resync period. `nftables_changes`
+//! does the same for nftables (any change to any table): the agent lists its tables when
+//! one arrives instead of running `nft` every 2 s. They only signal; the reconcile re-reads
+//! everything (level-triggered).
 
 use futures::StreamExt;
 use netlink_packet_core::NetlinkPayload;
@@ -82,29 +84,62 @@ const XFRM_REMOVALS: [u16; 4] = [0x11, 0x14, 0x1c, 0x1d];
 
 /// A thread reading XFRM events: a removal sends one `()`.
 fn xfrm_deletions(tx: mpsc::Sender<()>) -> Result<(), ApplyError> {
+    events_thread(
+        "xfrm-events",
+        "subscribing to XFRM state and policy events",
+        netlink_sys::protocols::NETLINK_XFRM,
+        XFRM_GROUPS,
+        removal,
+        tx,
+    )
+}
+
+/// nf_tables' multicast group (`NFNLGRP_NFTABLES`).
+const NFTABLES_GROUP: u32 = 1 << (7 - 1);
+
+/// Starts listening to nf_tables' events: each datagram (a change to any table, chain,
+/// rule or set, a flush, a deletion) sends one `()`, coalesced as `deletions` does.
+pub fn nftables_changes() -> Result<mpsc::Receiver<()>, ApplyError> {
+    let (tx, rx) = mpsc::channel(1);
+    events_thread(
+        "nft-events",
+        "subscribing to nftables events",
+        netlink_sys::protocols::NETLINK_NETFILTER,
+        NFTABLES_GROUP,
+        |_| true,
+        tx,
+    )?;
+    Ok(rx)
+}
+
+/// A thread reading the multicast `groups` of netlink `protocol`: a datagram for which
+/// `wanted` holds sends one `()`, as does a lost event (ENOBUFS: a wake-up re-reads
+/// everything anyway). The thread ends when the receiver is dropped.
+fn events_thread(
+    name: &str,
+    op: &str,
+    protocol: isize,
+    groups: u32,
+    wanted: fn(&[u8]) -> bool,
+    tx: mpsc::Sender<()>,
+) -> Result<(), ApplyError> {
     let fail = |source| ApplyError::Netlink {
-        op: "subscribing to XFRM state and policy events".into(),
+        op: op.into(),
         source,
     };
-    let mut socket =
-        netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_XFRM).map_err(fail)?;
-    socket
-        .bind(&SocketAddr::new(0, XFRM_GROUPS))
-        .map_err(fail)?;
+    let mut socket = netlink_sys::Socket::new(protocol).map_err(fail)?;
+    socket.bind(&SocketAddr::new(0, groups)).map_err(fail)?;
     std::thread::Builder::new()
-        .name("xfrm-events".into())
+        .name(name.into())
         .spawn(move || {
             let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
             loop {
                 buf.clear();
-                let Ok(n) = socket.recv(&mut buf, 0) else {
-                    // ENOBUFS (events dropped): a wake-up re-reads everything anyway.
-                    if tx.try_send(()).is_err() && tx.is_closed() {
-                        return;
-                    }
-                    continue;
+                let signal = match socket.recv(&mut buf, 0) {
+                    Ok(n) => wanted(&buf[..n]),
+                    Err(_) => true,
                 };
-                if removal(&buf[..n]) && tx.try_send(()).is_err() && tx.is_closed() {
+                if signal && tx.try_send(()).is_err() && tx.is_closed() {
                     return;
                 }
             }
@@ -128,4 +163,33 @@ fn removal(mut data: &[u8]) -> bool {
         data = &data[step..];
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use weft_lab::netns::{in_new_netns, sh};
+
+    use super::nftables_changes;
+
+    #[test]
+    fn a_table_added_flushed_and_deleted_is_reported_each_time() {
+        in_new_netns(|| async {
+            let mut changes = nftables_changes().unwrap();
+            for cmd in [
+                "nft add table ip weft_probe",
+                "nft add chain ip weft_probe c",
+                "nft add rule ip weft_probe c counter",
+                "nft flush table ip weft_probe",
+                "nft delete table ip weft_probe",
+            ] {
+                sh(cmd);
+                let got = tokio::time::timeout(Duration::from_secs(1), changes.recv()).await;
+                assert_eq!(got, Ok(Some(())), "no event after `{cmd}`");
+                // What the command sent in more than one datagram is taken here.
+                while changes.try_recv().is_ok() {}
+            }
+        });
+    }
 }
