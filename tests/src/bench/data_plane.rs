@@ -1,5 +1,6 @@
 //! Data-plane benchmark: two nodes, one pod each, one TCP flow pod to pod (SHA-256 at both
-//! ends), and the RTT (median of 20 pings), for weft's three backends in the lab and for
+//! ends, and iperf3 with the machine's CPU per Gbit/s), the RTT (median of 20 pings) and
+//! the pod MTU, for weft's three backends in the lab and for
 //! references configured by hand on namespaces of the same shape: a raw veth pair between
 //! the two pods, kernel vxlan, wireguard-go and boringtun-cli. Runs are interleaved (every
 //! setup once per round), each setup fresh; the table gives medians and ratios.
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+use super::iperf::{self, Flow};
 use super::median;
 use crate::lab::{in_ns, in_ns_private_mounts, run as run_cmd, Lab, LabConfig};
 use crate::live_demo::{median_rtt_ms, transfer};
@@ -27,6 +29,8 @@ const SETUPS: [&str; 7] = [
 struct Sample {
     mib_s: f64,
     rtt_ms: f64,
+    flow: Flow,
+    mtu: u32,
 }
 
 fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyhow::Result<Sample> {
@@ -40,7 +44,12 @@ fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyho
     if !intact {
         bail!("the transfer arrived damaged");
     }
-    Ok(Sample { mib_s, rtt_ms })
+    Ok(Sample {
+        mib_s,
+        rtt_ms,
+        flow: iperf::flow(from, to_ns, to)?,
+        mtu: iperf::pod_mtu(from)?,
+    })
 }
 
 fn weft_setup(weft: &Path, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
@@ -235,8 +244,15 @@ pub fn run(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
     };
     let base = med(&samples[0], |s| s.mib_s);
     let wg_go = med(&samples[4], |s| s.mib_s);
+    let (base_rtt, wg_go_flow) = (
+        med(&samples[0], |s| s.rtt_ms),
+        med(&samples[4], |s| s.flow.gbit_s),
+    );
     let mut out = format!(
         "| setup | throughput, median of {runs} (MiB/s) | vs raw veth | vs wireguard-go | RTT, median (ms) | runs (MiB/s) |\n| --- | ---: | ---: | ---: | ---: | --- |\n"
+    );
+    let mut flows = format!(
+        "\n| setup | one TCP flow, iperf3, median of {runs} (Gbit/s) | vs wireguard-go | CPU (cores per Gbit/s) | RTT added over veth (µs) | pod MTU | runs (Gbit/s) |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n"
     );
     for (i, name) in SETUPS.iter().enumerate() {
         let t = med(&samples[i], |s| s.mib_s);
@@ -251,8 +267,21 @@ pub fn run(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
             t / wg_go,
             all.join(", ")
         );
+        let g = med(&samples[i], |s| s.flow.gbit_s);
+        let cpu = med(&samples[i], |s| s.flow.cores_per_gbit_s);
+        let mtu = med(&samples[i], |s| f64::from(s.mtu));
+        let all: Vec<String> = samples[i]
+            .iter()
+            .map(|s| format!("{:.2}", s.flow.gbit_s))
+            .collect();
+        flows += &format!(
+            "| {name} | {g:.2} | {:.2} | {cpu:.2} | {:.0} | {mtu:.0} | {} |\n",
+            g / wg_go_flow,
+            (r - base_rtt) * 1000.0,
+            all.join(", ")
+        );
     }
-    Ok(out)
+    Ok(out + &flows)
 }
 
 /// The setups of a kernel with WireGuard and ESP (the VM runner): weft's encrypting

@@ -4,6 +4,7 @@
 pub mod churn;
 pub mod control_plane;
 pub mod data_plane;
+pub mod iperf;
 pub mod rotation;
 pub mod soak;
 
