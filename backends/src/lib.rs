@@ -5,3 +5,4 @@ pub mod apply;
 pub mod model;
 pub mod netconf;
 pub mod plan;
+pub mod userspace;

@@ -1,0 +1,212 @@
+//! Coalescing the TCP segments that arrive back to back for one flow into one GSO
+//! super-packet, written to the TUN device with one `write` (the receive side of TSO, as
+//! the kernel's GRO does). A packet joins the one being built when it continues it
+//! exactly: same addresses, ports, IP fields, TCP options and ACK; its sequence number
+//! is the next byte; its flags are ACK (PSH allowed, which ends the packet); its payload
+//! is no longer than the first segment's (a shorter one ends the packet); the whole stays
+//! within 64 KiB. Anything else is written as it came, after what was being built, so
+//! the order of packets never changes. Segments with a wrong checksum are never merged
+//! (the merged packet's checksum is recomputed by the kernel and would hide the error).
+
+use super::checksum;
+use super::segment::{read_u16, read_u32, write_u16};
+use super::vnet::{self, Header};
+
+const TCP: u8 = 6;
+const TCP_ACK: u8 = 0x10;
+const TCP_PSH: u8 = 0x08;
+/// The largest IP packet (IPv4 total length; IPv6 payload plus header kept within it too).
+const MAX_PACKET: usize = 65535;
+
+/// Where a coalescing candidate's headers sit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Tcp {
+    v6: bool,
+    /// IP header length (the TCP header's offset).
+    l4: usize,
+    /// IP plus TCP header length (the payload's offset).
+    payload: usize,
+}
+
+fn candidate(pkt: &[u8]) -> Option<Tcp> {
+    let version = pkt.first()? >> 4;
+    let (v6, l4) = match version {
+        4 => {
+            let ihl = usize::from(pkt[0] & 0xf) * 4;
+            let fragment = pkt.len() >= 20 && read_u16(pkt, 6) & 0x3fff != 0;
+            if pkt.len() < 20 || ihl < 20 || pkt[9] != TCP || fragment {
+                return None;
+            }
+            if usize::from(read_u16(pkt, 2)) != pkt.len() {
+                return None;
+            }
+            (false, ihl)
+        }
+        6 => {
+            if pkt.len() < 40 || pkt[6] != TCP || usize::from(read_u16(pkt, 4)) + 40 != pkt.len() {
+                return None;
+            }
+            (true, 40)
+        }
+        _ => return None,
+    };
+    if pkt.len() < l4 + 20 {
+        return None;
+    }
+    let payload = l4 + usize::from(pkt[l4 + 12] >> 4) * 4;
+    let flags = pkt[l4 + 13];
+    if payload < l4 + 20 || payload >= pkt.len() || flags & !TCP_PSH != TCP_ACK {
+        return None;
+    }
+    let (src, dst) = if v6 {
+        (&pkt[8..24], &pkt[24..40])
+    } else {
+        (&pkt[12..16], &pkt[16..20])
+    };
+    checksum::transport_valid(src, dst, TCP, &pkt[l4..]).then_some(Tcp { v6, l4, payload })
+}
+
+/// The super-packet being built: `buf` holds the vnet header and the packet.
+struct Open {
+    tcp: Tcp,
+    segments: usize,
+    /// The first segment's payload length (the GSO size).
+    mss: usize,
+    next_seq: u32,
+    /// A short segment or PSH came: nothing more may join.
+    closed: bool,
+}
+
+pub struct Coalescer {
+    buf: Vec<u8>,
+    open: Option<Open>,
+    /// Packets written and super-packets among them, for the device's counters.
+    pub written: u64,
+    pub merged: u64,
+}
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        Coalescer {
+            buf: Vec::with_capacity(vnet::LEN + MAX_PACKET),
+            open: None,
+            written: 0,
+            merged: 0,
+        }
+    }
+}
+
+/// Whether `pkt` (a candidate laid out as `tcp`) continues the packet in `built`.
+fn continues(open: &Open, built: &[u8], pkt: &[u8], tcp: Tcp) -> bool {
+    if open.closed || tcp != open.tcp {
+        return false;
+    }
+    let l4 = tcp.l4;
+    let len = pkt.len() - tcp.payload;
+    if len > open.mss || built.len() + len > MAX_PACKET {
+        return false;
+    }
+    let same_ip = if tcp.v6 {
+        // version, traffic class, flow label; next header and hop limit; addresses
+        built[0..4] == pkt[0..4] && built[6..40] == pkt[6..40]
+    } else {
+        // version/IHL, TOS; flags (DF), TTL, protocol; addresses and options
+        built[0..2] == pkt[0..2]
+            && built[6] == pkt[6]
+            && built[8..10] == pkt[8..10]
+            && built[12..l4] == pkt[12..l4]
+    };
+    let same_tcp = built[l4..l4 + 4] == pkt[l4..l4 + 4] // ports
+        && built[l4 + 8..l4 + 12] == pkt[l4 + 8..l4 + 12] // ack
+        && built[l4 + 20..tcp.payload] == pkt[l4 + 20..tcp.payload]; // options
+    same_ip && same_tcp && read_u32(pkt, l4 + 4) == open.next_seq
+}
+
+impl Coalescer {
+    /// Takes one decrypted packet; calls `write` with each finished packet (vnet header
+    /// first) that is ready to go to the device.
+    pub fn push(&mut self, pkt: &[u8], write: &mut impl FnMut(&[u8])) {
+        let tcp = candidate(pkt);
+        if let (Some(tcp), Some(open)) = (tcp, self.open.as_mut()) {
+            if continues(open, &self.buf[vnet::LEN..], pkt, tcp) {
+                let len = pkt.len() - tcp.payload;
+                self.buf.extend_from_slice(&pkt[tcp.payload..]);
+                open.segments += 1;
+                open.next_seq = open.next_seq.wrapping_add(len as u32);
+                open.closed = len < open.mss || pkt[tcp.l4 + 13] & TCP_PSH != 0;
+                if pkt[tcp.l4 + 13] & TCP_PSH != 0 {
+                    let at = vnet::LEN + tcp.l4 + 13;
+                    self.buf[at] |= TCP_PSH;
+                }
+                return;
+            }
+        }
+        self.flush(write);
+        self.buf.clear();
+        self.buf.resize(vnet::LEN, 0);
+        self.buf.extend_from_slice(pkt);
+        match tcp {
+            Some(tcp) => {
+                let mss = pkt.len() - tcp.payload;
+                self.open = Some(Open {
+                    tcp,
+                    segments: 1,
+                    mss,
+                    next_seq: read_u32(pkt, tcp.l4 + 4).wrapping_add(mss as u32),
+                    closed: pkt[tcp.l4 + 13] & TCP_PSH != 0,
+                });
+            }
+            None => self.emit(write),
+        }
+    }
+
+    /// Writes what is being built, if anything.
+    pub fn flush(&mut self, write: &mut impl FnMut(&[u8])) {
+        let Some(open) = self.open.take() else {
+            return;
+        };
+        if open.segments > 1 {
+            self.finish_super_packet(&open);
+            self.merged += 1;
+        }
+        self.emit(write);
+    }
+
+    /// Writes `buf` as it is (a plain packet gets an all-zero vnet header).
+    fn emit(&mut self, write: &mut impl FnMut(&[u8])) {
+        self.written += 1;
+        write(&self.buf);
+        self.buf.clear();
+    }
+
+    /// Turns the merged segments in `buf` into a GSO packet: lengths for the whole, IPv4
+    /// header checksum, the TCP checksum field seeded with the pseudo-header's sum (the
+    /// kernel completes it), and the vnet header describing the segmentation.
+    fn finish_super_packet(&mut self, open: &Open) {
+        let Tcp { v6, l4, payload } = open.tcp;
+        let pkt = &mut self.buf[vnet::LEN..];
+        let len = pkt.len();
+        if v6 {
+            write_u16(pkt, 4, (len - 40) as u16);
+        } else {
+            write_u16(pkt, 2, len as u16);
+            checksum::ipv4_header(&mut pkt[..l4]);
+        }
+        let (src, dst) = if v6 {
+            (8..24, 24..40)
+        } else {
+            (12..16, 16..20)
+        };
+        let pseudo = checksum::pseudo_header(&pkt[src], &pkt[dst], TCP, len - l4);
+        write_u16(pkt, l4 + 16, checksum::fold(pseudo));
+        let header = Header {
+            flags: vnet::F_NEEDS_CSUM,
+            gso_type: if v6 { vnet::GSO_TCPV6 } else { vnet::GSO_TCPV4 },
+            hdr_len: payload as u16,
+            gso_size: open.mss as u16,
+            csum_start: l4 as u16,
+            csum_offset: 16,
+        };
+        header.encode(&mut self.buf[..vnet::LEN]);
+    }
+}

@@ -1,0 +1,153 @@
+//! One userspace WireGuard device: its TUN interface, UDP sockets and state, and the
+//! threads that move packets (one sending, one receiving per socket, one for timers).
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use boringtun::noise::TunnResult;
+
+use super::peers::{lock, State};
+use super::tun::{Offloads, Tun};
+use super::uapi::Sockets;
+use super::udp::Udp;
+use super::{rx, tx};
+
+/// How often every session's timers run (handshake retries, keepalives, rekeying).
+const TIMER_TICK: Duration = Duration::from_millis(250);
+
+pub struct Device {
+    pub name: String,
+    pub offloads: Offloads,
+    state: Arc<RwLock<State>>,
+    udp: RwLock<Arc<Udp>>,
+    /// Bumped when the sockets are replaced; receivers of older ones stop.
+    generation: AtomicU64,
+    /// A handle on the TUN queue for each new receiving thread.
+    tun: std::fs::File,
+    rebinding: Mutex<()>,
+}
+
+impl Device {
+    /// Creates the interface, binds a port (any, until one is set) and starts the threads.
+    pub fn start(name: &str) -> std::io::Result<Arc<Device>> {
+        let tun = Tun::open(name)?;
+        let udp = Arc::new(Udp::bind(0, 0)?);
+        let mut state = State::default();
+        state.listen_port = udp.port;
+        let device = Arc::new(Device {
+            name: name.to_string(),
+            offloads: tun.offloads,
+            state: Arc::new(RwLock::new(state)),
+            udp: RwLock::new(udp.clone()),
+            generation: AtomicU64::new(0),
+            tun: tun.try_clone()?,
+            rebinding: Mutex::new(()),
+        });
+        tracing::info!(
+            device = name,
+            vnet_header = tun.offloads.vnet,
+            tso = tun.offloads.tso,
+            uso = tun.offloads.uso,
+            udp_gso = udp.gso(),
+            udp_gro = udp.gro,
+            "userspace WireGuard device offloads"
+        );
+        let d = device.clone();
+        let reader = tun.file;
+        spawn(&format!("wg-tx-{name}"), move || tx::run(d, reader))?;
+        device.spawn_receivers(&udp, 0)?;
+        let d = Arc::downgrade(&device);
+        spawn(&format!("wg-timers-{name}"), move || timers(d))?;
+        Ok(device)
+    }
+
+    pub fn state(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn shared_state(&self) -> Arc<RwLock<State>> {
+        self.state.clone()
+    }
+
+    pub fn udp(&self) -> Arc<Udp> {
+        self.udp.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Stops the device: its sockets close and its interface is deleted.
+    pub fn stop(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.udp().shutdown();
+        super::delete_link(&self.name);
+    }
+
+    fn spawn_receivers(self: &Arc<Self>, udp: &Arc<Udp>, generation: u64) -> std::io::Result<()> {
+        for (family, socket) in [("4", &udp.v4), ("6", &udp.v6)] {
+            let Some(socket) = socket else { continue };
+            let fd = socket.as_raw_fd();
+            let (d, u, tun) = (self.clone(), udp.clone(), self.tun.try_clone()?);
+            spawn(&format!("wg-rx{family}-{}", self.name), move || {
+                rx::run(d, tun, fd, generation);
+                drop(u); // the socket stays open until its receiver is done with it
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(name.chars().take(15).collect())
+        .spawn(f)
+        .map(|_| ())
+}
+
+impl Sockets for Arc<Device> {
+    fn rebind(&self, port: u16, fwmark: u32) -> std::io::Result<u16> {
+        let _one_at_a_time = lock(&self.rebinding);
+        let old = self.udp();
+        if port == old.port && port != 0 {
+            old.set_mark(fwmark)?;
+            return Ok(port);
+        }
+        let new = Arc::new(Udp::bind(port, fwmark)?);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.udp.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+        old.shutdown();
+        self.spawn_receivers(&new, generation)?;
+        Ok(new.port)
+    }
+}
+
+/// Runs every session's timers until the device is gone.
+fn timers(device: std::sync::Weak<Device>) {
+    let mut buf = vec![0u8; 256];
+    let mut last_reset = Instant::now();
+    loop {
+        std::thread::sleep(TIMER_TICK);
+        let Some(device) = device.upgrade() else {
+            return;
+        };
+        let state = device.state();
+        let udp = device.udp();
+        if last_reset.elapsed() >= Duration::from_secs(1) {
+            if let Some(id) = &state.identity {
+                id.limiter.reset_count();
+            }
+            last_reset = Instant::now();
+        }
+        for peer in state.peers.values() {
+            let mut tunn = lock(&peer.tunn);
+            if let TunnResult::WriteToNetwork(out) = tunn.update_timers(&mut buf) {
+                if let Some(to) = peer.endpoint() {
+                    let _ = udp.send(to, out);
+                }
+            }
+        }
+    }
+}

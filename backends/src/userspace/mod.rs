@@ -1,0 +1,35 @@
+//! weft's userspace WireGuard device: boringtun's Noise core (`noise::Tunn`) under
+//! weft's own packet loop, for kernels without WireGuard.
+//!
+//! The I/O is where the time goes, so it is batched end to end: the TUN device hands
+//! over TCP super-packets of up to 64 KiB (`IFF_VNET_HDR` with `TUNSETOFFLOAD`), which are
+//! split (`segment`), encrypted straight into one buffer and sent with one UDP GSO call
+//! (`udp`); received GRO batches are decrypted and their TCP segments coalesced
+//! (`coalesce`) into one write to the TUN device. Plain threads with blocking loops, one
+//! sending, one receiving per socket and one for timers; the state (`peers`) is read once
+//! per batch. Every feature is probed at start and falls back on its own. The UAPI
+//! (`uapi`) is served from the device's own state, so peers change in place.
+
+pub mod checksum;
+pub mod coalesce;
+pub mod device;
+pub mod peers;
+mod rx;
+pub mod segment;
+pub mod tun;
+mod tx;
+pub mod uapi;
+pub mod udp;
+pub mod vnet;
+
+pub use device::Device;
+
+/// Deletes the interface `name` (best effort: it may be gone already).
+pub fn delete_link(name: &str) {
+    let _ = std::process::Command::new("ip")
+        .args(["link", "delete", "dev", name])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+#[cfg(test)]
+mod offload_tests;

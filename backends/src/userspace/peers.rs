@@ -1,0 +1,276 @@
+//! The device's own state: its key and port, and its peers, each with its Noise session
+//! (`boringtun::noise::Tunn`), endpoint and AllowedIPs. The packet threads read it under
+//! a read lock taken once per batch; the UAPI thread changes it in place.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::Tunn;
+use boringtun::x25519::{PublicKey, StaticSecret};
+use ipnet::IpNet;
+
+/// Handshakes a second before the device answers with cookies (boringtun's device's own
+/// figure).
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
+
+pub type Key = [u8; 32];
+
+pub struct Peer {
+    pub key: Key,
+    pub tunn: Mutex<Tunn>,
+    pub endpoint: Mutex<Option<SocketAddr>>,
+    pub config: Mutex<PeerConfig>,
+}
+
+#[derive(Clone, Default)]
+pub struct PeerConfig {
+    pub psk: Option<Key>,
+    pub keepalive: u16,
+    pub allowed_ips: Vec<IpNet>,
+}
+
+/// Locks `m`, carrying on past a panicked holder (the data is plain state, never left
+/// half-written by the code that holds these locks).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Peer {
+    pub fn endpoint(&self) -> Option<SocketAddr> {
+        *lock(&self.endpoint)
+    }
+}
+
+pub struct Identity {
+    pub secret: StaticSecret,
+    pub public: PublicKey,
+    pub limiter: Arc<RateLimiter>,
+}
+
+/// AllowedIPs as a longest-prefix match: one hash map per prefix length in use, longest
+/// first (a mesh uses a handful of lengths).
+#[derive(Default)]
+struct Routes {
+    v4: Vec<(u8, HashMap<u32, Arc<Peer>>)>,
+    v6: Vec<(u8, HashMap<u128, Arc<Peer>>)>,
+}
+
+fn mask4(a: u32, len: u8) -> u32 {
+    if len == 0 {
+        0
+    } else {
+        a & (u32::MAX << (32 - u32::from(len)))
+    }
+}
+
+fn mask6(a: u128, len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        a & (u128::MAX << (128 - u32::from(len)))
+    }
+}
+
+impl Routes {
+    fn insert(&mut self, net: IpNet, peer: Arc<Peer>) {
+        let len = net.prefix_len();
+        match net {
+            IpNet::V4(n) => {
+                let addr = mask4(u32::from(n.network()), len);
+                level(&mut self.v4, len).insert(addr, peer);
+            }
+            IpNet::V6(n) => {
+                let addr = mask6(u128::from(n.network()), len);
+                level(&mut self.v6, len).insert(addr, peer);
+            }
+        }
+    }
+
+    fn lookup(&self, ip: IpAddr) -> Option<&Arc<Peer>> {
+        match ip {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4.iter().find_map(|(len, m)| m.get(&mask4(a, *len)))
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6.iter().find_map(|(len, m)| m.get(&mask6(a, *len)))
+            }
+        }
+    }
+}
+
+fn level<K>(levels: &mut Vec<(u8, HashMap<K, Arc<Peer>>)>, len: u8) -> &mut HashMap<K, Arc<Peer>> {
+    let at = match levels.iter().position(|(l, _)| *l <= len) {
+        Some(i) if levels[i].0 == len => i,
+        Some(i) => {
+            levels.insert(i, (len, HashMap::new()));
+            i
+        }
+        None => {
+            levels.push((len, HashMap::new()));
+            levels.len() - 1
+        }
+    };
+    &mut levels[at].1
+}
+
+#[derive(Default)]
+pub struct State {
+    pub identity: Option<Identity>,
+    pub listen_port: u16,
+    pub fwmark: u32,
+    pub peers: HashMap<Key, Arc<Peer>>,
+    by_index: HashMap<u32, Arc<Peer>>,
+    index_of: HashMap<Key, u32>,
+    routes: Routes,
+    /// Which peer holds each AllowedIP.
+    owners: HashMap<IpNet, Key>,
+    /// AllowedIPs changed since the routes were last built (`commit`).
+    dirty: bool,
+    next_index: u32,
+}
+
+impl State {
+    /// The peer whose session index `receiver` (from a packet's header) belongs to.
+    pub fn by_receiver(&self, receiver: u32) -> Option<&Arc<Peer>> {
+        self.by_index.get(&(receiver >> 8))
+    }
+
+    /// The peer whose AllowedIPs hold `ip` (longest prefix).
+    pub fn route(&self, ip: IpAddr) -> Option<&Arc<Peer>> {
+        self.routes.lookup(ip)
+    }
+
+    pub fn set_private_key(&mut self, secret: Option<StaticSecret>) {
+        let Some(secret) = secret else {
+            self.identity = None;
+            return;
+        };
+        let public = PublicKey::from(&secret);
+        if self.identity.as_ref().is_some_and(|i| i.public == public) {
+            return;
+        }
+        let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
+        for peer in self.peers.values() {
+            lock(&peer.tunn).set_static_private(secret.clone(), public, Some(limiter.clone()));
+        }
+        self.identity = Some(Identity {
+            secret,
+            public,
+            limiter,
+        });
+    }
+
+    fn new_tunn(&self, key: &Key, config: &PeerConfig, index: u32) -> Option<Tunn> {
+        let id = self.identity.as_ref()?;
+        Some(Tunn::new(
+            id.secret.clone(),
+            PublicKey::from(*key),
+            config.psk,
+            (config.keepalive != 0).then_some(config.keepalive),
+            index,
+            Some(id.limiter.clone()),
+        ))
+    }
+
+    /// Adds a peer, or changes one in place. A new PSK or keepalive starts a fresh Noise
+    /// state for the peer (boringtun's `Tunn` fixes both at creation; the next packet
+    /// makes a new handshake). The endpoint and AllowedIPs change without touching the
+    /// session. Returns false where no private key is set yet (a peer needs one).
+    pub fn upsert(&mut self, key: Key, config: PeerConfig, endpoint: Option<SocketAddr>) -> bool {
+        if let Some(peer) = self.peers.get(&key).cloned() {
+            let old = lock(&peer.config).clone();
+            if old.psk != config.psk || old.keepalive != config.keepalive {
+                let index = self.index_of[&key];
+                let Some(tunn) = self.new_tunn(&key, &config, index) else {
+                    return false;
+                };
+                *lock(&peer.tunn) = tunn;
+            }
+            if endpoint.is_some() {
+                *lock(&peer.endpoint) = endpoint;
+            }
+            let routes_changed = old.allowed_ips != config.allowed_ips;
+            *lock(&peer.config) = config;
+            if routes_changed {
+                self.claim(&key, &old.allowed_ips);
+            }
+            return true;
+        }
+        self.next_index = (self.next_index + 1) & 0x00ff_ffff;
+        let index = self.next_index;
+        let Some(tunn) = self.new_tunn(&key, &config, index) else {
+            return false;
+        };
+        let peer = Arc::new(Peer {
+            key,
+            tunn: Mutex::new(tunn),
+            endpoint: Mutex::new(endpoint),
+            config: Mutex::new(config),
+        });
+        self.peers.insert(key, peer.clone());
+        self.by_index.insert(index, peer);
+        self.index_of.insert(key, index);
+        self.claim(&key, &[]);
+        true
+    }
+
+    /// An AllowedIP belongs to one peer: giving it to `key` takes it from any other.
+    /// `before` is what `key` held until now.
+    fn claim(&mut self, key: &Key, before: &[IpNet]) {
+        let Some(peer) = self.peers.get(key) else {
+            return;
+        };
+        let mine = lock(&peer.config).allowed_ips.clone();
+        for net in before.iter().filter(|n| !mine.contains(n)) {
+            if self.owners.get(net) == Some(key) {
+                self.owners.remove(net);
+            }
+        }
+        for net in mine {
+            if let Some(other) = self.owners.insert(net, *key).filter(|o| o != key) {
+                if let Some(other) = self.peers.get(&other) {
+                    lock(&other.config).allowed_ips.retain(|n| *n != net);
+                }
+            }
+        }
+        self.dirty = true;
+    }
+
+    pub fn remove(&mut self, key: &Key) {
+        if let Some(peer) = self.peers.remove(key) {
+            if let Some(index) = self.index_of.remove(key) {
+                self.by_index.remove(&index);
+            }
+            for net in &lock(&peer.config).allowed_ips {
+                self.owners.remove(net);
+            }
+            self.dirty = true;
+        }
+    }
+
+    pub fn remove_all(&mut self) {
+        self.peers.clear();
+        self.by_index.clear();
+        self.index_of.clear();
+        self.owners.clear();
+        self.dirty = true;
+    }
+
+    /// Builds the routes again if AllowedIPs changed: once per UAPI request.
+    pub fn commit(&mut self) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        let mut routes = Routes::default();
+        for peer in self.peers.values() {
+            for net in &lock(&peer.config).allowed_ips {
+                routes.insert(net.trunc(), peer.clone());
+            }
+        }
+        self.routes = routes;
+    }
+}

@@ -1,0 +1,200 @@
+//! The receiving side: read a GRO batch of datagrams from a UDP socket, find each one's
+//! peer (data by the receiver index in its header, a handshake initiation by the key in
+//! it), decrypt, check the inner source against the peer's AllowedIPs, and write the
+//! packets to the TUN device, TCP segments of one flow coalesced into one write. Runs of
+//! datagrams for one peer lock its session once.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519::PublicKey;
+
+use super::coalesce::Coalescer;
+use super::device::Device;
+use super::peers::{lock, Peer, State};
+use super::udp::{self, Udp};
+use super::vnet;
+
+const DATA: u8 = 4;
+const HANDSHAKE_INIT: u8 = 1;
+const HANDSHAKE_RESPONSE: u8 = 2;
+
+/// The receiver index of a data, response or cookie message (a response carries its
+/// sender's index first).
+fn receiver(datagram: &[u8]) -> Option<u32> {
+    let at = if datagram.first() == Some(&HANDSHAKE_RESPONSE) {
+        8
+    } else {
+        4
+    };
+    let b = datagram.get(at..at + 4)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+struct Receiver {
+    device: Arc<Device>,
+    tun: std::fs::File,
+    plain: Vec<u8>,
+    coalescer: Coalescer,
+}
+
+impl Receiver {
+    fn to_tun(tun: &mut std::fs::File, vnet: bool) -> impl FnMut(&[u8]) + '_ {
+        move |pkt: &[u8]| {
+            let out = if vnet { pkt } else { &pkt[vnet::LEN..] };
+            if let Err(e) = tun.write(out) {
+                tracing::debug!(error = %e, "TUN write failed");
+            }
+        }
+    }
+
+    /// Decrypts a run of data messages for one peer, under one lock of its session.
+    fn data_run(&mut self, state: &State, peer: &Arc<Peer>, run: &[&[u8]], from: SocketAddr) {
+        let vnet = self.device.offloads.vnet;
+        let mut write = Self::to_tun(&mut self.tun, vnet);
+        let mut tunn = lock(&peer.tunn);
+        let mut authentic = false;
+        for datagram in run {
+            match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
+                TunnResult::WriteToTunnelV4(pkt, src) => {
+                    authentic = true;
+                    if state
+                        .route(src.into())
+                        .is_some_and(|p| Arc::ptr_eq(p, peer))
+                    {
+                        self.coalescer.push(pkt, &mut write);
+                    }
+                }
+                TunnResult::WriteToTunnelV6(pkt, src) => {
+                    authentic = true;
+                    if state
+                        .route(src.into())
+                        .is_some_and(|p| Arc::ptr_eq(p, peer))
+                    {
+                        self.coalescer.push(pkt, &mut write);
+                    }
+                }
+                TunnResult::Done => authentic = true, // a keepalive
+                TunnResult::WriteToNetwork(out) => {
+                    let _ = self.device.udp().send(from, out);
+                }
+                TunnResult::Err(_) => {}
+            }
+        }
+        drop(tunn);
+        self.coalescer.flush(&mut write);
+        if authentic {
+            roam(peer, from);
+        }
+    }
+
+    /// A handshake or cookie message: answered, and the packets queued for the peer go out.
+    fn control(&mut self, state: &State, datagram: &[u8], from: SocketAddr) {
+        let udp = self.device.udp();
+        let peer = if datagram[0] == HANDSHAKE_INIT {
+            let Some(id) = &state.identity else { return };
+            let mut cookie = [0u8; 64];
+            match id
+                .limiter
+                .verify_packet(Some(from.ip()), datagram, &mut cookie)
+            {
+                Ok(Packet::HandshakeInit(p)) => parse_handshake_anon(&id.secret, &id.public, &p)
+                    .ok()
+                    .and_then(|h| {
+                        state
+                            .peers
+                            .get(PublicKey::from(h.peer_static_public).as_bytes())
+                    }),
+                Err(TunnResult::WriteToNetwork(c)) => {
+                    let _ = udp.send(from, c);
+                    return;
+                }
+                _ => None,
+            }
+        } else {
+            receiver(datagram).and_then(|r| state.by_receiver(r))
+        };
+        let Some(peer) = peer else { return };
+        let mut tunn = lock(&peer.tunn);
+        let authentic = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
+            TunnResult::WriteToNetwork(out) => {
+                let _ = udp.send(from, out);
+                true
+            }
+            TunnResult::Err(_) => false,
+            _ => true,
+        };
+        flush_queue(&mut tunn, &mut self.plain, &udp, from);
+        drop(tunn);
+        if authentic {
+            roam(peer, from);
+        }
+    }
+
+    fn batch(&mut self, buf: &[u8], segment: usize, from: SocketAddr) {
+        let device = self.device.clone();
+        let state = device.state();
+        let datagrams: Vec<&[u8]> = buf.chunks(segment).collect();
+        let mut i = 0;
+        while i < datagrams.len() {
+            let d = datagrams[i];
+            if d.len() < 32 || d[0] != DATA {
+                if d.len() >= 4 {
+                    self.control(&state, d, from);
+                }
+                i += 1;
+                continue;
+            }
+            let r = receiver(d);
+            let end = datagrams[i..]
+                .iter()
+                .position(|x| x.len() < 32 || x[0] != DATA || receiver(x) != r)
+                .map_or(datagrams.len(), |k| i + k);
+            if let Some(peer) = r.and_then(|r| state.by_receiver(r)).cloned() {
+                self.data_run(&state, &peer, &datagrams[i..end], from);
+            }
+            i = end;
+        }
+    }
+}
+
+/// Sends the packets a session queued while it had no keys.
+pub fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], udp: &Udp, to: SocketAddr) {
+    while let TunnResult::WriteToNetwork(out) = tunn.decapsulate(None, &[], buf) {
+        let _ = udp.send(to, out);
+    }
+}
+
+/// A peer that sent an authentic message from a new address is reached there from now on.
+fn roam(peer: &Peer, from: SocketAddr) {
+    let mut endpoint = lock(&peer.endpoint);
+    if *endpoint != Some(from) {
+        *endpoint = Some(from);
+    }
+}
+
+/// Runs until `fd`'s socket is shut down for a newer one (`generation` moved on).
+pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) {
+    let mut rx = Receiver {
+        device: device.clone(),
+        tun,
+        plain: vec![0u8; 65_536],
+        coalescer: Coalescer::default(),
+    };
+    let mut buf = vec![0u8; 65_536];
+    let mut cmsg = nix::cmsg_space!(libc::c_int);
+    loop {
+        match udp::receive(fd, &mut buf, &mut cmsg) {
+            Ok(b) if b.len > 0 => rx.batch(&buf[..b.len], b.segment, b.from),
+            Ok(_) | Err(_) if device.generation() != generation => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "UDP receive failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The sending side: read a packet (or a TSO super-packet) from the TUN device, find its
+//! peer by destination, split it into segments, encrypt each straight into one UDP GSO
+//! buffer, and send that buffer with one call. The peer's session is locked once per
+//! read, not per segment.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use boringtun::noise::{Tunn, TunnResult};
+
+use super::device::Device;
+use super::peers::lock;
+use super::segment;
+use super::udp::{Udp, MAX_GSO_BYTES, MAX_SEGMENTS};
+use super::vnet::{self, Header};
+
+/// WireGuard's data message: 16 bytes of header, the padded payload, a 16-byte tag.
+const OVERHEAD: usize = 32;
+/// A handshake initiation, the largest message `encapsulate` may write instead.
+const HANDSHAKE_INIT: usize = 148;
+
+/// Encrypted datagrams to one endpoint, back to back, all `stride` bytes but the last.
+struct Batch {
+    buf: Vec<u8>,
+    stride: usize,
+    count: usize,
+    /// A shorter datagram came last: nothing more may join.
+    closed: bool,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            buf: Vec::with_capacity(MAX_GSO_BYTES + HANDSHAKE_INIT + 64),
+            stride: 0,
+            count: 0,
+            closed: false,
+        }
+    }
+
+    fn send(&mut self, udp: &Udp, to: SocketAddr) {
+        if self.count > 0 {
+            if let Err(e) = udp.send_batch(to, &self.buf, self.stride) {
+                tracing::debug!(%to, error = %e, "sending to a peer failed");
+            }
+        }
+        self.buf.clear();
+        self.count = 0;
+        self.stride = 0;
+        self.closed = false;
+    }
+
+    /// Encrypts `segment` into the batch (sending the batch first if it is full). A
+    /// handshake message `encapsulate` writes instead goes out on its own.
+    fn encrypt(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: SocketAddr) {
+        let room = (segment.len() + OVERHEAD + 16).max(HANDSHAKE_INIT);
+        if self.closed || self.count == MAX_SEGMENTS || self.buf.len() + room > MAX_GSO_BYTES {
+            self.send(udp, to);
+        }
+        let start = self.buf.len();
+        self.buf.resize(start + room, 0);
+        let written = match tunn.encapsulate(segment, &mut self.buf[start..]) {
+            TunnResult::WriteToNetwork(out) if out.first() == Some(&4) => Some(out.len()),
+            TunnResult::WriteToNetwork(out) => {
+                let _ = udp.send(to, out);
+                None
+            }
+            _ => None,
+        };
+        let Some(n) = written else {
+            self.buf.truncate(start);
+            return;
+        };
+        self.buf.truncate(start + n);
+        if self.count == 0 {
+            self.stride = n;
+        } else if n > self.stride {
+            // Longer than the ones before: it starts a batch of its own.
+            let tail = self.buf.split_off(start);
+            self.send(udp, to);
+            self.buf = tail;
+            self.stride = n;
+        }
+        self.closed = n < self.stride;
+        self.count += 1;
+    }
+}
+
+/// Runs until the TUN device fails (it was deleted, or the process is stopping).
+pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
+    let vnet = device.offloads.vnet;
+    let mut buf = vec![0u8; vnet::LEN + 65_536];
+    let mut scratch = Vec::with_capacity(65_536);
+    let mut batch = Batch::new();
+    loop {
+        let n = match tun.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::info!(error = %e, "TUN read failed; the sending side stops");
+                return;
+            }
+        };
+        let (header, pkt) = if vnet {
+            let Some(h) = Header::decode(&buf[..n]) else {
+                continue;
+            };
+            (h, &mut buf[vnet::LEN..n])
+        } else {
+            (Header::default(), &mut buf[..n])
+        };
+        let Some(dst) = Tunn::dst_address(pkt) else {
+            continue;
+        };
+        let state = device.state();
+        let Some(peer) = state.route(dst) else {
+            continue; // no peer has this address: the kernel would answer ENOKEY
+        };
+        let Some(to) = peer.endpoint() else {
+            continue; // no endpoint yet: nowhere to send
+        };
+        let udp = device.udp();
+        let mut tunn = lock(&peer.tunn);
+        let result = segment::split(&header, pkt, &mut scratch, |seg| {
+            batch.encrypt(&mut tunn, seg, &udp, to)
+        });
+        drop(tunn);
+        batch.send(&udp, to);
+        if let Err(e) = result {
+            tracing::debug!(?e, "dropped a packet the TUN device handed over");
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The cross-platform UAPI (`wg`'s protocol on `/var/run/wireguard/<dev>.sock`), served
+//! from the device's own state. `set=1` changes peers in place: an endpoint or AllowedIPs
+//! change leaves the peer's session alone; a request may carry any number of peers.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use boringtun::x25519::StaticSecret;
+use ipnet::IpNet;
+
+use super::peers::{lock, Key, PeerConfig, State};
+
+const EINVAL: i32 = 22;
+const EPROTO: i32 = 71;
+const EADDRINUSE: i32 = 98;
+/// A request line longer than this is refused (the longest real one is a key).
+const MAX_LINE: usize = 4096;
+
+/// What a `set` asks of the device beyond its peer table.
+pub trait Sockets: Send + Sync {
+    /// Binds `port` (0: any) with `fwmark`; returns the port bound.
+    fn rebind(&self, port: u16, fwmark: u32) -> std::io::Result<u16>;
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(text: &str) -> Option<Key> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(key)
+}
+
+/// The answer to `get=1`.
+pub fn get(state: &State) -> String {
+    let mut out = String::new();
+    if let Some(id) = &state.identity {
+        let _ = writeln!(out, "private_key={}", hex(id.secret.as_bytes()));
+    }
+    let _ = writeln!(out, "listen_port={}", state.listen_port);
+    if state.fwmark != 0 {
+        let _ = writeln!(out, "fwmark={}", state.fwmark);
+    }
+    let now = SystemTime::now();
+    for peer in state.peers.values() {
+        let config = lock(&peer.config).clone();
+        let (since, tx, rx, _, _) = lock(&peer.tunn).stats();
+        let _ = writeln!(out, "public_key={}", hex(&peer.key));
+        if let Some(psk) = &config.psk {
+            let _ = writeln!(out, "preshared_key={}", hex(psk));
+        }
+        let _ = writeln!(out, "protocol_version=1");
+        if let Some(e) = peer.endpoint() {
+            let _ = writeln!(out, "endpoint={e}");
+        }
+        if let Some(at) = since
+            .and_then(|ago| now.checked_sub(ago))
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        {
+            let _ = writeln!(out, "last_handshake_time_sec={}", at.as_secs());
+            let _ = writeln!(out, "last_handshake_time_nsec={}", at.subsec_nanos());
+        }
+        let _ = writeln!(out, "tx_bytes={tx}\nrx_bytes={rx}");
+        let _ = writeln!(out, "persistent_keepalive_interval={}", config.keepalive);
+        for ip in &config.allowed_ips {
+            let _ = writeln!(out, "allowed_ip={ip}");
+        }
+    }
+    out.push_str("errno=0\n\n");
+    out
+}
+
+/// One peer section of a `set` request, as it is being read.
+struct PeerEdit {
+    key: Key,
+    config: PeerConfig,
+    endpoint: Option<SocketAddr>,
+    remove: bool,
+    update_only: bool,
+    exists: bool,
+}
+
+impl PeerEdit {
+    fn apply(self, state: &mut State) -> Result<(), i32> {
+        if self.remove {
+            state.remove(&self.key);
+        } else if !(self.update_only && !self.exists)
+            && !state.upsert(self.key, self.config, self.endpoint)
+        {
+            return Err(EINVAL); // a peer before any private key
+        }
+        Ok(())
+    }
+}
+
+/// Device settings a `set` changed, applied once the request is read.
+#[derive(Default)]
+struct Pending {
+    port: Option<u16>,
+    fwmark: Option<u32>,
+}
+
+fn set_line(
+    state: &mut State,
+    edit: &mut Option<PeerEdit>,
+    pending: &mut Pending,
+    key: &str,
+    value: &str,
+) -> Result<(), i32> {
+    let num = |v: &str| v.parse::<u32>().map_err(|_| EINVAL);
+    match key {
+        "private_key" => {
+            let k = unhex(value).ok_or(EINVAL)?;
+            state.set_private_key((k != [0; 32]).then(|| StaticSecret::from(k)));
+        }
+        "listen_port" => pending.port = Some(u16::try_from(num(value)?).map_err(|_| EINVAL)?),
+        "fwmark" => pending.fwmark = Some(num(value)?),
+        "replace_peers" if value == "true" => state.remove_all(),
+        "public_key" => {
+            if let Some(done) = edit.take() {
+                done.apply(state)?;
+            }
+            let key = unhex(value).ok_or(EINVAL)?;
+            let existing = state.peers.get(&key);
+            *edit = Some(PeerEdit {
+                key,
+                config: existing
+                    .map(|p| lock(&p.config).clone())
+                    .unwrap_or_default(),
+                endpoint: None,
+                remove: false,
+                update_only: false,
+                exists: existing.is_some(),
+            });
+        }
+        _ => {
+            let e = edit.as_mut().ok_or(EINVAL)?;
+            match key {
+                "remove" if value == "true" => e.remove = true,
+                "update_only" if value == "true" => e.update_only = true,
+                "preshared_key" => {
+                    let k = unhex(value).ok_or(EINVAL)?;
+                    e.config.psk = (k != [0; 32]).then_some(k);
+                }
+                "endpoint" => e.endpoint = Some(value.parse().map_err(|_| EINVAL)?),
+                "persistent_keepalive_interval" => {
+                    e.config.keepalive = u16::try_from(num(value)?).map_err(|_| EINVAL)?
+                }
+                "replace_allowed_ips" if value == "true" => e.config.allowed_ips.clear(),
+                "allowed_ip" => {
+                    let net = value.parse::<IpNet>().map_err(|_| EINVAL)?.trunc();
+                    if !e.config.allowed_ips.contains(&net) {
+                        e.config.allowed_ips.push(net);
+                    }
+                }
+                "protocol_version" if value == "1" => {}
+                "protocol_version" => return Err(EPROTO),
+                _ => return Err(EINVAL),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies a `set=1` request (its lines after `set=1`); returns the errno to answer.
+pub fn set(state: &RwLock<State>, sockets: &dyn Sockets, lines: &[String]) -> i32 {
+    let mut pending = Pending::default();
+    let result = {
+        let mut st = state.write().unwrap_or_else(|p| p.into_inner());
+        let mut edit = None;
+        let mut result = Ok(());
+        for line in lines {
+            let Some((k, v)) = line.split_once('=') else {
+                result = Err(EINVAL);
+                break;
+            };
+            result = set_line(&mut st, &mut edit, &mut pending, k, v);
+            if result.is_err() {
+                break;
+            }
+        }
+        if let (Ok(()), Some(done)) = (&result, edit) {
+            result = done.apply(&mut st);
+        }
+        st.commit();
+        result
+    };
+    if let Err(errno) = result {
+        return errno;
+    }
+    if pending.port.is_some() || pending.fwmark.is_some() {
+        let (port, fwmark) = {
+            let st = state.read().unwrap_or_else(|p| p.into_inner());
+            (
+                pending.port.unwrap_or(st.listen_port),
+                pending.fwmark.unwrap_or(st.fwmark),
+            )
+        };
+        let unchanged = {
+            let st = state.read().unwrap_or_else(|p| p.into_inner());
+            port == st.listen_port && fwmark == st.fwmark && port != 0
+        };
+        if !unchanged {
+            match sockets.rebind(port, fwmark) {
+                Ok(bound) => {
+                    let mut st = state.write().unwrap_or_else(|p| p.into_inner());
+                    st.listen_port = bound;
+                    st.fwmark = fwmark;
+                }
+                Err(e) => {
+                    tracing::warn!(port, error = %e, "cannot bind the listen port");
+                    return EADDRINUSE;
+                }
+            }
+        }
+    }
+    0
+}
+
+/// Serves one client: requests until it hangs up.
+fn serve_client(
+    stream: UnixStream,
+    state: &RwLock<State>,
+    sockets: &dyn Sockets,
+) -> std::io::Result<()> {
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut first = String::new();
+        if reader.read_line(&mut first)? == 0 {
+            return Ok(());
+        }
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
+                break;
+            }
+            if line.len() > MAX_LINE {
+                writer.write_all(format!("errno={EINVAL}\n\n").as_bytes())?;
+                return Ok(());
+            }
+            lines.push(line.trim_end().to_string());
+        }
+        let answer = match first.trim_end() {
+            "get=1" => get(&state.read().unwrap_or_else(|p| p.into_inner())),
+            "set=1" => format!("errno={}\n\n", set(state, sockets, &lines)),
+            _ => format!("errno={EINVAL}\n\n"),
+        };
+        writer.write_all(answer.as_bytes())?;
+    }
+}
+
+/// Accepts clients on `listener` until it fails; one thread per client.
+pub fn serve(listener: UnixListener, state: Arc<RwLock<State>>, sockets: Arc<dyn Sockets>) {
+    for client in listener.incoming() {
+        let Ok(client) = client else { continue };
+        let (state, sockets) = (state.clone(), sockets.clone());
+        let _ = std::thread::Builder::new()
+            .name("wg-uapi".into())
+            .spawn(move || {
+                if let Err(e) = serve_client(client, &state, sockets.as_ref()) {
+                    tracing::debug!(error = %e, "UAPI client gone");
+                }
+            });
+    }
+}
