@@ -61,9 +61,7 @@ fn configured_per_peer_and_readable_by_wg() {
             peers: vec![b.clone(), c.clone()],
         };
         let change = diff_device(&spec, &key.public_key(), &us.get(dev).await.unwrap());
-        us.set(dev, &encode_set(&change, &key, false))
-            .await
-            .unwrap();
+        us.set(dev, &encode_set(&change, &key)).await.unwrap();
 
         let header = sh_async(&format!("wg show {dev} dump")).await;
         let first: Vec<&str> = header.lines().next().unwrap().split('\t').collect();
@@ -124,9 +122,7 @@ fn configured_per_peer_and_readable_by_wg() {
         spec.peers = vec![peer("node-c", 3, "203.0.113.3:51820", "10.244.3.0/24")];
         let change = diff_device(&spec, &key.public_key(), &us.get(dev).await.unwrap());
         assert_eq!(change.peers.len(), 2, "{:?}", change.peers);
-        us.set(dev, &encode_set(&change, &key, false))
-            .await
-            .unwrap();
+        us.set(dev, &encode_set(&change, &key)).await.unwrap();
         let got = wg_peers(dev).await;
         assert_eq!(got.len(), 1);
         assert_eq!(

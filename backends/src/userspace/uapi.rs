@@ -97,7 +97,7 @@ impl PeerEdit {
     fn apply(self, state: &mut State) -> Result<(), i32> {
         if self.remove {
             state.remove(&self.key);
-        } else if !(self.update_only && !self.exists)
+        } else if (!self.update_only || self.exists)
             && !state.upsert(self.key, self.config, self.endpoint)
         {
             return Err(EINVAL); // a peer before any private key

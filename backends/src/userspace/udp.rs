@@ -39,6 +39,9 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
     } else {
         std::net::Ipv4Addr::UNSPECIFIED.into()
     };
+    // As boringtun and the kernel do: a socket of a device going away (a restart, a
+    // device deleted and recreated) does not keep the new one off its port.
+    socket.set_reuse_address(true)?;
     if fwmark != 0 {
         socket.set_mark(fwmark)?;
     }
@@ -178,7 +181,7 @@ pub struct Batch {
 }
 
 /// Blocks for the next datagram or GRO batch on `fd`.
-pub fn receive(fd: RawFd, buf: &mut [u8], cmsg: &mut Vec<u8>) -> io::Result<Batch> {
+pub fn receive(fd: RawFd, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<Batch> {
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(cmsg), MsgFlags::empty())?;
     let len = msg.bytes;

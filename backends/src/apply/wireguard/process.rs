@@ -255,7 +255,7 @@ impl WgDevices for UserspaceProcess {
         if let Some(port) = change.listen_port {
             port_free(port).map_err(err(op.clone()))?;
         }
-        for request in encode_set(change, key, false) {
+        for request in encode_set(change, key) {
             self.writes += 1;
             let answer = client.exchange(&request).await.map_err(err(op.clone()))?;
             uapi::parse_get(&answer).map_err(|e| err(op.clone())(e.into()))?;

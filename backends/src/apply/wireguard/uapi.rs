@@ -66,45 +66,31 @@ fn peer_lines(p: &PeerSpec) -> String {
     out
 }
 
-/// The `set=1` requests for `change`: the device's own settings first (peers cannot be
-/// added before the private key), then one request per peer operation. One peer per request
-/// because boringtun's parser carries fields (`remove`, `endpoint`, `preshared_key`, …) over
-/// from one peer section into the next. With `in_place_updates` false (boringtun cannot
-/// modify a peer) an update is sent as a remove and then an add of the whole peer.
-pub fn encode_set(
-    change: &DeviceChange,
-    private_key: &PrivateKey,
-    in_place_updates: bool,
-) -> Vec<String> {
-    let mut requests = Vec::new();
-    let mut own = String::new();
+/// The `set=1` request for `change` (none when nothing changes): the device's own
+/// settings first (peers cannot be added before the private key), then every peer
+/// operation, in one request. An update changes the peer in place (`update_only`), so
+/// its session survives an endpoint or AllowedIPs change.
+pub fn encode_set(change: &DeviceChange, private_key: &PrivateKey) -> Vec<String> {
+    let mut body = String::new();
     if change.set_private_key {
-        let _ = writeln!(own, "private_key={}", hex(private_key.as_bytes()));
+        let _ = writeln!(body, "private_key={}", hex(private_key.as_bytes()));
     }
     if let Some(port) = change.listen_port {
-        let _ = writeln!(own, "listen_port={port}");
+        let _ = writeln!(body, "listen_port={port}");
     }
-    if !own.is_empty() {
-        requests.push(own);
-    }
-    let remove = |key: &PublicKey| format!("public_key={}\nremove=true\n", hex(key.as_bytes()));
     for peer in &change.peers {
         match peer {
-            PeerChange::Add(p) => requests.push(peer_lines(p)),
-            PeerChange::Update { spec, fields } if in_place_updates => {
-                requests.push(update_lines(spec, fields))
+            PeerChange::Add(p) => body.push_str(&peer_lines(p)),
+            PeerChange::Update { spec, fields } => body.push_str(&update_lines(spec, fields)),
+            PeerChange::Remove { key } => {
+                let _ = writeln!(body, "public_key={}\nremove=true", hex(key.as_bytes()));
             }
-            PeerChange::Update { spec, .. } => {
-                requests.push(remove(&spec.public_key));
-                requests.push(peer_lines(spec));
-            }
-            PeerChange::Remove { key } => requests.push(remove(key)),
         }
     }
-    requests
-        .into_iter()
-        .map(|body| format!("set=1\n{body}\n"))
-        .collect()
+    if body.is_empty() {
+        return Vec::new();
+    }
+    vec![format!("set=1\n{body}\n")]
 }
 
 fn update_lines(spec: &PeerSpec, fields: &super::diff::PeerFields) -> String {

@@ -29,16 +29,15 @@ fn fresh_device_gets_key_first_then_port_then_peers() {
         peers: vec![peer(2, "198.51.100.2:51820", "10.244.2.0/24")],
     };
     let change = diff_device(&spec, &key(1).public_key(), &WgDevice::default());
-    let requests = encode_set(&change, &key(1), true);
+    let requests = encode_set(&change, &key(1));
     let b = hex(key(2).public_key().as_bytes());
     assert_eq!(requests, [
-        format!("set=1\nprivate_key={}\nlisten_port=51820\n\n", hex(key(1).as_bytes())),
-        format!("set=1\npublic_key={b}\nendpoint=198.51.100.2:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.244.2.0/24\n\n"),
+        format!("set=1\nprivate_key={}\nlisten_port=51820\npublic_key={b}\nendpoint=198.51.100.2:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.244.2.0/24\n\n", hex(key(1).as_bytes())),
     ]);
 }
 
 #[test]
-fn update_in_place_or_as_remove_and_add() {
+fn updates_in_place_and_every_peer_in_one_request() {
     let spec = peer(2, "203.0.113.2:51820", "10.244.2.0/24");
     let change = DeviceChange {
         set_private_key: false,
@@ -59,21 +58,12 @@ fn update_in_place_or_as_remove_and_add() {
     let b = hex(key(2).public_key().as_bytes());
     let gone = hex(key(9).public_key().as_bytes());
     assert_eq!(
-        encode_set(&change, &key(1), true),
-        [
-            format!("set=1\npublic_key={b}\nupdate_only=true\nendpoint=203.0.113.2:51820\n\n"),
-            format!("set=1\npublic_key={gone}\nremove=true\n\n"),
-        ]
+        encode_set(&change, &key(1)),
+        [format!(
+            "set=1\npublic_key={b}\nupdate_only=true\nendpoint=203.0.113.2:51820\npublic_key={gone}\nremove=true\n\n"
+        )]
     );
-    let readd = encode_set(&change, &key(1), false);
-    assert_eq!(readd.len(), 3, "{readd:?}");
-    assert_eq!(readd[0], format!("set=1\npublic_key={b}\nremove=true\n\n"));
-    assert!(
-        readd[1].starts_with(&format!(
-            "set=1\npublic_key={b}\nendpoint=203.0.113.2:51820\n"
-        )),
-        "{readd:?}"
-    );
+    assert!(encode_set(&DeviceChange::default(), &key(1)).is_empty());
 }
 
 #[test]
