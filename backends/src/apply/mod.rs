@@ -15,7 +15,7 @@ mod ipsec_link;
 pub mod monitor;
 mod netlink;
 mod nft;
-mod nl_request;
+pub(crate) mod nl_request;
 mod port_taken;
 #[cfg(test)]
 mod reconcile_tests;

@@ -24,12 +24,27 @@ pub mod vnet;
 
 pub use device::Device;
 
-/// Deletes the interface `name` (best effort: it may be gone already).
+/// Deletes the interface `name` over rtnetlink (best effort: it may be gone already).
 pub fn delete_link(name: &str) {
-    let _ = std::process::Command::new("ip")
-        .args(["link", "delete", "dev", name])
-        .stderr(std::process::Stdio::null())
-        .status();
+    use netlink_packet_route::{link::LinkMessage, RouteNetlinkMessage};
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return;
+    };
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return;
+    }
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    let protocol = netlink_sys::protocols::NETLINK_ROUTE;
+    if let Ok(mut nl) = crate::apply::nl_request::NlSocket::open(protocol) {
+        let _ = nl.request(
+            RouteNetlinkMessage::DelLink(link),
+            netlink_packet_core::NLM_F_ACK,
+        );
+    }
 }
+
 #[cfg(test)]
 mod offload_tests;
