@@ -142,7 +142,10 @@ fn timers(device: std::sync::Weak<Device>) {
             last_reset = Instant::now();
         }
         for peer in state.peers.values() {
-            let mut tunn = lock(&peer.tunn);
+            let mut slot = lock(&peer.tunn);
+            let Some(tunn) = slot.as_mut() else {
+                continue; // no session state yet: no timers
+            };
             if let TunnResult::WriteToNetwork(out) = tunn.update_timers(&mut buf) {
                 if let Some(to) = peer.endpoint() {
                     let _ = udp.send(to, out);

@@ -19,7 +19,11 @@ pub type Key = [u8; 32];
 
 pub struct Peer {
     pub key: Key,
-    pub tunn: Mutex<Tunn>,
+    /// The peer's index in session ids (`receiver >> 8`).
+    index: u32,
+    /// The Noise state, made on first use (`State::session`): boringtun's `Tunn` is 11 KiB
+    /// inline, and a peer that never carries traffic should not cost that.
+    pub tunn: Mutex<Option<Box<Tunn>>>,
     pub endpoint: Mutex<Option<SocketAddr>>,
     pub config: Mutex<PeerConfig>,
 }
@@ -155,7 +159,9 @@ impl State {
         }
         let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
         for peer in self.peers.values() {
-            lock(&peer.tunn).set_static_private(secret.clone(), public, Some(limiter.clone()));
+            if let Some(tunn) = lock(&peer.tunn).as_mut() {
+                tunn.set_static_private(secret.clone(), public, Some(limiter.clone()));
+            }
         }
         self.identity = Some(Identity {
             secret,
@@ -164,31 +170,40 @@ impl State {
         });
     }
 
-    fn new_tunn(&self, key: &Key, config: &PeerConfig, index: u32) -> Option<Tunn> {
-        let id = self.identity.as_ref()?;
-        Some(Tunn::new(
-            id.secret.clone(),
-            PublicKey::from(*key),
-            config.psk,
-            (config.keepalive != 0).then_some(config.keepalive),
-            index,
-            Some(id.limiter.clone()),
-        ))
+    /// `peer`'s session state in `slot` (its locked `tunn`), made now if it has none yet.
+    /// None while the device has no private key.
+    pub fn session<'a>(
+        &self,
+        slot: &'a mut Option<Box<Tunn>>,
+        peer: &Peer,
+    ) -> Option<&'a mut Tunn> {
+        if slot.is_none() {
+            let id = self.identity.as_ref()?;
+            let (psk, keepalive) = {
+                let c = lock(&peer.config);
+                (c.psk, c.keepalive)
+            };
+            *slot = Some(Box::new(Tunn::new(
+                id.secret.clone(),
+                PublicKey::from(peer.key),
+                psk,
+                (keepalive != 0).then_some(keepalive),
+                peer.index,
+                Some(id.limiter.clone()),
+            )));
+        }
+        slot.as_deref_mut()
     }
 
     /// Adds a peer, or changes one in place. A new PSK or keepalive starts a fresh Noise
     /// state for the peer (boringtun's `Tunn` fixes both at creation; the next packet
     /// makes a new handshake). The endpoint and AllowedIPs change without touching the
-    /// session. Returns false where no private key is set yet (a peer needs one).
-    pub fn upsert(&mut self, key: Key, config: PeerConfig, endpoint: Option<SocketAddr>) -> bool {
+    /// session.
+    pub fn upsert(&mut self, key: Key, config: PeerConfig, endpoint: Option<SocketAddr>) {
         if let Some(peer) = self.peers.get(&key).cloned() {
             let old = lock(&peer.config).clone();
             if old.psk != config.psk || old.keepalive != config.keepalive {
-                let index = self.index_of[&key];
-                let Some(tunn) = self.new_tunn(&key, &config, index) else {
-                    return false;
-                };
-                *lock(&peer.tunn) = tunn;
+                *lock(&peer.tunn) = None;
             }
             if endpoint.is_some() {
                 *lock(&peer.endpoint) = endpoint;
@@ -198,16 +213,14 @@ impl State {
             if routes_changed {
                 self.claim(&key, &old.allowed_ips);
             }
-            return true;
+            return;
         }
         self.next_index = (self.next_index + 1) & 0x00ff_ffff;
         let index = self.next_index;
-        let Some(tunn) = self.new_tunn(&key, &config, index) else {
-            return false;
-        };
         let peer = Arc::new(Peer {
             key,
-            tunn: Mutex::new(tunn),
+            index,
+            tunn: Mutex::new(None),
             endpoint: Mutex::new(endpoint),
             config: Mutex::new(config),
         });
@@ -215,7 +228,6 @@ impl State {
         self.by_index.insert(index, peer);
         self.index_of.insert(key, index);
         self.claim(&key, &[]);
-        true
     }
 
     /// An AllowedIP belongs to one peer: giving it to `key` takes it from any other.

@@ -56,7 +56,10 @@ impl Receiver {
     fn data_run(&mut self, state: &State, peer: &Arc<Peer>, run: &[&[u8]], from: SocketAddr) {
         let vnet = self.device.offloads.vnet;
         let mut write = Self::to_tun(&mut self.tun, vnet);
-        let mut tunn = lock(&peer.tunn);
+        let mut slot = lock(&peer.tunn);
+        let Some(tunn) = slot.as_mut() else {
+            return; // no session state: nothing of ours to decrypt with
+        };
         let mut authentic = false;
         for datagram in run {
             match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
@@ -85,7 +88,7 @@ impl Receiver {
                 TunnResult::Err(_) => {}
             }
         }
-        drop(tunn);
+        drop(slot);
         self.coalescer.flush(&mut write);
         if authentic {
             roam(peer, from);
@@ -119,7 +122,10 @@ impl Receiver {
             receiver(datagram).and_then(|r| state.by_receiver(r))
         };
         let Some(peer) = peer else { return };
-        let mut tunn = lock(&peer.tunn);
+        let mut slot = lock(&peer.tunn);
+        let Some(tunn) = state.session(&mut slot, peer) else {
+            return;
+        };
         let authentic = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
             TunnResult::WriteToNetwork(out) => {
                 let _ = udp.send(from, out);
@@ -128,8 +134,8 @@ impl Receiver {
             TunnResult::Err(_) => false,
             _ => true,
         };
-        flush_queue(&mut tunn, &mut self.plain, &udp, from);
-        drop(tunn);
+        flush_queue(tunn, &mut self.plain, &udp, from);
+        drop(slot);
         if authentic {
             roam(peer, from);
         }

@@ -121,11 +121,14 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
             continue; // no endpoint yet: nowhere to send
         };
         let udp = device.udp();
-        let mut tunn = lock(&peer.tunn);
+        let mut slot = lock(&peer.tunn);
+        let Some(tunn) = state.session(&mut slot, peer) else {
+            continue; // no private key yet
+        };
         let result = segment::split(&header, pkt, &mut scratch, |seg| {
-            batch.encrypt(&mut tunn, seg, &udp, to)
+            batch.encrypt(tunn, seg, &udp, to)
         });
-        drop(tunn);
+        drop(slot);
         batch.send(&udp, to);
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");

@@ -57,7 +57,9 @@ pub fn get(state: &State) -> String {
     let now = SystemTime::now();
     for peer in state.peers.values() {
         let config = lock(&peer.config).clone();
-        let (since, tx, rx, _, _) = lock(&peer.tunn).stats();
+        let (since, tx, rx, _, _) = lock(&peer.tunn)
+            .as_ref()
+            .map_or((None, 0, 0, 0.0, None), |t| t.stats());
         let _ = writeln!(out, "public_key={}", hex(&peer.key));
         if let Some(psk) = &config.psk {
             let _ = writeln!(out, "preshared_key={}", hex(psk));
@@ -97,10 +99,8 @@ impl PeerEdit {
     fn apply(self, state: &mut State) -> Result<(), i32> {
         if self.remove {
             state.remove(&self.key);
-        } else if (!self.update_only || self.exists)
-            && !state.upsert(self.key, self.config, self.endpoint)
-        {
-            return Err(EINVAL); // a peer before any private key
+        } else if !self.update_only || self.exists {
+            state.upsert(self.key, self.config, self.endpoint);
         }
         Ok(())
     }
