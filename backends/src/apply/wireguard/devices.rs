@@ -1,5 +1,5 @@
 //! The implementation a node runs, one of the two behind `WgDevices`: the kernel device,
-//! or the userspace device (boringtun in a process of its own). Both create the device under the
+//! or the userspace device (weft's own, in a process of its own). Both create the device under the
 //! same name, take the same per-peer changes and read back the same `WgDevice`; the
 //! data plane does not care which one runs.
 
@@ -31,7 +31,7 @@ impl WgImpl {
         if wanted == Implementation::Userspace {
             return Ok((
                 WgImpl::Userspace(userspace),
-                "userspace (boringtun): Implementation=userspace".into(),
+                "userspace (weft's device): Implementation=userspace".into(),
             ));
         }
         match kernel::probe(nl, device).await {
@@ -48,7 +48,7 @@ impl WgImpl {
             )),
             Err(refused) if wanted == Implementation::Auto => Ok((
                 WgImpl::Userspace(userspace),
-                format!("userspace (boringtun): the kernel has no WireGuard ({refused})"),
+                format!("userspace (weft's device): the kernel has no WireGuard ({refused})"),
             )),
             Err(refused) => Err(ApplyError::Netlink {
                 op: "Implementation=kernel".into(),

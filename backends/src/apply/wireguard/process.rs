@@ -52,7 +52,8 @@ pub fn stop_server(device: &str) -> Result<(), ApplyError> {
 }
 
 /// Whether `cmdline` (as `/proc/<pid>/cmdline`: arguments separated by NUL) runs a
-/// WireGuard device named `device`: weft's `userspace-device`, wireguard-go or boringtun.
+/// WireGuard device named `device`: weft's `userspace-device`, wireguard-go or boringtun
+/// (a device another tool left behind).
 pub fn is_device_process(cmdline: &[u8], device: &str) -> bool {
     let args: Vec<&[u8]> = cmdline
         .split(|b| *b == 0)
@@ -239,8 +240,7 @@ impl WgDevices for UserspaceProcess {
             .map_err(|e| err(format!("reading userspace WireGuard device {device}"))(e.into()))
     }
 
-    /// Sends the `set=1` requests of `change`, one peer per request, updates as remove +
-    /// add (boringtun cannot modify a peer); stops at the first refused.
+    /// Sends `change` as one `set=1` request: peers added, changed in place, removed.
     async fn apply(
         &mut self,
         device: &str,
@@ -249,9 +249,8 @@ impl WgDevices for UserspaceProcess {
     ) -> Result<(), ApplyError> {
         let mut client = self.client(device).await?;
         let op = format!("configuring userspace WireGuard device {device}");
-        // boringtun gives up its sockets before it binds the new port: were that port
-        // taken, the device would be left with none (and its threads panic at the next
-        // packet). So the port is tried here first.
+        // The device keeps its sockets when the new port cannot be bound, but the error
+        // that says who holds the port is made here, before the device is asked.
         if let Some(port) = change.listen_port {
             port_free(port).map_err(err(op.clone()))?;
         }
@@ -278,7 +277,7 @@ impl Default for UserspaceProcess {
     }
 }
 
-/// Whether UDP `port` can be bound on IPv4 and IPv6 as boringtun binds it (with
+/// Whether UDP `port` can be bound on IPv4 and IPv6 as the userspace device binds it (with
 /// `SO_REUSEADDR`, so a device process that is still going away does not count); a family
 /// this host lacks does not count either. `AddrInUse` if someone else holds it.
 fn port_free(port: u16) -> std::io::Result<()> {

@@ -1,6 +1,6 @@
-//! The UAPI socket `/var/run/wireguard/<dev>.sock`: framing of requests and answers, and
-//! a client for it. The same code serves `wg` (in the userspace device process) and talks
-//! to that process from the agent.
+//! The UAPI socket `/var/run/wireguard/<dev>.sock`: framing of answers, and the client the
+//! agent talks to its userspace device process with (the device serves the socket with
+//! `crate::userspace::uapi`).
 
 use std::path::PathBuf;
 
@@ -35,32 +35,6 @@ pub async fn read_answer<R: AsyncRead + Unpin>(
             return Ok(answer);
         }
     }
-}
-
-/// Reads one UAPI request from a client: `get=1` (one line) or `set=1` up to its blank line.
-pub async fn read_request<R: AsyncRead + Unpin>(
-    reader: &mut BufReader<R>,
-) -> std::io::Result<Option<String>> {
-    let mut first = String::new();
-    if reader.read_line(&mut first).await? == 0 {
-        return Ok(None);
-    }
-    let mut request = first.clone();
-    if first.trim_end() == "set=1" {
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).await? == 0 || line.trim_end().is_empty() {
-                break;
-            }
-            request.push_str(&line);
-        }
-        request.push('\n');
-    } else {
-        // `get=1` is followed by a blank line from `wg`; boringtun must not see it.
-        let mut blank = String::new();
-        reader.read_line(&mut blank).await?;
-    }
-    Ok(Some(request))
 }
 
 /// How long a device may take to answer one request (one with 5000 peers takes well
