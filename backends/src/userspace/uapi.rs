@@ -188,7 +188,10 @@ pub fn set(state: &RwLock<State>, sockets: &dyn Sockets, lines: &[String]) -> i3
                 break;
             };
             result = set_line(&mut st, &mut edit, &mut pending, k, v);
-            if result.is_err() {
+            if let Err(errno) = result {
+                // The field only: a value may be a key.
+                let field: String = k.chars().take(40).collect();
+                tracing::warn!(%field, errno, "UAPI set refused at this field");
                 break;
             }
         }
