@@ -1,7 +1,8 @@
 //! weft's userspace WireGuard device against a WireGuard peer made of boringtun's Noise
 //! core and a plain UDP socket, in a fresh network namespace: thousands of malformed
 //! datagrams at its port change nothing, then a handshake completes and a ping through the
-//! tunnel is answered by the kernel behind the device, encrypted.
+//! tunnel is answered by the kernel behind the device, encrypted; a packet whose inner
+//! source is outside the peer's AllowedIPs never reaches the interface.
 
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -16,15 +17,15 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// An ICMP echo request from 10.77.1.2 to 10.77.0.1.
-fn echo_request(seq: u16) -> Vec<u8> {
+/// An ICMP echo request from `src` to 10.77.0.1.
+fn echo_request(seq: u16, src: [u8; 4]) -> Vec<u8> {
     let mut p = vec![0u8; 28 + 32];
     p[0] = 0x45;
     let len = p.len() as u16;
     p[2..4].copy_from_slice(&len.to_be_bytes());
     p[8] = 64;
     p[9] = 1;
-    p[12..16].copy_from_slice(&[10, 77, 1, 2]);
+    p[12..16].copy_from_slice(&src);
     p[16..20].copy_from_slice(&[10, 77, 0, 1]);
     checksum::ipv4_header(&mut p[..20]);
     p[20] = 8;
@@ -96,7 +97,7 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
         let mut out = vec![0u8; 2048];
         let mut buf = vec![0u8; 2048];
         // The first encapsulate queues the packet and starts the handshake.
-        match tunn.encapsulate(&echo_request(1), &mut out) {
+        match tunn.encapsulate(&echo_request(1, [10, 77, 1, 2]), &mut out) {
             TunnResult::WriteToNetwork(init) => client.send_to(init, "127.0.0.1:51999").unwrap(),
             other => panic!("expected a handshake initiation, got {other:?}"),
         };
@@ -128,5 +129,32 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
             .expect("the peer is still there");
         assert!(peer.last_handshake.is_some(), "the handshake is on record");
         assert!(peer.rx_bytes > 0 && peer.tx_bytes > 0);
+
+        // A packet whose inner source is outside the peer's AllowedIPs is dropped: of a
+        // spoofed request and a good one sent after it, only the good one reaches the
+        // interface (the device handles a peer's datagrams in order).
+        let before = rx_packets(dev);
+        for (seq, src) in [(2, [10, 77, 2, 2]), (3, [10, 77, 1, 2])] {
+            if let TunnResult::WriteToNetwork(p) =
+                tunn.encapsulate(&echo_request(seq, src), &mut out)
+            {
+                client.send_to(p, "127.0.0.1:51999").unwrap();
+            }
+        }
+        let (n, _) = client
+            .recv_from(&mut buf)
+            .expect("the good request is answered");
+        match tunn.decapsulate(None, &buf[..n], &mut out) {
+            TunnResult::WriteToTunnelV4(p, _) => assert_eq!(&p[26..28], &3u16.to_be_bytes()),
+            other => panic!("expected the reply to request 3, got {other:?}"),
+        }
+        assert_eq!(rx_packets(dev), before + 1, "only the good request got in");
     });
+}
+
+/// Packets the kernel received on `dev` (what the device wrote to it).
+fn rx_packets(dev: &str) -> u64 {
+    let json = sh(&format!("ip -j -s link show dev {dev}"));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v[0]["stats64"]["rx"]["packets"].as_u64().unwrap()
 }

@@ -5,7 +5,7 @@
 //! datagrams for one peer lock its session once.
 
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -62,30 +62,24 @@ impl Receiver {
         };
         let mut authentic = false;
         for datagram in run {
-            match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
-                TunnResult::WriteToTunnelV4(pkt, src) => {
-                    authentic = true;
-                    if state
-                        .route(src.into())
-                        .is_some_and(|p| Arc::ptr_eq(p, peer))
-                    {
-                        self.coalescer.push(pkt, &mut write);
+            let (pkt, src): (&[u8], IpAddr) =
+                match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
+                    TunnResult::WriteToTunnelV4(pkt, src) => (pkt, src.into()),
+                    TunnResult::WriteToTunnelV6(pkt, src) => (pkt, src.into()),
+                    TunnResult::Done => {
+                        authentic = true; // a keepalive
+                        continue;
                     }
-                }
-                TunnResult::WriteToTunnelV6(pkt, src) => {
-                    authentic = true;
-                    if state
-                        .route(src.into())
-                        .is_some_and(|p| Arc::ptr_eq(p, peer))
-                    {
-                        self.coalescer.push(pkt, &mut write);
+                    TunnResult::WriteToNetwork(out) => {
+                        let _ = self.device.udp().send(from, out);
+                        continue;
                     }
-                }
-                TunnResult::Done => authentic = true, // a keepalive
-                TunnResult::WriteToNetwork(out) => {
-                    let _ = self.device.udp().send(from, out);
-                }
-                TunnResult::Err(_) => {}
+                    TunnResult::Err(_) => continue,
+                };
+            authentic = true;
+            // The inner source must be one of the peer's AllowedIPs.
+            if state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)) {
+                self.coalescer.push(pkt, &mut write);
             }
         }
         drop(slot);
