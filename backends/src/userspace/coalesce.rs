@@ -80,9 +80,6 @@ struct Open {
 pub struct Coalescer {
     buf: Vec<u8>,
     open: Option<Open>,
-    /// Packets written and super-packets among them, for the device's counters.
-    pub written: u64,
-    pub merged: u64,
 }
 
 impl Default for Coalescer {
@@ -90,8 +87,6 @@ impl Default for Coalescer {
         Coalescer {
             buf: Vec::with_capacity(vnet::LEN + MAX_PACKET),
             open: None,
-            written: 0,
-            merged: 0,
         }
     }
 }
@@ -167,14 +162,12 @@ impl Coalescer {
         };
         if open.segments > 1 {
             self.finish_super_packet(&open);
-            self.merged += 1;
         }
         self.emit(write);
     }
 
     /// Writes `buf` as it is (a plain packet gets an all-zero vnet header).
     fn emit(&mut self, write: &mut impl FnMut(&[u8])) {
-        self.written += 1;
         write(&self.buf);
         self.buf.clear();
     }

@@ -24,17 +24,21 @@ pub mod vnet;
 
 pub use device::Device;
 
+/// The index of interface `name` in the caller's network namespace, if it exists (asked
+/// of the kernel: sysfs may show another namespace).
+pub fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
 /// Deletes the interface `name` over rtnetlink (best effort: it may be gone already).
 pub fn delete_link(name: &str) {
     use netlink_packet_route::{link::LinkMessage, RouteNetlinkMessage};
-    let Ok(c) = std::ffi::CString::new(name) else {
+    let Some(index) = ifindex(name) else {
         return;
     };
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if index == 0 {
-        return;
-    }
     let mut link = LinkMessage::default();
     link.header.index = index;
     let protocol = netlink_sys::protocols::NETLINK_ROUTE;

@@ -128,7 +128,6 @@ pub struct State {
     pub fwmark: u32,
     pub peers: HashMap<Key, Arc<Peer>>,
     by_index: HashMap<u32, Arc<Peer>>,
-    index_of: HashMap<Key, u32>,
     routes: Routes,
     /// Which peer holds each AllowedIP.
     owners: HashMap<IpNet, Key>,
@@ -226,7 +225,6 @@ impl State {
         });
         self.peers.insert(key, peer.clone());
         self.by_index.insert(index, peer);
-        self.index_of.insert(key, index);
         self.claim(&key, &[]);
     }
 
@@ -254,9 +252,7 @@ impl State {
 
     pub fn remove(&mut self, key: &Key) {
         if let Some(peer) = self.peers.remove(key) {
-            if let Some(index) = self.index_of.remove(key) {
-                self.by_index.remove(&index);
-            }
+            self.by_index.remove(&peer.index);
             for net in &lock(&peer.config).allowed_ips {
                 self.owners.remove(net);
             }
@@ -267,7 +263,6 @@ impl State {
     pub fn remove_all(&mut self) {
         self.peers.clear();
         self.by_index.clear();
-        self.index_of.clear();
         self.owners.clear();
         self.dirty = true;
     }

@@ -52,8 +52,16 @@ impl Receiver {
         }
     }
 
-    /// Decrypts a run of data messages for one peer, under one lock of its session.
-    fn data_run(&mut self, state: &State, peer: &Arc<Peer>, run: &[&[u8]], from: SocketAddr) {
+    /// Decrypts a run of data messages for one peer (back to back, `segment` bytes each
+    /// but the last), under one lock of its session.
+    fn data_run(
+        &mut self,
+        state: &State,
+        peer: &Arc<Peer>,
+        run: &[u8],
+        segment: usize,
+        from: SocketAddr,
+    ) {
         let vnet = self.device.offloads.vnet;
         let mut write = Self::to_tun(&mut self.tun, vnet);
         let mut slot = lock(&peer.tunn);
@@ -61,7 +69,7 @@ impl Receiver {
             return; // no session state: nothing of ours to decrypt with
         };
         let mut authentic = false;
-        for datagram in run {
+        for datagram in run.chunks(segment) {
             let (pkt, src): (&[u8], IpAddr) =
                 match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
                     TunnResult::WriteToTunnelV4(pkt, src) => (pkt, src.into()),
@@ -135,29 +143,33 @@ impl Receiver {
         }
     }
 
+    /// Handles the datagrams of one receive: `buf` holds them back to back, each
+    /// `segment` bytes but the last.
     fn batch(&mut self, buf: &[u8], segment: usize, from: SocketAddr) {
         let device = self.device.clone();
         let state = device.state();
-        let datagrams: Vec<&[u8]> = buf.chunks(segment).collect();
-        let mut i = 0;
-        while i < datagrams.len() {
-            let d = datagrams[i];
-            if d.len() < 32 || d[0] != DATA {
+        let datagram_at = |at: usize| &buf[at..(at + segment).min(buf.len())];
+        let is_data = |d: &[u8]| d.len() >= 32 && d[0] == DATA;
+        let mut at = 0;
+        while at < buf.len() {
+            let d = datagram_at(at);
+            if !is_data(d) {
                 if d.len() >= 4 {
                     self.control(&state, d, from);
                 }
-                i += 1;
+                at += d.len();
                 continue;
             }
+            // The run of data messages for the same session.
             let r = receiver(d);
-            let end = datagrams[i..]
-                .iter()
-                .position(|x| x.len() < 32 || x[0] != DATA || receiver(x) != r)
-                .map_or(datagrams.len(), |k| i + k);
-            if let Some(peer) = r.and_then(|r| state.by_receiver(r)).cloned() {
-                self.data_run(&state, &peer, &datagrams[i..end], from);
+            let mut end = at + d.len();
+            while end < buf.len() && is_data(datagram_at(end)) && receiver(datagram_at(end)) == r {
+                end += datagram_at(end).len();
             }
-            i = end;
+            if let Some(peer) = r.and_then(|r| state.by_receiver(r)).cloned() {
+                self.data_run(&state, &peer, &buf[at..end], segment, from);
+            }
+            at = end;
         }
     }
 }

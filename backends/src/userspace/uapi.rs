@@ -13,6 +13,7 @@ use boringtun::x25519::StaticSecret;
 use ipnet::IpNet;
 
 use super::peers::{lock, Key, PeerConfig, State};
+use crate::apply::wireguard::uapi::{hex, unhex};
 
 const EINVAL: i32 = 22;
 const EPROTO: i32 = 71;
@@ -24,24 +25,6 @@ const MAX_LINE: usize = 4096;
 pub trait Sockets: Send + Sync {
     /// Binds `port` (0: any) with `fwmark`; returns the port bound.
     fn rebind(&self, port: u16, fwmark: u32) -> std::io::Result<u16>;
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex(text: &str) -> Option<Key> {
-    if text.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (i, byte) in key.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(key)
 }
 
 /// The answer to `get=1`.

@@ -82,10 +82,10 @@ impl Udp {
         let v4 = bind(Domain::IPV4, port, fwmark)?;
         let port = v4.local_addr()?.as_socket().map_or(port, |a| a.port());
         let v6 = bind(Domain::IPV6, port, fwmark).ok();
-        let gso = probe(&v4, |fd| setsockopt(fd, sockopt::UdpGsoSegment, &0));
-        let mut gro = probe(&v4, |fd| setsockopt(fd, sockopt::UdpGroSegment, &true));
+        let gso = setsockopt(&v4, sockopt::UdpGsoSegment, &0).is_ok();
+        let mut gro = setsockopt(&v4, sockopt::UdpGroSegment, &true).is_ok();
         if let Some(v6) = &v6 {
-            gro &= probe(v6, |fd| setsockopt(fd, sockopt::UdpGroSegment, &true));
+            gro &= setsockopt(v6, sockopt::UdpGroSegment, &true).is_ok();
         }
         Ok(Udp {
             v4: Some(v4),
@@ -167,10 +167,6 @@ impl Udp {
         )?;
         Ok(())
     }
-}
-
-fn probe(socket: &Socket, set: impl FnOnce(&Socket) -> nix::Result<()>) -> bool {
-    set(socket).is_ok()
 }
 
 /// One receive: the datagrams in `buf[..len]`, each `segment` bytes but the last.

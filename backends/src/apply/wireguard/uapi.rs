@@ -33,14 +33,14 @@ impl From<UapiError> for std::io::Error {
     }
 }
 
-fn hex(bytes: &[u8; KEY_LEN]) -> String {
+pub(crate) fn hex(bytes: &[u8; KEY_LEN]) -> String {
     bytes.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");
         s
     })
 }
 
-fn unhex(text: &str) -> Option<[u8; KEY_LEN]> {
+pub(crate) fn unhex(text: &str) -> Option<[u8; KEY_LEN]> {
     if text.len() != 2 * KEY_LEN || !text.is_ascii() {
         return None;
     }

@@ -171,13 +171,8 @@ pub async fn run_device(device: &str) -> Result<&'static str, ApplyError> {
     Ok(why)
 }
 
-/// Asks the kernel, in the caller's network namespace (sysfs may show another one).
 fn interface_exists(name: &str) -> bool {
-    let Ok(c) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
-    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+    crate::userspace::ifindex(name).is_some()
 }
 
 fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
