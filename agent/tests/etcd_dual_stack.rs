@@ -200,3 +200,59 @@ async fn a_dual_stack_lease_written_by_flannel_is_read_and_never_reused() {
     assert_eq!(lease.public_ipv6, Some("2001:db8::2".parse().unwrap()));
     assert_eq!(lease.backend_v6_data.unwrap()["Port"], 51821);
 }
+
+/// Eight nodes claim at once, each asking for its own previous IPv4 subnet and all for
+/// the same previous IPv6 one. Their keys differ (a key names both subnets), so only the
+/// claim's guard over the whole directory keeps two of them off one IPv6 subnet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_claiming_at_once_never_share_a_subnet_of_either_family() {
+    const NODES: u8 = 8;
+    let etcd = Etcd::start().unwrap();
+    set_config(&etcd, DUAL).await;
+    let mut ready = Vec::new();
+    for n in 1..=NODES {
+        let cfg = EtcdConfig::new(vec![etcd.endpoint()], PREFIX);
+        let mut reg = EtcdRegistry::connect(cfg).await.unwrap();
+        let net = reg.net_conf().await.unwrap();
+        let previous = attrs(0).to_lease_attrs().into_lease(
+            String::new(),
+            Some(format!("10.244.{n}.0/24").parse().unwrap()),
+            Some("fd00:10:244:1::/64".parse().unwrap()),
+        );
+        let request = AcquireRequest {
+            attrs: attrs(n),
+            previous: previous.subnet,
+            previous_v6: previous.subnet_v6,
+        };
+        ready.push((reg, net, request));
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(usize::from(NODES)));
+    let claims: Vec<_> = ready
+        .into_iter()
+        .map(|(mut reg, net, request)| {
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let lease = reg.acquire(&net, &request).await;
+                (request, lease)
+            })
+        })
+        .collect();
+    let mut v6s = Vec::new();
+    for claim in claims {
+        let (request, lease) = claim.await.unwrap();
+        let lease = lease.unwrap_or_else(|e| panic!("{:?}: {e}", request.previous));
+        // Nobody else asked for this node's IPv4 subnet: it keeps it.
+        assert_eq!(lease.subnet, request.previous, "{lease:?}");
+        v6s.push(lease.subnet_v6.unwrap());
+    }
+    v6s.sort();
+    v6s.dedup();
+    assert_eq!(
+        v6s.len(),
+        usize::from(NODES),
+        "one IPv6 subnet each: {v6s:?}"
+    );
+    let keys = stored(&etcd).await;
+    assert_eq!(keys.len(), usize::from(NODES), "{keys:?}");
+}

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
 use tracing::{debug, info, warn};
 use weft_backends::model::{allocate, Allocation, Exhausted, Lease, Taken};
 use weft_backends::netconf::NetConf;
@@ -16,6 +18,37 @@ use super::{EtcdRegistry, RegistryError};
 use crate::registry::{AcquireRequest, LocalAttrs};
 
 const MAX_ATTEMPTS: u32 = 8;
+
+/// How a claiming transaction ended.
+enum Claimed {
+    Won(Box<Lease>),
+    /// Another claim got there first: the leases created since the listing, and the
+    /// revision they were read at.
+    Lost {
+        created: Vec<Stored>,
+        revision: i64,
+    },
+}
+
+/// The leases a failed claim's else-branch read (those created since its listing).
+fn created_since(dir: &str, resp: &etcd_client::TxnResponse) -> Vec<Stored> {
+    let mut out = Vec::new();
+    for op in resp.op_responses() {
+        let TxnOpResponse::Get(got) = op else {
+            continue;
+        };
+        for kv in got.kvs() {
+            match lease_of(dir, kv) {
+                Ok(lease) => out.push(Stored {
+                    lease,
+                    mod_revision: kv.mod_revision(),
+                }),
+                Err(e) => warn!(error = %e, "skipping unreadable lease"),
+            }
+        }
+    }
+    out
+}
 
 /// One lease as listed, with what a transaction compares against.
 pub(crate) struct Stored {
@@ -111,65 +144,116 @@ impl EtcdRegistry {
         Ok(id)
     }
 
+    /// Claims subnets for this node: chooses from a listing, then claims by a transaction
+    /// that holds only if no lease was created in the subnets directory since that
+    /// listing (a lease's key names both of its subnets, so guarding the chosen key alone
+    /// would let two nodes with different IPv4 but the same IPv6 subnet both win). When it
+    /// fails, the same transaction returns the leases created since; the choice is made
+    /// again with them, without listing again.
     pub(crate) async fn acquire_lease(
         &mut self,
         net: &NetConf,
         request: &AcquireRequest,
     ) -> Result<Lease, RegistryError> {
-        let value = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
-        for attempt in 1..=MAX_ATTEMPTS {
-            let listed = self.list().await?;
+        let mut listed = self.list().await?;
+        // A claim lost to leases created since the listing means other nodes got
+        // subnets, which the network has finitely many of (choosing ends in `Exhausted`):
+        // only losses without that progress count against the attempts.
+        let (mut relists, mut lost) = (0, 0u64);
+        loop {
             let seed = self.cfg.alloc_seed.unwrap_or_else(random_u128);
             let choice = choose(net, request, &listed.leases, seed)?;
-            let name = kv::lease_name(choice.v4.as_ref(), choice.v6.as_ref());
-            let key = format!("{}{name}", self.cfg.subnets_dir());
-            let mut guards = vec![match listed.leases.iter().find(|s| s.lease.node == name) {
+            match self.claim(request, &listed, choice).await? {
+                Claimed::Won(lease) => return Ok(*lease),
+                Claimed::Lost { created, revision } if !created.is_empty() => {
+                    lost += 1;
+                    debug!(
+                        lost,
+                        created = created.len(),
+                        "leases were created since the listing; choosing again"
+                    );
+                    listed.leases.extend(created);
+                    listed.revision = revision;
+                }
+                // Nothing new, so a lease this claim replaces changed: list again.
+                Claimed::Lost { .. } if relists < MAX_ATTEMPTS => {
+                    relists += 1;
+                    listed = self.list().await?;
+                }
+                Claimed::Lost { .. } => {
+                    return Err(RegistryError::Contention {
+                        attempts: MAX_ATTEMPTS,
+                    })
+                }
+            }
+        }
+    }
+
+    /// One claiming transaction for `choice`, guarded against any lease created after
+    /// `listed` and any change to the leases it replaces.
+    async fn claim(
+        &mut self,
+        request: &AcquireRequest,
+        listed: &Listed,
+        choice: Choice,
+    ) -> Result<Claimed, RegistryError> {
+        let dir = self.cfg.subnets_dir();
+        let name = kv::lease_name(choice.v4.as_ref(), choice.v6.as_ref());
+        let key = format!("{dir}{name}");
+        let mut guards = vec![
+            Compare::create_revision(dir.clone(), CompareOp::Less, listed.revision + 1)
+                .with_range(prefix_end(dir.as_bytes())),
+            match listed.leases.iter().find(|s| s.lease.node == name) {
                 Some(s) => Compare::mod_revision(key.clone(), CompareOp::Equal, s.mod_revision),
                 None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            }];
-            // This node's own leases of another shape over the chosen subnets (the
-            // config gained or lost a family): replaced in the same transaction.
-            let stale = overlapping(&listed.leases, &choice, &name);
-            let mut ops = Vec::new();
-            for s in &stale {
-                let old = format!("{}{}", self.cfg.subnets_dir(), s.lease.node);
-                guards.push(Compare::mod_revision(
-                    old.clone(),
-                    CompareOp::Equal,
-                    s.mod_revision,
-                ));
-                ops.push(TxnOp::delete(old, None));
-            }
-            let lease_id = self.lease_id().await?;
-            ops.push(TxnOp::put(
-                key.clone(),
-                value.clone(),
-                Some(PutOptions::new().with_lease(lease_id)),
+            },
+        ];
+        // This node's own leases of another shape over the chosen subnets (the config
+        // gained or lost a family): replaced in the same transaction.
+        let stale = overlapping(&listed.leases, &choice, &name);
+        let mut ops = Vec::new();
+        for s in &stale {
+            let old = format!("{dir}{}", s.lease.node);
+            guards.push(Compare::mod_revision(
+                old.clone(),
+                CompareOp::Equal,
+                s.mod_revision,
             ));
-            let txn = Txn::new().when(guards).and_then(ops);
-            let mut client = self.client.clone();
-            if self
-                .call("claiming", &key, client.txn(txn))
-                .await?
-                .succeeded()
-            {
-                for s in &stale {
-                    info!(old = %s.lease.node, %key, "replaced this node's lease of another shape");
-                }
-                info!(%key, lease = format_args!("{lease_id:#x}"), "acquired {}", choice.how);
-                self.wrote(&value);
-                let lease = request
-                    .attrs
-                    .to_lease_attrs()
-                    .into_lease(name, choice.v4, choice.v6);
-                self.held = Some((lease.clone(), request.clone()));
-                return Ok(lease);
-            }
-            debug!(%key, attempt, "another node claimed the subnet first; choosing again");
+            ops.push(TxnOp::delete(old, None));
         }
-        Err(RegistryError::Contention {
-            attempts: MAX_ATTEMPTS,
-        })
+        let value = serde_json::to_vec(&request.attrs.to_lease_attrs()).unwrap_or_default();
+        let lease_id = self.lease_id().await?;
+        ops.push(TxnOp::put(
+            key.clone(),
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease_id)),
+        ));
+        let since = GetOptions::new()
+            .with_range(prefix_end(dir.as_bytes()))
+            .with_min_create_revision(listed.revision + 1);
+        let txn = Txn::new()
+            .when(guards)
+            .and_then(ops)
+            .or_else([TxnOp::get(dir.clone(), Some(since))]);
+        let mut client = self.client.clone();
+        let resp = self.call("claiming", &key, client.txn(txn)).await?;
+        if !resp.succeeded() {
+            return Ok(Claimed::Lost {
+                created: created_since(&dir, &resp),
+                revision: resp.header().map_or(listed.revision, |h| h.revision()),
+            });
+        }
+        for s in &stale {
+            info!(old = %s.lease.node, %key, "replaced this node's lease of another shape");
+        }
+        info!(%key, lease = format_args!("{lease_id:#x}"), "acquired {}", choice.how);
+        self.wrote(&value);
+        let lease = request
+            .attrs
+            .to_lease_attrs()
+            .into_lease(name, choice.v4, choice.v6);
+        self.held = Some((lease.clone(), request.clone()));
+        Ok(Claimed::Won(Box::new(lease)))
     }
 
     /// Claims again after the lease was lost (deleted, expired): the same subnet if free.

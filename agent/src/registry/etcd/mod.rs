@@ -171,7 +171,9 @@ pub enum RegistryError {
     BadConfig { key: String, errors: ConfigErrors },
     #[error(transparent)]
     Exhausted(#[from] Exhausted),
-    #[error("could not claim a subnet after {attempts} attempts: other nodes kept taking the chosen one")]
+    #[error(
+        "could not claim a subnet after {attempts} attempts: the leases it replaces kept changing"
+    )]
     Contention { attempts: u32 },
     #[error("the etcd lease {lease:#x} holding {key} has expired")]
     LeaseExpired { lease: i64, key: String },
