@@ -2,10 +2,11 @@
 //! core and a plain UDP socket, in a fresh network namespace: thousands of malformed
 //! datagrams at its port change nothing, then a handshake completes and a ping through the
 //! tunnel is answered by the kernel behind the device, encrypted; a packet whose inner
-//! source is outside the peer's AllowedIPs never reaches the interface.
+//! source is outside the peer's AllowedIPs never reaches the interface; a PSK change keeps
+//! the session until a handshake with the new PSK replaces it.
 
 use std::net::UdpSocket;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
@@ -60,30 +61,14 @@ fn garbage(count: usize) -> Vec<Vec<u8>> {
 #[test]
 fn garbage_changes_nothing_and_a_real_peer_gets_through() {
     in_new_netns(|| async {
-        sh("ip link set lo up");
         let dev = "wgt-dev";
         let mut us = Userspace::default();
-        us.ensure(dev).unwrap();
         let device_key = StaticSecret::from([7u8; 32]);
         let client_key = StaticSecret::from([9u8; 32]);
-        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-        client
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let request = format!(
-            "set=1\nprivate_key={}\nlisten_port=51999\npublic_key={}\nendpoint={}\nallowed_ip=10.77.1.0/24\n\n",
-            hex(device_key.as_bytes()),
-            hex(PublicKey::from(&client_key).as_bytes()),
-            client.local_addr().unwrap()
-        );
-        us.set(dev, &[request]).await.unwrap();
-        sh(&format!(
-            "ip addr add 10.77.0.1/24 dev {dev} && ip link set {dev} up"
-        ));
-        sh(&format!("ip route add 10.77.1.0/24 dev {dev}"));
+        let client = device_with_client(&mut us, dev, &device_key, &client_key, None).await;
 
         for d in garbage(5000) {
-            client.send_to(&d, "127.0.0.1:51999").unwrap();
+            client.send_to(&d, DEVICE).unwrap();
         }
 
         let mut tunn = Tunn::new(
@@ -94,33 +79,8 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
             1,
             None,
         );
-        let mut out = vec![0u8; 2048];
-        let mut buf = vec![0u8; 2048];
         // The first encapsulate queues the packet and starts the handshake.
-        match tunn.encapsulate(&echo_request(1, [10, 77, 1, 2]), &mut out) {
-            TunnResult::WriteToNetwork(init) => client.send_to(init, "127.0.0.1:51999").unwrap(),
-            other => panic!("expected a handshake initiation, got {other:?}"),
-        };
-        let mut replies = 0;
-        while replies == 0 {
-            let (n, _) = client.recv_from(&mut buf).expect("the device answers");
-            let mut result = tunn.decapsulate(None, &buf[..n], &mut out);
-            loop {
-                match result {
-                    TunnResult::WriteToNetwork(p) => {
-                        client.send_to(p, "127.0.0.1:51999").unwrap();
-                    }
-                    TunnResult::WriteToTunnelV4(p, src) => {
-                        assert_eq!(src, std::net::Ipv4Addr::new(10, 77, 0, 1));
-                        assert_eq!(p[20], 0, "an ICMP echo reply");
-                        replies += 1;
-                        break;
-                    }
-                    _ => break,
-                }
-                result = tunn.decapsulate(None, &[], &mut out);
-            }
-        }
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
         let state = us.get(dev).await.unwrap();
         let peer = state
             .peers
@@ -134,11 +94,16 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
         // spoofed request and a good one sent after it, only the good one reaches the
         // interface (the device handles a peer's datagrams in order).
         let before = rx_packets(dev);
+        let mut out = vec![0u8; 2048];
+        let mut buf = vec![0u8; 2048];
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
         for (seq, src) in [(2, [10, 77, 2, 2]), (3, [10, 77, 1, 2])] {
             if let TunnResult::WriteToNetwork(p) =
                 tunn.encapsulate(&echo_request(seq, src), &mut out)
             {
-                client.send_to(p, "127.0.0.1:51999").unwrap();
+                client.send_to(p, DEVICE).unwrap();
             }
         }
         let (n, _) = client
@@ -157,4 +122,159 @@ fn rx_packets(dev: &str) -> u64 {
     let json = sh(&format!("ip -j -s link show dev {dev}"));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     v[0]["stats64"]["rx"]["packets"].as_u64().unwrap()
+}
+
+const DEVICE: &str = "127.0.0.1:51999";
+
+/// What one ping through a client `Tunn` saw.
+struct Pinged {
+    answered: bool,
+    /// Handshake initiations from the device that arrived meanwhile.
+    initiations: usize,
+}
+
+/// Sends echo request `seq` through `tunn` (handshaking first if it must) and waits up to
+/// `wait` for its reply through `tunn`, answering what the device sends meanwhile.
+fn ping(tunn: &mut Tunn, client: &UdpSocket, seq: u16, wait: Duration) -> Pinged {
+    let mut out = vec![0u8; 2048];
+    let mut buf = vec![0u8; 2048];
+    let mut seen = Pinged {
+        answered: false,
+        initiations: 0,
+    };
+    if let TunnResult::WriteToNetwork(p) =
+        tunn.encapsulate(&echo_request(seq, [10, 77, 1, 2]), &mut out)
+    {
+        client.send_to(p, DEVICE).unwrap();
+    }
+    let deadline = Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        client
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok((n, _)) = client.recv_from(&mut buf) else {
+            break;
+        };
+        seen.initiations += usize::from(buf[0] == 1);
+        let mut result = tunn.decapsulate(None, &buf[..n], &mut out);
+        loop {
+            match result {
+                TunnResult::WriteToNetwork(p) => {
+                    client.send_to(p, DEVICE).unwrap();
+                }
+                TunnResult::WriteToTunnelV4(p, src) => {
+                    assert_eq!(src, std::net::Ipv4Addr::new(10, 77, 0, 1));
+                    if p[20] == 0 && p[26..28] == seq.to_be_bytes() {
+                        seen.answered = true;
+                        return seen;
+                    }
+                    break;
+                }
+                _ => break,
+            }
+            result = tunn.decapsulate(None, &[], &mut out);
+        }
+    }
+    seen
+}
+
+/// A device with one peer (this test's client, PSK `psk`; all zeros is none) at
+/// 10.77.1.0/24.
+async fn device_with_client(
+    us: &mut Userspace,
+    dev: &str,
+    device_key: &StaticSecret,
+    client_key: &StaticSecret,
+    psk: Option<[u8; 32]>,
+) -> UdpSocket {
+    sh("ip link set lo up");
+    us.ensure(dev).unwrap();
+    let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let request = format!(
+        "set=1\nprivate_key={}\nlisten_port=51999\npublic_key={}\npreshared_key={}\nendpoint={}\nallowed_ip=10.77.1.0/24\n\n",
+        hex(device_key.as_bytes()),
+        hex(PublicKey::from(client_key).as_bytes()),
+        hex(&psk.unwrap_or_default()),
+        client.local_addr().unwrap()
+    );
+    us.set(dev, &[request]).await.unwrap();
+    sh(&format!(
+        "ip addr add 10.77.0.1/24 dev {dev} && ip link set {dev} up"
+    ));
+    sh(&format!("ip route add 10.77.1.0/24 dev {dev}"));
+    client
+}
+
+/// The kernel keeps a session when a peer's PSK changes; so does this device: pings on the
+/// old session keep being answered while the device's handshakes under the new PSK are
+/// refused by a client that still has the old one; once the client has the new PSK too, a
+/// new handshake carries the traffic and the old session is closed.
+#[test]
+fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
+    in_new_netns(|| async {
+        let dev = "wgt-psk";
+        let mut us = Userspace::default();
+        let device_key = StaticSecret::from([7u8; 32]);
+        let client_key = StaticSecret::from([9u8; 32]);
+        let (old_psk, new_psk) = ([1u8; 32], [2u8; 32]);
+        let client =
+            device_with_client(&mut us, dev, &device_key, &client_key, Some(old_psk)).await;
+        let client_tunn = |psk, index| {
+            Tunn::new(
+                client_key.clone(),
+                PublicKey::from(&device_key),
+                Some(psk),
+                None,
+                index,
+                None,
+            )
+        };
+        let mut old = client_tunn(old_psk, 1);
+        assert!(ping(&mut old, &client, 1, Duration::from_secs(5)).answered);
+
+        let change = format!(
+            "set=1\npublic_key={}\npreshared_key={}\n\n",
+            hex(PublicKey::from(&client_key).as_bytes()),
+            hex(&new_psk)
+        );
+        us.set(dev, &[change]).await.unwrap();
+        // Until the device has tried a handshake under the new PSK (and the client, with
+        // the old one, could not complete it), every ping on the old session is answered.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seq = 2;
+        loop {
+            let seen = ping(&mut old, &client, seq, Duration::from_secs(2));
+            assert!(
+                seen.answered,
+                "ping {seq} on the old session after the PSK change"
+            );
+            if seen.initiations > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the device never handshook with the new PSK"
+            );
+            seq += 1;
+        }
+
+        let mut new = client_tunn(new_psk, 2);
+        assert!(
+            ping(&mut new, &client, 100, Duration::from_secs(5)).answered,
+            "a handshake under the new PSK carries traffic"
+        );
+        let state = us.get(dev).await.unwrap();
+        let peer = state
+            .peers
+            .values()
+            .next()
+            .expect("the peer is still there");
+        assert_eq!(peer.psk.as_ref().map(|k| *k.as_bytes()), Some(new_psk));
+        // The new session has carried the client's traffic: the old one is closed.
+        weft_lab::wait::until("the old session is closed", Duration::from_secs(5), || {
+            seq += 1;
+            !ping(&mut old, &client, seq, Duration::from_millis(300)).answered
+        });
+        assert!(ping(&mut new, &client, 101, Duration::from_secs(5)).answered);
+    });
 }

@@ -142,14 +142,24 @@ fn timers(device: std::sync::Weak<Device>) {
             last_reset = Instant::now();
         }
         for peer in state.peers.values() {
-            let mut slot = lock(&peer.tunn);
-            let Some(tunn) = slot.as_mut() else {
+            let mut noise = lock(&peer.noise);
+            noise.retire();
+            // A PSK or keepalive change: the new state handshakes at once.
+            let fresh = noise.retiring.is_some() && noise.tunn.is_none();
+            let Some(tunn) = (if fresh {
+                state.session(&mut noise, peer)
+            } else {
+                noise.tunn.as_deref_mut()
+            }) else {
                 continue; // no session state yet: no timers
             };
-            if let TunnResult::WriteToNetwork(out) = tunn.update_timers(&mut buf) {
-                if let Some(to) = peer.endpoint() {
-                    let _ = udp.send(to, out);
-                }
+            let out = if fresh {
+                tunn.format_handshake_initiation(&mut buf, false)
+            } else {
+                tunn.update_timers(&mut buf)
+            };
+            if let (TunnResult::WriteToNetwork(out), Some(to)) = (out, peer.endpoint()) {
+                let _ = udp.send(to, out);
             }
         }
     }

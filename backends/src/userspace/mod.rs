@@ -13,6 +13,7 @@
 pub mod checksum;
 pub mod coalesce;
 pub mod device;
+mod noise;
 pub mod peers;
 mod rx;
 pub mod segment;

@@ -11,6 +11,8 @@ use boringtun::noise::Tunn;
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::IpNet;
 
+use super::noise::Noise;
+
 /// Handshakes a second before the device answers with cookies (boringtun's device's own
 /// figure).
 const HANDSHAKE_RATE_LIMIT: u64 = 100;
@@ -19,11 +21,7 @@ pub type Key = [u8; 32];
 
 pub struct Peer {
     pub key: Key,
-    /// The peer's index in session ids (`receiver >> 8`).
-    index: u32,
-    /// The Noise state, made on first use (`State::session`): boringtun's `Tunn` is 11 KiB
-    /// inline, and a peer that never carries traffic should not cost that.
-    pub tunn: Mutex<Option<Box<Tunn>>>,
+    pub noise: Mutex<Noise>,
     pub endpoint: Mutex<Option<SocketAddr>>,
     pub config: Mutex<PeerConfig>,
 }
@@ -158,9 +156,12 @@ impl State {
         }
         let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
         for peer in self.peers.values() {
-            if let Some(tunn) = lock(&peer.tunn).as_mut() {
+            let mut noise = lock(&peer.noise);
+            if let Some(tunn) = noise.tunn.as_mut() {
                 tunn.set_static_private(secret.clone(), public, Some(limiter.clone()));
             }
+            // A new private key ends every session, the retiring one's too.
+            noise.retiring = None;
         }
         self.identity = Some(Identity {
             secret,
@@ -169,40 +170,54 @@ impl State {
         });
     }
 
-    /// `peer`'s session state in `slot` (its locked `tunn`), made now if it has none yet.
-    /// None while the device has no private key.
-    pub fn session<'a>(
-        &self,
-        slot: &'a mut Option<Box<Tunn>>,
-        peer: &Peer,
-    ) -> Option<&'a mut Tunn> {
-        if slot.is_none() {
+    /// `peer`'s current `Tunn` in `noise` (its locked Noise state), made now if it has
+    /// none yet. None while the device has no private key.
+    pub fn session<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunn> {
+        if noise.tunn.is_none() {
             let id = self.identity.as_ref()?;
             let (psk, keepalive) = {
                 let c = lock(&peer.config);
                 (c.psk, c.keepalive)
             };
-            *slot = Some(Box::new(Tunn::new(
+            noise.tunn = Some(Box::new(Tunn::new(
                 id.secret.clone(),
                 PublicKey::from(peer.key),
                 psk,
                 (keepalive != 0).then_some(keepalive),
-                peer.index,
+                noise.index,
                 Some(id.limiter.clone()),
             )));
         }
-        slot.as_deref_mut()
+        noise.tunn.as_deref_mut()
     }
 
-    /// Adds a peer, or changes one in place. A new PSK or keepalive starts a fresh Noise
-    /// state for the peer (boringtun's `Tunn` fixes both at creation; the next packet
-    /// makes a new handshake). The endpoint and AllowedIPs change without touching the
-    /// session.
+    /// The `Tunn` `peer`'s outgoing packets are encrypted with: the retiring one while a
+    /// PSK or keepalive change's new one has no session yet, else the current one.
+    pub fn sending<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunn> {
+        if noise.sending_retiring().is_some() {
+            return noise.sending_retiring();
+        }
+        self.session(noise, peer)
+    }
+
+    fn new_index(&mut self) -> u32 {
+        self.next_index = (self.next_index + 1) & 0x00ff_ffff;
+        self.next_index
+    }
+
+    /// Adds a peer, or changes one in place. A new PSK or keepalive gets the peer a new
+    /// `Tunn` (boringtun fixes both at creation) while the one it had keeps its session
+    /// until the new one's handshake is done (`Noise`). The endpoint and AllowedIPs change
+    /// without touching the session.
     pub fn upsert(&mut self, key: Key, config: PeerConfig, endpoint: Option<SocketAddr>) {
         if let Some(peer) = self.peers.get(&key).cloned() {
             let old = lock(&peer.config).clone();
             if old.psk != config.psk || old.keepalive != config.keepalive {
-                *lock(&peer.tunn) = None;
+                let index = self.new_index();
+                self.by_index.insert(index, peer.clone());
+                for freed in lock(&peer.noise).replace(index) {
+                    self.by_index.remove(&freed);
+                }
             }
             if endpoint.is_some() {
                 *lock(&peer.endpoint) = endpoint;
@@ -214,12 +229,10 @@ impl State {
             }
             return;
         }
-        self.next_index = (self.next_index + 1) & 0x00ff_ffff;
-        let index = self.next_index;
+        let index = self.new_index();
         let peer = Arc::new(Peer {
             key,
-            index,
-            tunn: Mutex::new(None),
+            noise: Mutex::new(Noise::new(index)),
             endpoint: Mutex::new(endpoint),
             config: Mutex::new(config),
         });
@@ -252,7 +265,9 @@ impl State {
 
     pub fn remove(&mut self, key: &Key) {
         if let Some(peer) = self.peers.remove(key) {
-            self.by_index.remove(&peer.index);
+            for index in lock(&peer.noise).indices() {
+                self.by_index.remove(&index);
+            }
             for net in &lock(&peer.config).allowed_ips {
                 self.owners.remove(net);
             }

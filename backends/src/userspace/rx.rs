@@ -52,21 +52,21 @@ impl Receiver {
         }
     }
 
-    /// Decrypts a run of data messages for one peer (back to back, `segment` bytes each
-    /// but the last), under one lock of its session.
+    /// Decrypts a run of data messages for one session of a peer (back to back,
+    /// `segment` bytes each but the last, all to `receiver`), under one lock of its state.
     fn data_run(
         &mut self,
         state: &State,
-        peer: &Arc<Peer>,
+        (peer, receiver): (&Arc<Peer>, u32),
         run: &[u8],
         segment: usize,
         from: SocketAddr,
     ) {
         let vnet = self.device.offloads.vnet;
         let mut write = Self::to_tun(&mut self.tun, vnet);
-        let mut slot = lock(&peer.tunn);
-        let Some(tunn) = slot.as_mut() else {
-            return; // no session state: nothing of ours to decrypt with
+        let mut noise = lock(&peer.noise);
+        let Some(tunn) = noise.for_receiver(receiver) else {
+            return; // no session state for it: nothing of ours to decrypt with
         };
         let mut authentic = false;
         for datagram in run.chunks(segment) {
@@ -90,7 +90,7 @@ impl Receiver {
                 self.coalescer.push(pkt, &mut write);
             }
         }
-        drop(slot);
+        drop(noise);
         self.coalescer.flush(&mut write);
         if authentic {
             roam(peer, from);
@@ -100,7 +100,8 @@ impl Receiver {
     /// A handshake or cookie message: answered, and the packets queued for the peer go out.
     fn control(&mut self, state: &State, datagram: &[u8], from: SocketAddr) {
         let udp = self.device.udp();
-        let peer = if datagram[0] == HANDSHAKE_INIT {
+        let initiation = datagram[0] == HANDSHAKE_INIT;
+        let peer = if initiation {
             let Some(id) = &state.identity else { return };
             let mut cookie = [0u8; 64];
             match id
@@ -124,8 +125,15 @@ impl Receiver {
             receiver(datagram).and_then(|r| state.by_receiver(r))
         };
         let Some(peer) = peer else { return };
-        let mut slot = lock(&peer.tunn);
-        let Some(tunn) = state.session(&mut slot, peer) else {
+        let mut noise = lock(&peer.noise);
+        // An initiation is for the peer's current state (made now if need be); a response
+        // or cookie for the state whose index it names.
+        let tunn = match receiver(datagram) {
+            _ if initiation => state.session(&mut noise, peer),
+            Some(r) => noise.for_receiver(r),
+            None => None,
+        };
+        let Some(tunn) = tunn else {
             return;
         };
         let authentic = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
@@ -137,7 +145,7 @@ impl Receiver {
             _ => true,
         };
         flush_queue(tunn, &mut self.plain, &udp, from);
-        drop(slot);
+        drop(noise);
         if authentic {
             roam(peer, from);
         }
@@ -166,8 +174,8 @@ impl Receiver {
             while end < buf.len() && is_data(datagram_at(end)) && receiver(datagram_at(end)) == r {
                 end += datagram_at(end).len();
             }
-            if let Some(peer) = r.and_then(|r| state.by_receiver(r)).cloned() {
-                self.data_run(&state, &peer, &buf[at..end], segment, from);
+            if let Some((peer, r)) = r.and_then(|r| Some((state.by_receiver(r)?.clone(), r))) {
+                self.data_run(&state, (&peer, r), &buf[at..end], segment, from);
             }
             at = end;
         }

@@ -121,14 +121,14 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
             continue; // no endpoint yet: nowhere to send
         };
         let udp = device.udp();
-        let mut slot = lock(&peer.tunn);
-        let Some(tunn) = state.session(&mut slot, peer) else {
+        let mut noise = lock(&peer.noise);
+        let Some(tunn) = state.sending(&mut noise, peer) else {
             continue; // no private key yet
         };
         let result = segment::split(&header, pkt, &mut scratch, |seg| {
             batch.encrypt(tunn, seg, &udp, to)
         });
-        drop(slot);
+        drop(noise);
         batch.send(&udp, to);
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");

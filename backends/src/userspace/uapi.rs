@@ -40,9 +40,7 @@ pub fn get(state: &State) -> String {
     let now = SystemTime::now();
     for peer in state.peers.values() {
         let config = lock(&peer.config).clone();
-        let (since, tx, rx, _, _) = lock(&peer.tunn)
-            .as_ref()
-            .map_or((None, 0, 0, 0.0, None), |t| t.stats());
+        let (since, tx, rx) = lock(&peer.noise).stats();
         let _ = writeln!(out, "public_key={}", hex(&peer.key));
         if let Some(psk) = &config.psk {
             let _ = writeln!(out, "preshared_key={}", hex(psk));

@@ -1,0 +1,121 @@
+//! A peer's Noise state: boringtun's `Tunn`, made on first use, and for a while after a
+//! PSK or keepalive change the one before it. boringtun fixes both at a `Tunn`'s creation,
+//! so a change makes a new `Tunn` that handshakes with the new values at once, while the
+//! old one keeps carrying traffic in both directions on the session it has, as the kernel
+//! keeps a session across such a change. The old one goes once the peer has used the new
+//! session, or when its session could no longer be valid (WireGuard's reject-after time).
+
+use std::time::{Duration, Instant};
+
+use boringtun::noise::Tunn;
+
+/// WireGuard's REJECT_AFTER_TIME: no session is used longer than this after its handshake.
+pub const REJECT_AFTER: Duration = Duration::from_secs(180);
+
+/// The `Tunn` a PSK or keepalive change replaced, still holding the session traffic uses.
+pub struct Retiring {
+    /// Its session index (`receiver >> 8`).
+    pub index: u32,
+    pub tunn: Box<Tunn>,
+    pub since: Instant,
+}
+
+pub struct Noise {
+    /// The session index of `tunn` (`receiver >> 8`), set when the peer is added or its
+    /// `Tunn` is replaced.
+    pub index: u32,
+    /// Made on first use (`State::session`): boringtun's `Tunn` is 11 KiB inline, and a
+    /// peer that never carries traffic should not cost that.
+    pub tunn: Option<Box<Tunn>>,
+    pub retiring: Option<Retiring>,
+    /// The index of the last `Tunn` retired, kept in the device's index map until the
+    /// next change or the peer's removal (then taken out of it).
+    pub retired_index: Option<u32>,
+}
+
+/// Whether `tunn` holds an established session.
+pub fn established(tunn: &Tunn) -> bool {
+    tunn.stats().0.is_some()
+}
+
+impl Noise {
+    pub fn new(index: u32) -> Noise {
+        Noise {
+            index,
+            tunn: None,
+            retiring: None,
+            retired_index: None,
+        }
+    }
+
+    /// Replaces the `Tunn` with a fresh one under session index `index`, made on first
+    /// use; a `Tunn` with a session is kept as the retiring one. Returns the indices that
+    /// no longer belong to this peer.
+    pub fn replace(&mut self, index: u32) -> Vec<u32> {
+        let old_index = std::mem::replace(&mut self.index, index);
+        let mut freed: Vec<u32> = self.retired_index.take().into_iter().collect();
+        match self.tunn.take().filter(|t| established(t)) {
+            Some(tunn) => {
+                freed.extend(self.retiring.take().map(|r| r.index));
+                self.retiring = Some(Retiring {
+                    index: old_index,
+                    tunn,
+                    since: Instant::now(),
+                });
+            }
+            None => freed.push(old_index),
+        }
+        freed
+    }
+
+    /// The `Tunn` whose session index is `receiver >> 8`.
+    pub fn for_receiver(&mut self, receiver: u32) -> Option<&mut Tunn> {
+        let index = receiver >> 8;
+        if index == self.index {
+            return self.tunn.as_deref_mut();
+        }
+        self.retiring
+            .as_mut()
+            .filter(|r| r.index == index)
+            .map(|r| &mut *r.tunn)
+    }
+
+    /// The retiring `Tunn`, while the new one has no session: what traffic goes out on.
+    pub fn sending_retiring(&mut self) -> Option<&mut Tunn> {
+        if self.tunn.as_deref().is_some_and(established) {
+            return None;
+        }
+        self.retiring.as_mut().map(|r| &mut *r.tunn)
+    }
+
+    /// Drops the retiring `Tunn` once the peer has sent on the new session, or when its
+    /// session is past WireGuard's reject-after time.
+    pub fn retire(&mut self) {
+        let Some(r) = &self.retiring else { return };
+        let taken_over = self
+            .tunn
+            .as_deref()
+            .is_some_and(|t| established(t) && t.stats().2 > 0);
+        if taken_over || r.since.elapsed() >= REJECT_AFTER {
+            self.retired_index = self.retiring.take().map(|r| r.index);
+        }
+    }
+
+    /// What `wg show` reports: the session in use (handshake age, bytes).
+    pub fn stats(&self) -> (Option<Duration>, usize, usize) {
+        let current = self.tunn.as_deref().map(Tunn::stats);
+        let in_use = match (&current, &self.retiring) {
+            (Some(c), _) if c.0.is_some() => current,
+            (_, Some(r)) => Some(r.tunn.stats()),
+            _ => current,
+        };
+        in_use.map_or((None, 0, 0), |(since, tx, rx, _, _)| (since, tx, rx))
+    }
+
+    /// Every index this peer holds in the device's index map.
+    pub fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        std::iter::once(self.index)
+            .chain(self.retiring.as_ref().map(|r| r.index))
+            .chain(self.retired_index)
+    }
+}
