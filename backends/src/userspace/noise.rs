@@ -35,7 +35,7 @@ pub struct Noise {
 
 /// Whether `tunn` holds an established session.
 pub fn established(tunn: &Tunn) -> bool {
-    tunn.stats().0.is_some()
+    tunn.time_since_last_handshake().is_some()
 }
 
 impl Noise {
@@ -82,10 +82,11 @@ impl Noise {
 
     /// The retiring `Tunn`, while the new one has no session: what traffic goes out on.
     pub fn sending_retiring(&mut self) -> Option<&mut Tunn> {
+        let retiring = self.retiring.as_mut()?;
         if self.tunn.as_deref().is_some_and(established) {
             return None;
         }
-        self.retiring.as_mut().map(|r| &mut *r.tunn)
+        Some(&mut *retiring.tunn)
     }
 
     /// Drops the retiring `Tunn` once the peer has sent on the new session, or when its
