@@ -155,13 +155,17 @@ impl State {
             return;
         }
         let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
+        let mut ended = Vec::new();
         for peer in self.peers.values() {
             let mut noise = lock(&peer.noise);
             if let Some(tunn) = noise.tunn.as_mut() {
                 tunn.set_static_private(secret.clone(), public, Some(limiter.clone()));
             }
             // A new private key ends every session, the retiring one's too.
-            noise.retiring = None;
+            ended.extend(noise.retiring.take().map(|r| r.index));
+        }
+        for index in ended {
+            self.by_index.remove(&index);
         }
         self.identity = Some(Identity {
             secret,
