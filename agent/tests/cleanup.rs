@@ -1,7 +1,8 @@
 //! `weft cleanup` on lab nodes whose agent has been stopped: everything weft made goes
 //! (devices, the userspace device process and its socket, weft's routes, the nftables
 //! tables, subnet.env), decoys that merely look like it stay (a tun `wg0` with a route of
-//! another protocol inside the pod network, another nftables table, another vxlan device,
+//! another protocol inside the pod network (a /25, which no node's /24 lease can already
+//! hold), another nftables table, another vxlan device,
 //! another file in /run/flannel, another UAPI socket), a second run finds nothing, and it
 //! refuses while an agent runs.
 
@@ -10,7 +11,7 @@ use weft_lab::lab::{Lab, LabConfig};
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 const DECOYS: &str = "ip tuntap add wg0 mode tun && ip link set wg0 up \
-    && ip route add 10.244.99.0/24 dev wg0 proto static \
+    && ip route add 10.244.99.128/25 dev wg0 proto static \
     && ip link add vx-foreign type vxlan id 42 dstport 4789 dev eth0 \
     && nft add table ip filter \
     && nft add chain ip filter input '{ type filter hook input priority 0; }' \
@@ -24,7 +25,7 @@ fn decoys_intact(lab: &Lab, i: usize) {
         links.contains("wg0") && links.contains("vx-foreign"),
         "{links}"
     );
-    let routes = lab.on_node(i, "ip route show 10.244.99.0/24").unwrap();
+    let routes = lab.on_node(i, "ip route show 10.244.99.128/25").unwrap();
     assert!(routes.contains("proto static"), "{routes}");
     let tables = lab.on_node(i, "nft list tables").unwrap();
     assert!(tables.contains("table ip filter"), "{tables}");
