@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use weft_backends::apply::wireguard::userspace::Userspace;
+use weft_backends::apply::wireguard::WgPeer;
 use weft_backends::userspace::checksum;
 use weft_lab::netns::{in_new_netns, sh};
 
@@ -62,18 +63,15 @@ fn garbage(count: usize) -> Vec<Vec<u8>> {
 fn garbage_changes_nothing_and_a_real_peer_gets_through() {
     in_new_netns(|| async {
         let dev = "wgt-dev";
-        let mut us = Userspace::default();
-        let device_key = StaticSecret::from([7u8; 32]);
-        let client_key = StaticSecret::from([9u8; 32]);
-        let client = device_with_client(&mut us, dev, &device_key, &client_key, None).await;
+        let Setup { mut us, client } = device_with_client(dev, None).await;
 
         for d in garbage(5000) {
             client.send_to(&d, DEVICE).unwrap();
         }
 
         let mut tunn = Tunn::new(
-            client_key,
-            PublicKey::from(&device_key),
+            client_key(),
+            PublicKey::from(&device_key()),
             None,
             None,
             1,
@@ -81,12 +79,7 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
         );
         // The first encapsulate queues the packet and starts the handshake.
         assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
-        let state = us.get(dev).await.unwrap();
-        let peer = state
-            .peers
-            .values()
-            .next()
-            .expect("the peer is still there");
+        let peer = the_peer(&mut us, dev).await;
         assert!(peer.last_handshake.is_some(), "the handshake is on record");
         assert!(peer.rx_bytes > 0 && peer.tx_bytes > 0);
 
@@ -115,6 +108,17 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
         }
         assert_eq!(rx_packets(dev), before + 1, "only the good request got in");
     });
+}
+
+/// The device's one peer, as `wg show` would report it.
+async fn the_peer(us: &mut Userspace, dev: &str) -> WgPeer {
+    let state = us.get(dev).await.unwrap();
+    let peer = state
+        .peers
+        .values()
+        .next()
+        .expect("the peer is still there");
+    peer.clone()
 }
 
 /// Packets the kernel received on `dev` (what the device wrote to it).
@@ -178,31 +182,42 @@ fn ping(tunn: &mut Tunn, client: &UdpSocket, seq: u16, wait: Duration) -> Pinged
     seen
 }
 
-/// A device with one peer (this test's client, PSK `psk`; all zeros is none) at
-/// 10.77.1.0/24.
-async fn device_with_client(
-    us: &mut Userspace,
-    dev: &str,
-    device_key: &StaticSecret,
-    client_key: &StaticSecret,
-    psk: Option<[u8; 32]>,
-) -> UdpSocket {
+fn device_key() -> StaticSecret {
+    StaticSecret::from([7u8; 32])
+}
+
+fn client_key() -> StaticSecret {
+    StaticSecret::from([9u8; 32])
+}
+
+/// A userspace device and the UDP socket of its one peer, this test's client.
+struct Setup {
+    us: Userspace,
+    client: UdpSocket,
+}
+
+/// Device `dev` with one peer (the client, PSK `psk`) at 10.77.1.0/24, its own address
+/// 10.77.0.1/24.
+async fn device_with_client(dev: &str, psk: Option<[u8; 32]>) -> Setup {
     sh("ip link set lo up");
+    let mut us = Userspace::default();
     us.ensure(dev).unwrap();
     let client = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let request = format!(
-        "set=1\nprivate_key={}\nlisten_port=51999\npublic_key={}\npreshared_key={}\nendpoint={}\nallowed_ip=10.77.1.0/24\n\n",
-        hex(device_key.as_bytes()),
-        hex(PublicKey::from(client_key).as_bytes()),
-        hex(&psk.unwrap_or_default()),
+    let mut request = format!(
+        "set=1\nprivate_key={}\nlisten_port=51999\npublic_key={}\nendpoint={}\nallowed_ip=10.77.1.0/24\n",
+        hex(device_key().as_bytes()),
+        hex(PublicKey::from(&client_key()).as_bytes()),
         client.local_addr().unwrap()
     );
-    us.set(dev, &[request]).await.unwrap();
+    if let Some(psk) = psk {
+        request += &format!("preshared_key={}\n", hex(&psk));
+    }
+    us.set(dev, &[request + "\n"]).await.unwrap();
     sh(&format!(
         "ip addr add 10.77.0.1/24 dev {dev} && ip link set {dev} up"
     ));
     sh(&format!("ip route add 10.77.1.0/24 dev {dev}"));
-    client
+    Setup { us, client }
 }
 
 /// The kernel keeps a session when a peer's PSK changes; so does this device: pings on the
@@ -213,16 +228,12 @@ async fn device_with_client(
 fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
     in_new_netns(|| async {
         let dev = "wgt-psk";
-        let mut us = Userspace::default();
-        let device_key = StaticSecret::from([7u8; 32]);
-        let client_key = StaticSecret::from([9u8; 32]);
         let (old_psk, new_psk) = ([1u8; 32], [2u8; 32]);
-        let client =
-            device_with_client(&mut us, dev, &device_key, &client_key, Some(old_psk)).await;
+        let Setup { mut us, client } = device_with_client(dev, Some(old_psk)).await;
         let client_tunn = |psk, index| {
             Tunn::new(
-                client_key.clone(),
-                PublicKey::from(&device_key),
+                client_key(),
+                PublicKey::from(&device_key()),
                 Some(psk),
                 None,
                 index,
@@ -234,7 +245,7 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
 
         let change = format!(
             "set=1\npublic_key={}\npreshared_key={}\n\n",
-            hex(PublicKey::from(&client_key).as_bytes()),
+            hex(PublicKey::from(&client_key()).as_bytes()),
             hex(&new_psk)
         );
         us.set(dev, &[change]).await.unwrap();
@@ -263,12 +274,7 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
             ping(&mut new, &client, 100, Duration::from_secs(5)).answered,
             "a handshake under the new PSK carries traffic"
         );
-        let state = us.get(dev).await.unwrap();
-        let peer = state
-            .peers
-            .values()
-            .next()
-            .expect("the peer is still there");
+        let peer = the_peer(&mut us, dev).await;
         assert_eq!(peer.psk.as_ref().map(|k| *k.as_bytes()), Some(new_psk));
         // The new session has carried the client's traffic: the old one is closed.
         weft_lab::wait::until("the old session is closed", Duration::from_secs(5), || {
