@@ -172,6 +172,10 @@ impl EtcdRegistry {
                         created = created.len(),
                         "leases were created since the listing; choosing again"
                     );
+                    // A key deleted and made again since is listed once, as it is now.
+                    listed
+                        .leases
+                        .retain(|s| !created.iter().any(|c| c.lease.node == s.lease.node));
                     listed.leases.extend(created);
                     listed.revision = revision;
                 }
