@@ -3,7 +3,8 @@
 //! datagrams at its port change nothing, then a handshake completes and a ping through the
 //! tunnel is answered by the kernel behind the device, encrypted; a packet whose inner
 //! source is outside the peer's AllowedIPs never reaches the interface; a PSK change keeps
-//! the session until a handshake with the new PSK replaces it.
+//! the session until a handshake with the new PSK replaces it, and a keepalive change
+//! loses no ping.
 
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
@@ -107,6 +108,47 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
             other => panic!("expected the reply to request 3, got {other:?}"),
         }
         assert_eq!(rx_packets(dev), before + 1, "only the good request got in");
+    });
+}
+
+/// A keepalive change also makes the peer a new Noise state (boringtun fixes it at
+/// creation); the client here accepts its handshake, and every ping across the change,
+/// before and after the new session takes over, is answered.
+#[test]
+fn a_keepalive_change_loses_no_ping() {
+    in_new_netns(|| async {
+        let dev = "wgt-ka";
+        let Setup { mut us, client } = device_with_client(dev, None).await;
+        let mut tunn = Tunn::new(
+            client_key(),
+            PublicKey::from(&device_key()),
+            None,
+            None,
+            1,
+            None,
+        );
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+        let change = format!(
+            "set=1\npublic_key={}\npersistent_keepalive_interval=25\n\n",
+            hex(PublicKey::from(&client_key()).as_bytes())
+        );
+        us.set(dev, &[change]).await.unwrap();
+        // Pings until the device's new state has handshaken, then ten more on its session.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (mut seq, mut after) = (2, None);
+        while after.is_none_or(|first| seq < first + 10) {
+            let seen = ping(&mut tunn, &client, seq, Duration::from_secs(2));
+            assert!(seen.answered, "ping {seq} across the keepalive change");
+            if seen.initiations > 0 && after.is_none() {
+                after = Some(seq);
+            }
+            assert!(
+                after.is_some() || Instant::now() < deadline,
+                "the device never handshook after the keepalive change"
+            );
+            seq += 1;
+        }
+        assert_eq!(the_peer(&mut us, dev).await.keepalive, 25);
     });
 }
 
