@@ -70,14 +70,7 @@ fn garbage_changes_nothing_and_a_real_peer_gets_through() {
             client.send_to(&d, DEVICE).unwrap();
         }
 
-        let mut tunn = Tunn::new(
-            client_key(),
-            PublicKey::from(&device_key()),
-            None,
-            None,
-            1,
-            None,
-        );
+        let mut tunn = client_tunn(None, 1);
         // The first encapsulate queues the packet and starts the handshake.
         assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
         let peer = the_peer(&mut us, dev).await;
@@ -119,14 +112,7 @@ fn a_keepalive_change_loses_no_ping() {
     in_new_netns(|| async {
         let dev = "wgt-ka";
         let Setup { mut us, client } = device_with_client(dev, None).await;
-        let mut tunn = Tunn::new(
-            client_key(),
-            PublicKey::from(&device_key()),
-            None,
-            None,
-            1,
-            None,
-        );
+        let mut tunn = client_tunn(None, 1);
         assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
         let change = format!(
             "set=1\npublic_key={}\npersistent_keepalive_interval=25\n\n",
@@ -232,6 +218,18 @@ fn client_key() -> StaticSecret {
     StaticSecret::from([9u8; 32])
 }
 
+/// The client's Noise state towards the device: PSK `psk`, session index `index`.
+fn client_tunn(psk: Option<[u8; 32]>, index: u32) -> Tunn {
+    Tunn::new(
+        client_key(),
+        PublicKey::from(&device_key()),
+        psk,
+        None,
+        index,
+        None,
+    )
+}
+
 /// A userspace device and the UDP socket of its one peer, this test's client.
 struct Setup {
     us: Userspace,
@@ -272,17 +270,7 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
         let dev = "wgt-psk";
         let (old_psk, new_psk) = ([1u8; 32], [2u8; 32]);
         let Setup { mut us, client } = device_with_client(dev, Some(old_psk)).await;
-        let client_tunn = |psk, index| {
-            Tunn::new(
-                client_key(),
-                PublicKey::from(&device_key()),
-                Some(psk),
-                None,
-                index,
-                None,
-            )
-        };
-        let mut old = client_tunn(old_psk, 1);
+        let mut old = client_tunn(Some(old_psk), 1);
         assert!(ping(&mut old, &client, 1, Duration::from_secs(5)).answered);
 
         let change = format!(
@@ -311,7 +299,7 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
             seq += 1;
         }
 
-        let mut new = client_tunn(new_psk, 2);
+        let mut new = client_tunn(Some(new_psk), 2);
         assert!(
             ping(&mut new, &client, 100, Duration::from_secs(5)).answered,
             "a handshake under the new PSK carries traffic"
