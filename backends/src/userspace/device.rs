@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use boringtun::noise::TunnResult;
 
-use super::peers::{lock, State};
+use super::peers::{lock, read, write, State};
 use super::tun::{Offloads, Tun};
 use super::uapi::Sockets;
 use super::udp::Udp;
@@ -64,7 +64,7 @@ impl Device {
     }
 
     pub fn state(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        read(&self.state)
     }
 
     pub fn shared_state(&self) -> Arc<RwLock<State>> {
@@ -72,7 +72,7 @@ impl Device {
     }
 
     pub fn udp(&self) -> Arc<Udp> {
-        self.udp.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.udp).clone()
     }
 
     pub fn generation(&self) -> u64 {
@@ -117,7 +117,7 @@ impl Sockets for Arc<Device> {
         }
         let new = Arc::new(Udp::bind(port, fwmark)?);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        *self.udp.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+        *write(&self.udp) = new.clone();
         old.shutdown();
         self.spawn_receivers(&new, generation)?;
         Ok(new.port)
@@ -144,19 +144,19 @@ fn timers(device: std::sync::Weak<Device>) {
         for peer in state.peers.values() {
             let mut noise = lock(&peer.noise);
             noise.retire();
-            // A PSK or keepalive change: the new state handshakes at once.
-            let fresh = noise.retiring.is_some() && noise.tunn.is_none();
-            let Some(tunn) = (if fresh {
-                state.session(&mut noise, peer)
+            let out = if noise.tunn.is_none() && noise.retiring.is_some() {
+                // A PSK or keepalive change replaced it: the new state handshakes at once.
+                state
+                    .session(&mut noise, peer)
+                    .map(|tunn| tunn.format_handshake_initiation(&mut buf, false))
             } else {
-                noise.tunn.as_deref_mut()
-            }) else {
-                continue; // no session state yet: no timers
+                noise
+                    .tunn
+                    .as_deref_mut()
+                    .map(|tunn| tunn.update_timers(&mut buf))
             };
-            let out = if fresh {
-                tunn.format_handshake_initiation(&mut buf, false)
-            } else {
-                tunn.update_timers(&mut buf)
+            let Some(out) = out else {
+                continue; // no session state yet: no timers
             };
             if let (TunnResult::WriteToNetwork(out), Some(to)) = (out, peer.endpoint()) {
                 let _ = udp.send(to, out);

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use boringtun::x25519::StaticSecret;
 use ipnet::IpNet;
 
-use super::peers::{lock, Key, PeerConfig, State};
+use super::peers::{lock, read, write, Key, PeerConfig, State};
 use crate::apply::wireguard::uapi::{hex, unhex};
 
 const EINVAL: i32 = 22;
@@ -160,7 +160,7 @@ fn set_line(
 pub fn set(state: &RwLock<State>, sockets: &dyn Sockets, lines: &[String]) -> i32 {
     let mut pending = Pending::default();
     let result = {
-        let mut st = state.write().unwrap_or_else(|p| p.into_inner());
+        let mut st = write(state);
         let mut edit = None;
         let mut result = Ok(());
         for line in lines {
@@ -186,21 +186,17 @@ pub fn set(state: &RwLock<State>, sockets: &dyn Sockets, lines: &[String]) -> i3
         return errno;
     }
     if pending.port.is_some() || pending.fwmark.is_some() {
-        let (port, fwmark) = {
-            let st = state.read().unwrap_or_else(|p| p.into_inner());
-            (
-                pending.port.unwrap_or(st.listen_port),
-                pending.fwmark.unwrap_or(st.fwmark),
-            )
-        };
-        let unchanged = {
-            let st = state.read().unwrap_or_else(|p| p.into_inner());
-            port == st.listen_port && fwmark == st.fwmark && port != 0
+        let (port, fwmark, unchanged) = {
+            let st = read(state);
+            let port = pending.port.unwrap_or(st.listen_port);
+            let fwmark = pending.fwmark.unwrap_or(st.fwmark);
+            let unchanged = port == st.listen_port && fwmark == st.fwmark && port != 0;
+            (port, fwmark, unchanged)
         };
         if !unchanged {
             match sockets.rebind(port, fwmark) {
                 Ok(bound) => {
-                    let mut st = state.write().unwrap_or_else(|p| p.into_inner());
+                    let mut st = write(state);
                     st.listen_port = bound;
                     st.fwmark = fwmark;
                 }
@@ -240,7 +236,7 @@ fn serve_client(
             lines.push(line.trim_end().to_string());
         }
         let answer = match first.trim_end() {
-            "get=1" => get(&state.read().unwrap_or_else(|p| p.into_inner())),
+            "get=1" => get(&read(state)),
             "set=1" => format!("errno={}\n\n", set(state, sockets, &lines)),
             _ => format!("errno={EINVAL}\n\n"),
         };
