@@ -56,9 +56,10 @@ pub enum Command {
     Cleanup(crate::commands::cleanup::CleanupArgs),
     /// Install the CNI plugin and conflist (the DaemonSet's init container).
     InstallCni(crate::commands::install_cni::InstallCniArgs),
-    /// Run one userspace WireGuard device (weft's packet loop on boringtun's Noise core) until its interface is deleted or
-    /// SIGTERM arrives. The agent starts it where the kernel has no WireGuard; it is a
-    /// process of its own so the device outlives agent restarts, as a kernel device does.
+    /// Run one userspace WireGuard device (weft's packet loop on boringtun's Noise core)
+    /// until its interface is deleted or SIGTERM arrives. The agent starts it where the
+    /// kernel has no WireGuard; it is a process of its own so the device outlives agent
+    /// restarts, as a kernel device does.
     #[command(hide = true)]
     UserspaceDevice {
         /// The interface name, e.g. flannel-wg.

@@ -23,6 +23,14 @@ struct Running {
     socket_inode: Option<u64>,
 }
 
+impl Running {
+    /// Stops the device: its interface goes, and its socket file if still its own.
+    fn stop(&self, name: &str) {
+        self.device.stop();
+        remove_socket(name, self.socket_inode);
+    }
+}
+
 /// The userspace devices this process runs, by name.
 #[derive(Default)]
 pub struct Userspace {
@@ -79,8 +87,7 @@ impl Userspace {
     /// Stops `device`: its interface and its UAPI socket disappear.
     pub fn stop(&mut self, device: &str) {
         if let Some(running) = self.devices.remove(device) {
-            running.device.stop();
-            remove_socket(device, running.socket_inode);
+            running.stop(device);
         }
     }
 
@@ -128,8 +135,7 @@ impl Userspace {
 impl Drop for Userspace {
     fn drop(&mut self) {
         for (name, running) in &self.devices {
-            running.device.stop();
-            remove_socket(name, running.socket_inode);
+            running.stop(name);
         }
     }
 }
