@@ -80,14 +80,13 @@ struct Open {
 pub struct Coalescer {
     buf: Vec<u8>,
     open: Option<Open>,
+    /// Whether packets are merged: only a device with vnet headers takes GSO writes.
+    merge: bool,
 }
 
 impl Default for Coalescer {
     fn default() -> Self {
-        Coalescer {
-            buf: Vec::with_capacity(vnet::LEN + MAX_PACKET),
-            open: None,
-        }
+        Coalescer::new(true)
     }
 }
 
@@ -118,10 +117,19 @@ fn continues(open: &Open, built: &[u8], pkt: &[u8], tcp: Tcp) -> bool {
 }
 
 impl Coalescer {
+    /// A coalescer that merges (`merge`), or passes every packet on as it came.
+    pub fn new(merge: bool) -> Coalescer {
+        Coalescer {
+            buf: Vec::with_capacity(vnet::LEN + MAX_PACKET),
+            open: None,
+            merge,
+        }
+    }
+
     /// Takes one decrypted packet; calls `write` with each finished packet (vnet header
     /// first) that is ready to go to the device.
     pub fn push(&mut self, pkt: &[u8], write: &mut impl FnMut(&[u8])) {
-        let tcp = candidate(pkt);
+        let tcp = if self.merge { candidate(pkt) } else { None };
         if let (Some(tcp), Some(open)) = (tcp, self.open.as_mut()) {
             if continues(open, &self.buf[vnet::LEN..], pkt, tcp) {
                 let len = pkt.len() - tcp.payload;

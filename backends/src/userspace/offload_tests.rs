@@ -287,3 +287,28 @@ fn malformed_super_packets_are_errors_not_panics() {
         let _ = coalesce(&[pkt]);
     }
 }
+
+#[test]
+fn a_coalescer_that_must_not_merge_passes_each_segment_on() {
+    let mut rng = Rng(0x0ddb_a11c_afe0_0003);
+    let c = Case {
+        v6: false,
+        protocol: TCP,
+        mss: 1380,
+        flags: ACK,
+        options: 0,
+    };
+    let payload: Vec<u8> = (0..10_000).map(|_| rng.next() as u8).collect();
+    let (h, p) = super_packet(&mut rng, &c, &payload, 1);
+    let segs = check_split(&c, &h, &p);
+    let mut plain = Coalescer::new(false);
+    let mut out = Vec::new();
+    let mut write = |p: &[u8]| out.push(p.to_vec());
+    for s in &segs {
+        plain.push(s, &mut write);
+    }
+    plain.flush(&mut write);
+    let back: Vec<Vec<u8>> = out.iter().map(|w| w[vnet::LEN..].to_vec()).collect();
+    assert_eq!(back, segs, "every segment as it came, none merged");
+    assert!(out.iter().all(|w| w[..vnet::LEN] == [0; vnet::LEN]));
+}

@@ -203,7 +203,8 @@ pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) 
         device: device.clone(),
         tun,
         plain: vec![0u8; 65_536],
-        coalescer: Coalescer::default(),
+        // Without vnet headers the TUN device takes no GSO writes: nothing is merged.
+        coalescer: Coalescer::new(device.offloads.vnet),
     };
     let mut buf = vec![0u8; 65_536];
     let mut cmsg = nix::cmsg_space!(libc::c_int);
