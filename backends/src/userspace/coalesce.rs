@@ -9,7 +9,7 @@
 //! (the merged packet's checksum is recomputed by the kernel and would hide the error).
 
 use super::checksum;
-use super::segment::{read_u16, read_u32, write_u16};
+use super::segment::{addresses, read_u16, read_u32, write_u16};
 use super::vnet::{self, Header};
 
 const TCP: u8 = 6;
@@ -58,11 +58,7 @@ fn candidate(pkt: &[u8]) -> Option<Tcp> {
     if payload < l4 + 20 || payload >= pkt.len() || flags & !TCP_PSH != TCP_ACK {
         return None;
     }
-    let (src, dst) = if v6 {
-        (&pkt[8..24], &pkt[24..40])
-    } else {
-        (&pkt[12..16], &pkt[16..20])
-    };
+    let (src, dst) = addresses(pkt, v6);
     checksum::transport_valid(src, dst, TCP, &pkt[l4..]).then_some(Tcp { v6, l4, payload })
 }
 
@@ -193,12 +189,8 @@ impl Coalescer {
             write_u16(pkt, 2, len as u16);
             checksum::ipv4_header(&mut pkt[..l4]);
         }
-        let (src, dst) = if v6 {
-            (8..24, 24..40)
-        } else {
-            (12..16, 16..20)
-        };
-        let pseudo = checksum::pseudo_header(&pkt[src], &pkt[dst], TCP, len - l4);
+        let (src, dst) = addresses(pkt, v6);
+        let pseudo = checksum::pseudo_header(src, dst, TCP, len - l4);
         write_u16(pkt, l4 + 16, checksum::fold(pseudo));
         let header = Header {
             flags: vnet::F_NEEDS_CSUM,

@@ -70,7 +70,8 @@ fn layout(h: &Header, pkt: &[u8]) -> Result<Layout, SplitError> {
     })
 }
 
-fn addresses(pkt: &[u8], v6: bool) -> (&[u8], &[u8]) {
+/// The source and destination addresses of an IPv4 or IPv6 packet.
+pub(super) fn addresses(pkt: &[u8], v6: bool) -> (&[u8], &[u8]) {
     if v6 {
         (&pkt[8..24], &pkt[24..40])
     } else {
