@@ -114,6 +114,18 @@ impl Metrics {
     /// The exposition for `snapshot`, with the device read now.
     pub async fn render(&self, snapshot: &Snapshot) -> String {
         let mut registry = Registry::with_prefix("weft");
+        self.register_passes(&mut registry);
+        self.register_alerts(&mut registry);
+        register_plan(&mut registry, snapshot);
+        self.register_peers(&mut registry, snapshot);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+
+    /// The reconcile passes and registry events.
+    fn register_passes(&self, registry: &mut Registry) {
         registry.register(
             "reconcile_passes",
             "Reconcile passes run",
@@ -134,28 +146,11 @@ impl Metrics {
             "Nodes that joined, changed or left, as the registry reported them",
             self.registry_events.clone(),
         );
-        self.register_alerts(&mut registry);
-        let left_out: Family<Labels, Gauge> = Family::default();
-        for l in &snapshot.left_out {
-            left_out
-                .get_or_create(&vec![
-                    ("node", l.node.clone()),
-                    ("reason", l.reason.clone()),
-                ])
-                .set(1);
-        }
-        registry.register(
-            "peers_left_out",
-            "Peers left out of the plan, by reason",
-            left_out,
-        );
-        let planned: Gauge = Gauge::default();
-        // Nodes, not device peers: a dual-stack node is a peer of two devices.
-        let nodes: std::collections::BTreeSet<&str> =
-            snapshot.peers.iter().map(|p| p.node.as_str()).collect();
-        planned.set(nodes.len() as i64);
-        registry.register("peers", "Peers in the plan", planned);
+    }
 
+    /// One series set per peer of the plan: identity, handshake age, bytes, ESP
+    /// counters, key generation.
+    fn register_peers(&self, registry: &mut Registry, snapshot: &Snapshot) {
         let info: Family<Labels, Gauge> = Family::default();
         let age: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
         let rx: Family<Labels, Counter> = Family::default();
@@ -211,17 +206,37 @@ impl Metrics {
         );
         registry.register("peer_receive_bytes", "Bytes received from the peer", rx);
         registry.register("peer_transmit_bytes", "Bytes sent to the peer", tx);
-        register_esp(&mut registry, replay, integrity);
+        register_esp(registry, replay, integrity);
         registry.register(
             "peer_key_generation",
             "How many keys the peer has had since this agent started (1 = its first)",
             generation,
         );
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &registry);
-        out
     }
+}
+
+/// The plan: peers left out (by reason) and the peers in it.
+fn register_plan(registry: &mut Registry, snapshot: &Snapshot) {
+    let left_out: Family<Labels, Gauge> = Family::default();
+    for l in &snapshot.left_out {
+        left_out
+            .get_or_create(&vec![
+                ("node", l.node.clone()),
+                ("reason", l.reason.clone()),
+            ])
+            .set(1);
+    }
+    registry.register(
+        "peers_left_out",
+        "Peers left out of the plan, by reason",
+        left_out,
+    );
+    let planned: Gauge = Gauge::default();
+    // Nodes, not device peers: a dual-stack node is a peer of two devices.
+    let nodes: std::collections::BTreeSet<&str> =
+        snapshot.peers.iter().map(|p| p.node.as_str()).collect();
+    planned.set(nodes.len() as i64);
+    registry.register("peers", "Peers in the plan", planned);
 }
 
 /// The ipsec peers' inbound-state counters.
