@@ -5,7 +5,7 @@
 
 use super::checksum;
 use super::coalesce::Coalescer;
-use super::segment::{read_u16, read_u32, split};
+use super::segment::{read_u16, read_u32, split, SplitError};
 use super::vnet::{self, Header};
 
 const TCP: u8 = 6;
@@ -285,6 +285,32 @@ fn malformed_super_packets_are_errors_not_panics() {
         };
         let _ = split(&h, &mut pkt, &mut Vec::new(), |_| {});
         let _ = coalesce(&[pkt]);
+    }
+}
+
+/// A TCP header whose data offset is below 5 (shorter than TCP's fixed 20 bytes) is
+/// refused: the split would write the flags and checksum past the copied headers.
+#[test]
+fn a_tcp_data_offset_below_five_is_refused() {
+    let mut rng = Rng(0x0ff5_e7);
+    let c = Case {
+        v6: false,
+        protocol: TCP,
+        mss: 10,
+        flags: 0,
+        options: 0,
+    };
+    for offset in 0..5u8 {
+        let (h, mut p) = super_packet(&mut rng, &c, &[0xab; 25], 1);
+        p[20 + 12] = offset << 4;
+        let mut seen = 0;
+        let r = split(&h, &mut p, &mut Vec::new(), |_| seen += 1);
+        assert_eq!(
+            r,
+            Err(SplitError::Malformed("TCP data offset below 5")),
+            "data offset {offset}"
+        );
+        assert_eq!(seen, 0);
     }
 }
 

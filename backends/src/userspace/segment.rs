@@ -55,7 +55,12 @@ fn layout(h: &Header, pkt: &[u8]) -> Result<Layout, SplitError> {
         if pkt.len() < l4 + 20 {
             return Err(SplitError::Malformed("TCP header cut short"));
         }
-        usize::from(pkt[l4 + 12] >> 4) * 4
+        // The flags and checksum every segment gets lie in TCP's fixed 20 bytes.
+        let offset = usize::from(pkt[l4 + 12] >> 4);
+        if offset < 5 {
+            return Err(SplitError::Malformed("TCP data offset below 5"));
+        }
+        offset * 4
     } else {
         8
     };
