@@ -214,7 +214,23 @@ impl State {
         self.session(noise, peer)
     }
 
+    /// A session index no peer holds, drawn at random: a stranger who cannot guess it
+    /// cannot name a session in a message (indices are 24 bits; boringtun's `Tunn` puts
+    /// its session slot in the low 8 bits of the receiver index).
     fn new_index(&mut self) -> u32 {
+        loop {
+            let index = match weft_crypto::random_bytes::<4>() {
+                Ok(b) => u32::from_le_bytes(b) & 0x00ff_ffff,
+                // No randomness from the kernel: still unique, only guessable.
+                Err(_) => self.fallback_index(),
+            };
+            if index != 0 && !self.by_index.contains_key(&index) {
+                return index;
+            }
+        }
+    }
+
+    fn fallback_index(&mut self) -> u32 {
         self.next_index = (self.next_index + 1) & 0x00ff_ffff;
         self.next_index
     }
@@ -308,5 +324,34 @@ impl State {
             }
         }
         self.routes = routes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stranger who saw one peer's session index cannot guess the next one: indices
+    /// are distinct, never 0, fit 24 bits, and do not follow one another.
+    #[test]
+    fn session_indices_are_unique_and_unpredictable() {
+        let mut state = State::default();
+        let mut indices = Vec::new();
+        for i in 0..2000u32 {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_le_bytes());
+            state.upsert(key, PeerConfig::default(), None);
+            indices.push(lock(&state.peers[&key].noise).index);
+        }
+        let in_order = indices.clone();
+        assert!(indices.iter().all(|i| *i != 0 && *i <= 0x00ff_ffff));
+        let consecutive = in_order.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(
+            consecutive < 5,
+            "{consecutive} indices follow their predecessor"
+        );
+        indices.sort_unstable();
+        indices.dedup();
+        assert_eq!(indices.len(), 2000, "every peer has its own index");
     }
 }

@@ -78,11 +78,8 @@ impl Receiver {
                         authentic = true; // a keepalive
                         continue;
                     }
-                    TunnResult::WriteToNetwork(out) => {
-                        let _ = self.device.udp().send(from, out);
-                        continue;
-                    }
-                    TunnResult::Err(_) => continue,
+                    // A data message is never answered: nothing goes to an unverified source.
+                    TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => continue,
                 };
             authentic = true;
             // The inner source must be one of the peer's AllowedIPs.
@@ -97,11 +94,13 @@ impl Receiver {
         }
     }
 
-    /// A handshake or cookie message: answered, and the packets queued for the peer go out.
+    /// A handshake or cookie message: answered (a cookie reply goes back to its source), and
+    /// only a message the peer's keys verified moves its endpoint and sends it what was
+    /// queued.
     fn control(&mut self, state: &State, datagram: &[u8], from: SocketAddr) {
         let udp = self.device.udp();
-        let initiation = datagram[0] == HANDSHAKE_INIT;
-        let peer = if initiation {
+        let kind = datagram[0];
+        let peer = if kind == HANDSHAKE_INIT {
             let Some(id) = &state.identity else { return };
             let mut cookie = [0u8; 64];
             match id
@@ -129,24 +128,28 @@ impl Receiver {
         // An initiation is for the peer's current state (made now if need be); a response
         // or cookie for the state whose index it names.
         let tunn = match receiver(datagram) {
-            _ if initiation => state.session(&mut noise, peer),
+            _ if kind == HANDSHAKE_INIT => state.session(&mut noise, peer),
             Some(r) => noise.for_receiver(r),
             None => None,
         };
         let Some(tunn) = tunn else {
             return;
         };
-        let authentic = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
+        let verified = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
             TunnResult::WriteToNetwork(out) => {
+                let verified = consumed(kind, out);
                 let _ = udp.send(from, out);
-                true
+                verified
             }
-            TunnResult::Err(_) => false,
-            _ => true,
+            // A cookie reply (or anything else) proves nothing: anyone who knows the
+            // public keys can make one.
+            _ => false,
         };
-        flush_queue(tunn, &mut self.plain, &udp, from);
+        if verified {
+            flush_queue(tunn, &mut self.plain, &udp, from);
+        }
         drop(noise);
-        if authentic {
+        if verified {
             roam(peer, from);
         }
     }
@@ -189,7 +192,19 @@ pub fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], udp: &Udp, to: SocketAddr) {
     }
 }
 
-/// A peer that sent an authentic message from a new address is reached there from now on.
+/// Whether `answer`, what the Noise state wrote for a message of type `kind`, shows that
+/// the message was verified and consumed: an initiation answered with a response, a
+/// response answered with the confirming keepalive. A cookie reply (the answer under load)
+/// shows only that the message had a valid mac1, which anyone who knows the device's
+/// public key can compute.
+fn consumed(kind: u8, answer: &[u8]) -> bool {
+    matches!(
+        (kind, answer.first()),
+        (HANDSHAKE_INIT, Some(&HANDSHAKE_RESPONSE)) | (HANDSHAKE_RESPONSE, Some(&DATA))
+    )
+}
+
+/// A peer that sent a verified message from a new address is reached there from now on.
 fn roam(peer: &Peer, from: SocketAddr) {
     let mut endpoint = lock(&peer.endpoint);
     if *endpoint != Some(from) {

@@ -1,0 +1,209 @@
+//! An outside host that knows only the device's public key (it is in the registry) attacks
+//! a userspace device with a live session, from another address, with packets this test
+//! crafts itself: a flood of handshake initiations with a valid mac1 puts the device under
+//! load, then forged handshake responses, cookie replies and data messages name the
+//! session's real index (as an on-path observer would see it). The device must answer
+//! with cookie replies only: the peer's endpoint stays, the tunnel keeps carrying traffic
+//! both ways, and the attacker receives nothing but cookie replies (no data message, no
+//! handshake). Before the fix the device took its own cookie reply as proof and moved the
+//! peer to the attacker.
+
+mod userspace_client;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use blake2::digest::{FixedOutput, KeyInit, Update};
+use blake2::{Blake2s256, Blake2sMac, Digest};
+use boringtun::noise::{Tunn, TunnResult};
+use boringtun::x25519::PublicKey;
+use userspace_client::{
+    client_tunn, device_key, device_with_client, ping, the_peer, Setup, DEVICE,
+};
+use weft_lab::netns::in_new_netns;
+
+const INITIATION: u8 = 1;
+const RESPONSE: u8 = 2;
+const COOKIE_REPLY: u8 = 3;
+const DATA: u8 = 4;
+
+/// The mac1 key of messages to the device: BLAKE2s("mac1----" || its public key).
+fn mac1_key() -> [u8; 32] {
+    let mut h = Blake2s256::new();
+    Digest::update(&mut h, b"mac1----");
+    Digest::update(&mut h, PublicKey::from(&device_key()).as_bytes());
+    h.finalize().into()
+}
+
+/// Writes a valid mac1 into a handshake message (its 32 bytes of MACs are last).
+fn sign_mac1(msg: &mut [u8]) {
+    let at = msg.len() - 32;
+    let mut mac = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(&mac1_key())
+        .expect("a 32-byte key");
+    Update::update(&mut mac, &msg[..at]);
+    msg[at..at + 16].copy_from_slice(&mac.finalize_fixed());
+}
+
+/// Bytes from a xorshift generator: the attacker's "ephemeral keys" and ciphertexts.
+fn noise_bytes(seed: &mut u64, out: &mut [u8]) {
+    for b in out {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *b = *seed as u8;
+    }
+}
+
+/// The sender index of the attacker's last initiation: the device's cookie reply to it
+/// shows that every datagram before it was handled.
+const LAST: u32 = 0xfeed_face;
+
+/// An initiation with a valid mac1 and garbage inside, from sender index `sender`.
+fn initiation(seed: &mut u64, sender: u32) -> Vec<u8> {
+    let mut m = vec![0u8; 148];
+    m[0] = INITIATION;
+    m[4..8].copy_from_slice(&sender.to_le_bytes());
+    noise_bytes(seed, &mut m[8..116]);
+    sign_mac1(&mut m);
+    m
+}
+
+/// The attacker's datagrams: `flood` initiations with a valid mac1 (garbage inside), then
+/// for each session slot of `index` a forged response (valid mac1), a cookie reply and a
+/// data message naming it, then one more initiation (sender `LAST`).
+fn forged(index: u32, flood: usize) -> Vec<Vec<u8>> {
+    let mut seed = 0x5eed_0f_a77ac4u64;
+    let mut out: Vec<Vec<u8>> = (0..flood)
+        .map(|i| initiation(&mut seed, i as u32))
+        .collect();
+    for slot in 0..=255u32 {
+        let receiver = (index & !0xff) | slot;
+        let mut r = vec![0u8; 92];
+        r[0] = RESPONSE;
+        r[4..8].copy_from_slice(&(0xa77a_c000 | slot).to_le_bytes());
+        r[8..12].copy_from_slice(&receiver.to_le_bytes());
+        noise_bytes(&mut seed, &mut r[12..60]);
+        sign_mac1(&mut r);
+        out.push(r);
+        let mut c = vec![0u8; 64];
+        c[0] = COOKIE_REPLY;
+        c[4..8].copy_from_slice(&receiver.to_le_bytes());
+        noise_bytes(&mut seed, &mut c[8..]);
+        out.push(c);
+        let mut d = vec![0u8; 32 + 64];
+        d[0] = DATA;
+        d[4..8].copy_from_slice(&receiver.to_le_bytes());
+        noise_bytes(&mut seed, &mut d[8..]);
+        out.push(d);
+    }
+    out.push(initiation(&mut seed, LAST));
+    out
+}
+
+/// The device's session index as the client's data messages name it.
+fn device_index(tunn: &mut Tunn) -> u32 {
+    let mut out = vec![0u8; 256];
+    match tunn.encapsulate(&[], &mut out) {
+        TunnResult::WriteToNetwork(p) if p[0] == DATA => {
+            u32::from_le_bytes([p[4], p[5], p[6], p[7]])
+        }
+        other => panic!("the client has a session, so a keepalive is a data message: {other:?}"),
+    }
+}
+
+/// The types of the datagrams that reach `sock` until the cookie reply to the
+/// initiation from `LAST` (or `wait` passes, or `until_last` is false and `sock` stays
+/// quiet for 200 ms).
+fn received(sock: &UdpSocket, wait: Duration, until_last: bool) -> Vec<u8> {
+    let mut buf = vec![0u8; 2048];
+    let mut types = Vec::new();
+    let deadline = Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let quiet = if until_last {
+            left
+        } else {
+            left.min(Duration::from_millis(200))
+        };
+        sock.set_read_timeout(Some(quiet.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok((n, _)) = sock.recv_from(&mut buf) else {
+            break;
+        };
+        types.push(if n > 0 { buf[0] } else { 0 });
+        if until_last && n >= 8 && buf[0] == COOKIE_REPLY && buf[4..8] == LAST.to_le_bytes() {
+            break;
+        }
+    }
+    types
+}
+
+/// Waits up to `wait` for the client to receive a data message from the device that
+/// decrypts to a UDP packet for port 9 (what the kernel behind the device sent).
+fn client_receives_udp(tunn: &mut Tunn, client: &UdpSocket, wait: Duration) -> bool {
+    let mut buf = vec![0u8; 2048];
+    let mut out = vec![0u8; 2048];
+    let deadline = Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        client
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok((n, _)) = client.recv_from(&mut buf) else {
+            return false;
+        };
+        if let TunnResult::WriteToTunnelV4(p, _) = tunn.decapsulate(None, &buf[..n], &mut out) {
+            if p[9] == 17 && p[22..24] == 9u16.to_be_bytes() {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn a_stranger_with_forged_handshakes_and_cookies_cannot_steer_the_peer() {
+    in_new_netns(|| async {
+        let dev = "wgt-atk";
+        let Setup { mut us, client } = device_with_client(dev, None).await;
+        let client_addr: SocketAddr = client.local_addr().unwrap();
+        let mut tunn = client_tunn(None, 1);
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+        let index = device_index(&mut tunn);
+
+        let attacker = UdpSocket::bind("127.0.0.2:0").unwrap();
+        for d in forged(index, 400) {
+            attacker.send_to(&d, DEVICE).unwrap();
+        }
+        // The device handles the datagrams of one socket in order: the cookie reply to the
+        // last initiation shows every forgery before it was handled.
+        let mut seen = received(&attacker, Duration::from_secs(10), true);
+        assert_eq!(
+            seen.last(),
+            Some(&COOKIE_REPLY),
+            "the flood put the device under load, and it answered the last initiation with a cookie reply"
+        );
+        let peer = the_peer(&mut us, dev).await;
+        assert_eq!(
+            peer.endpoint,
+            Some(client_addr),
+            "the peer's endpoint stays where its verified messages come from"
+        );
+
+        // Traffic the device starts now, before the client sends anything, goes to the
+        // client and decrypts on the live session.
+        let app = UdpSocket::bind("10.77.0.1:0").unwrap();
+        app.send_to(b"to the client", "10.77.1.2:9").unwrap();
+        assert!(
+            client_receives_udp(&mut tunn, &client, Duration::from_secs(5)),
+            "the device's own traffic reaches the client through the tunnel"
+        );
+        assert!(ping(&mut tunn, &client, 2, Duration::from_secs(5)).answered);
+
+        seen.extend(received(&attacker, Duration::from_secs(1), false));
+        let others: Vec<u8> = seen.into_iter().filter(|t| *t != COOKIE_REPLY).collect();
+        assert!(
+            others.is_empty(),
+            "the attacker received only cookie replies, also got message types {others:?}"
+        );
+        assert_eq!(the_peer(&mut us, dev).await.endpoint, Some(client_addr));
+    });
+}
