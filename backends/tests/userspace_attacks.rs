@@ -72,7 +72,7 @@ fn initiation(seed: &mut u64, sender: u32) -> Vec<u8> {
 /// for each session slot of `index` a forged response (valid mac1), a cookie reply and a
 /// data message naming it, then one more initiation (sender `LAST`).
 fn forged(index: u32, flood: usize) -> Vec<Vec<u8>> {
-    let mut seed = 0x5eed_0f_a77ac4u64;
+    let mut seed = 0x5eed_0fa7_7ac4_u64;
     let mut out: Vec<Vec<u8>> = (0..flood)
         .map(|i| initiation(&mut seed, i as u32))
         .collect();

@@ -292,7 +292,7 @@ fn malformed_super_packets_are_errors_not_panics() {
 /// refused: the split would write the flags and checksum past the copied headers.
 #[test]
 fn a_tcp_data_offset_below_five_is_refused() {
-    let mut rng = Rng(0x0ff5_e7);
+    let mut rng = Rng(0x000f_f5e7);
     let c = Case {
         v6: false,
         protocol: TCP,
