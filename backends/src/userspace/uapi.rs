@@ -3,7 +3,7 @@
 //! change leaves the peer's session alone; a request may carry any number of peers.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, RwLock};
@@ -20,6 +20,9 @@ const EPROTO: i32 = 71;
 const EADDRINUSE: i32 = 98;
 /// A request line longer than this is refused (the longest real one is a key).
 const MAX_LINE: usize = 4096;
+/// A request longer than this is refused: room for every peer of a 10,000-node mesh with
+/// its AllowedIPs, while a client that never ends its request cannot fill the memory.
+const MAX_REQUEST: usize = 32 << 20;
 
 /// What a `set` asks of the device beyond its peer table.
 pub trait Sockets: Send + Sync {
@@ -210,7 +213,16 @@ pub fn set(state: &RwLock<State>, sockets: &dyn Sockets, lines: &[String]) -> i3
     0
 }
 
-/// Serves one client: requests until it hangs up.
+/// Reads one line of at most `MAX_LINE` bytes into `line`: `Ok(None)` for one longer.
+fn read_line(reader: &mut impl BufRead, line: &mut String) -> std::io::Result<Option<usize>> {
+    line.clear();
+    let n = reader.by_ref().take(MAX_LINE as u64 + 1).read_line(line)?;
+    Ok((n <= MAX_LINE).then_some(n))
+}
+
+/// Serves one client: requests until it hangs up. A line longer than `MAX_LINE` or a
+/// request longer than `MAX_REQUEST` is answered with EINVAL and ends the connection,
+/// having read no more than that.
 fn serve_client(
     stream: UnixStream,
     state: &RwLock<State>,
@@ -218,20 +230,26 @@ fn serve_client(
 ) -> std::io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
+    let refuse =
+        |writer: &mut UnixStream| writer.write_all(format!("errno={EINVAL}\n\n").as_bytes());
+    let mut first = String::new();
+    let mut line = String::new();
     loop {
-        let mut first = String::new();
-        if reader.read_line(&mut first)? == 0 {
-            return Ok(());
+        match read_line(&mut reader, &mut first)? {
+            Some(0) => return Ok(()),
+            Some(_) => {}
+            None => return refuse(&mut writer),
         }
         let mut lines = Vec::new();
+        let mut size = first.len();
         loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 || line.trim_end().is_empty() {
-                break;
+            match read_line(&mut reader, &mut line)? {
+                Some(n) if n > 0 && !line.trim_end().is_empty() => size += n,
+                Some(_) => break,
+                None => return refuse(&mut writer),
             }
-            if line.len() > MAX_LINE {
-                writer.write_all(format!("errno={EINVAL}\n\n").as_bytes())?;
-                return Ok(());
+            if size > MAX_REQUEST {
+                return refuse(&mut writer);
             }
             lines.push(line.trim_end().to_string());
         }
@@ -256,5 +274,45 @@ pub fn serve(listener: UnixListener, state: Arc<RwLock<State>>, sockets: Arc<dyn
                     tracing::debug!(error = %e, "UAPI client gone");
                 }
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoSockets;
+    impl Sockets for NoSockets {
+        fn rebind(&self, port: u16, _: u32) -> std::io::Result<u16> {
+            Ok(port)
+        }
+    }
+
+    /// A line that never ends is refused once it passes the limit, having read no more.
+    #[test]
+    fn a_line_is_read_up_to_the_limit_only() {
+        let mut endless = std::io::Cursor::new(vec![b'a'; 8 << 20]);
+        let mut line = String::new();
+        assert_eq!(read_line(&mut endless, &mut line).unwrap(), None);
+        assert_eq!(endless.position(), MAX_LINE as u64 + 1);
+        let mut fine = std::io::Cursor::new(b"get=1\n\n".to_vec());
+        assert_eq!(read_line(&mut fine, &mut line).unwrap(), Some(6));
+        assert_eq!(line, "get=1\n");
+    }
+
+    /// A client whose request never ends (first line, or a later one) is hung up on: the
+    /// device stops reading, so the client cannot write it all.
+    #[test]
+    fn an_endless_request_is_hung_up_on() {
+        for prefix in [&b""[..], b"set=1\n", b"get=1\n\nset=1\n"] {
+            let (client, server) = UnixStream::pair().unwrap();
+            let state = RwLock::new(State::default());
+            let mut writer = client.try_clone().unwrap();
+            let mut request = prefix.to_vec();
+            request.extend(std::iter::repeat_n(b'a', 64 << 20));
+            let sender = std::thread::spawn(move || writer.write_all(&request));
+            serve_client(server, &state, &NoSockets).unwrap();
+            assert!(sender.join().unwrap().is_err(), "{prefix:?}: read whole");
+        }
     }
 }
