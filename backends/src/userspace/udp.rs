@@ -39,9 +39,9 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
     } else {
         std::net::Ipv4Addr::UNSPECIFIED.into()
     };
-    // No SO_REUSEADDR: with it, any process on the host that sets it too could bind the
-    // same port and take the tunnel's datagrams (a closed UDP socket frees its port at
-    // once, so a device that went away does not need it either).
+    // As boringtun and the kernel do: a socket of a device going away (a restart, a
+    // device deleted and recreated) does not keep the new one off its port.
+    socket.set_reuse_address(true)?;
     if fwmark != 0 {
         socket.set_mark(fwmark)?;
     }
