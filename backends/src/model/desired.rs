@@ -361,6 +361,19 @@ pub enum LeaveReason {
     NotOnLink {
         ip: IpAddr,
     },
+    /// ipsec: another node (`other`, the older entry) publishes the same public IP.
+    DuplicatePublicIp {
+        ip: IpAddr,
+        other: String,
+    },
+    /// ipsec: it publishes this node's own public IP.
+    PublicIpIsOurs {
+        ip: IpAddr,
+    },
+    /// ipsec: two of the states it would be heard on get one SPI.
+    SpiCollision {
+        spi: u32,
+    },
 }
 
 impl fmt::Display for LeaveReason {
@@ -379,6 +392,9 @@ impl fmt::Display for LeaveReason {
             LeaveReason::NextKeyTaken { key, other } => write!(f, "its announced next key {key} is node {other}'s public key; left out until it announces another"),
             LeaveReason::SubnetLength { subnet, expected } => write!(f, "its subnet {subnet} is not a /{expected} like every node's subnet"),
             LeaveReason::KeyIsOurs { key } => write!(f, "it publishes this node's own public key {key}"),
+            LeaveReason::DuplicatePublicIp { ip, other } => write!(f, "its public IP {ip} is also published by node {other}, which keeps it (the older entry); left out until it changes"),
+            LeaveReason::PublicIpIsOurs { ip } => write!(f, "it publishes this node's own public IP {ip}"),
+            LeaveReason::SpiCollision { spi } => write!(f, "two of its ESP states would share SPI 0x{spi:08x}; left out until it publishes consecutive epochs"),
             LeaveReason::NotOnLink { ip } => write!(f, "host-gw needs all nodes on one L2 segment; it is at {ip}, behind a router: use vxlan with DirectRouting"),
         }
     }

@@ -15,6 +15,7 @@
 //! moment, so it names it in `next_switch`.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::time::{Duration, SystemTime};
 
 use base64::engine::general_purpose::STANDARD;
@@ -93,8 +94,18 @@ impl IpsecData {
         let epoch = epoch_of(obj, "Epoch", "Nonce")?;
         let next = match obj.get("NextEpoch") {
             None | Some(Value::Null) => None,
-            Some(_) => {
-                let epoch = epoch_of(obj, "NextEpoch", "NextNonce")?;
+            Some(v) => {
+                let next = epoch_of(obj, "NextEpoch", "NextNonce")?;
+                // Any other number would give two of its inbound states one SPI (the
+                // generation byte repeats every 256 epochs) or take an epoch back.
+                if Some(next.number) != epoch.number.checked_add(1) {
+                    return Err(BackendDataError::bad(
+                        "NextEpoch",
+                        v,
+                        format!("is not Epoch + 1 ({})", epoch.number.saturating_add(1)),
+                    ));
+                }
+                let epoch = next;
                 let ms = match obj.get("SwitchAt") {
                     None => return Err(BackendDataError::NoField("SwitchAt")),
                     Some(v) => v.as_u64().ok_or_else(|| {
@@ -239,19 +250,24 @@ pub(crate) fn plan(
         mut left_out,
     } = screened;
     let mut state = DesiredState::default();
-    let mut holders: BTreeMap<PublicKey, &str> = BTreeMap::new();
+    let mut holders = Holders {
+        keys: BTreeMap::new(),
+        ips: BTreeMap::new(),
+    };
     let mut peers = Vec::new();
     let now = input.now;
     let ends = Ends {
         subnet,
         network,
+        local,
         now,
     };
     state.next_switch = own.upcoming(now);
     for c in &candidates {
         match peer(c, &own, &ends, &holders) {
             Ok((p, upcoming)) => {
-                holders.insert(p.public_key, &c.lease.node);
+                holders.keys.insert(p.public_key, &c.lease.node);
+                holders.ips.insert(p.remote, &c.lease.node);
                 peers.push(p);
                 if let Some(t) = upcoming {
                     state.next_switch = Some(state.next_switch.map_or(t, |n| n.min(t)));
@@ -289,16 +305,25 @@ pub(crate) fn plan(
 struct Ends {
     subnet: IpNet,
     network: IpNet,
+    local: Ipv4Addr,
     now: SystemTime,
 }
 
+/// The public keys and public IPs of the peers kept so far, and their nodes.
+struct Holders<'a> {
+    keys: BTreeMap<PublicKey, &'a str>,
+    ips: BTreeMap<Ipv4Addr, &'a str>,
+}
+
 /// One peer (with its announced moment, if ahead), or why it is left out. Candidates come
-/// oldest first, so a key already in `holders` belongs to an older entry, which keeps it.
+/// oldest first, so a key or public IP already in `holders` belongs to an older entry,
+/// which keeps it: the tunnel ends of a pair are its public IPs, so a second node at one
+/// would have its SAs chosen for the first one's pods.
 fn peer(
     c: &Candidate<'_>,
     own: &IpsecData,
     ends: &Ends,
-    holders: &BTreeMap<PublicKey, &str>,
+    holders: &Holders<'_>,
 ) -> Result<(IpsecPeer, Option<SystemTime>), LeaveReason> {
     let lease = c.lease;
     let data = IpsecData::decode(lease.backend_data.as_ref()).map_err(|detail| {
@@ -312,7 +337,7 @@ fn peer(
             key: data.public_key,
         });
     }
-    if let Some(other) = holders.get(&data.public_key) {
+    if let Some(other) = holders.keys.get(&data.public_key) {
         return Err(LeaveReason::DuplicateKey {
             key: data.public_key,
             other: other.to_string(),
@@ -321,6 +346,15 @@ fn peer(
     let remote = lease.public_ip.ok_or(LeaveReason::NoPublicIp {
         family: Family::Ipv4,
     })?;
+    if remote == ends.local {
+        return Err(LeaveReason::PublicIpIsOurs { ip: remote.into() });
+    }
+    if let Some(other) = holders.ips.get(&remote) {
+        return Err(LeaveReason::DuplicatePublicIp {
+            ip: remote.into(),
+            other: other.to_string(),
+        });
+    }
     let peer_subnet = c.v4.ok_or(LeaveReason::NoSubnet)?;
     let outside = || LeaveReason::SubnetOutsideNetwork {
         subnet: peer_subnet,
@@ -342,6 +376,11 @@ fn peer(
                 peer_epoch: p,
             });
         }
+    }
+    let mut spis: Vec<u32> = inbound.iter().map(|sa| sa.spi).collect();
+    spis.sort_unstable();
+    if let Some(w) = spis.windows(2).find(|w| w[0] == w[1]) {
+        return Err(LeaveReason::SpiCollision { spi: w[0] });
     }
     let p = IpsecPeer {
         node: lease.node.clone(),
