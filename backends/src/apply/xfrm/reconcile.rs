@@ -215,8 +215,9 @@ pub async fn reconcile_ipsec<N: VxlanNetlink, X: Xfrm>(
         }
     }
     memory.keys.sweep();
-    let lost = states(xfrm, book, memory, if_id, spec.local, wanted, changes)?;
-    self::policies(xfrm, if_id, &policies, changes)?;
+    let mut log = Log { changes, errors };
+    let lost = states(xfrm, book, memory, (if_id, spec.local), wanted, &mut log)?;
+    self::policies(xfrm, if_id, &policies, &mut log)?;
     Ok(IpsecOutcome { created, lost })
 }
 
@@ -307,16 +308,40 @@ impl Default for StateMemory {
 /// How long an inbound state outlives the plan that dropped it.
 pub const RETIRE_GRACE: Duration = Duration::from_secs(2);
 
+/// Where a pass writes what it changed and what it could not: one object's failure is
+/// an error line, and the pass goes on with the others.
+struct Log<'a> {
+    changes: &'a mut Vec<String>,
+    errors: &'a mut Vec<String>,
+}
+
+impl Log<'_> {
+    /// Records `done` as a change if `result` is Ok, else the error; whether it was Ok.
+    fn write(&mut self, result: Result<(), ApplyError>, done: impl FnOnce() -> String) -> bool {
+        match result {
+            Ok(()) => {
+                self.changes.push(done());
+                true
+            }
+            Err(e) => {
+                self.errors.push(e.to_string());
+                false
+            }
+        }
+    }
+}
+
 /// The states: missing ones installed (recorded first) unless installed before, stale ones
-/// removed (inbound ones after the grace). Returns the lost ones.
+/// removed (inbound ones after the grace). Returns the lost ones. A state the kernel
+/// refuses is an error of its own: the others are installed and removed all the same,
+/// and its key, never installed, is not counted as installed.
 fn states<X: Xfrm>(
     xfrm: &mut X,
     book: &mut EspBook,
     memory: &mut StateMemory,
-    if_id: u32,
-    local: Ipv4Addr,
+    (if_id, local): (u32, Ipv4Addr),
     wanted: Vec<Wanted>,
-    changes: &mut Vec<String>,
+    log: &mut Log<'_>,
 ) -> Result<Vec<String>, ApplyError> {
     let observed = xfrm.states(if_id)?;
     memory.seen.clone_from(&observed);
@@ -330,8 +355,12 @@ fn states<X: Xfrm>(
         match have.remove(&(w.sa.dst, w.sa.spi)) {
             Some(present) if *present == w.sa => continue,
             Some(present) => {
-                xfrm.delete_state(present)?;
-                changes.push(format!("removed {present:?}: it differs from the plan"));
+                let removed = xfrm.delete_state(present);
+                if !log.write(removed, || {
+                    format!("removed {present:?}: it differs from the plan")
+                }) {
+                    continue;
+                }
             }
             None => {}
         }
@@ -356,8 +385,9 @@ fn states<X: Xfrm>(
             source: std::io::Error::other(e.to_string()),
         })?;
         for w in &install {
-            xfrm.add_state(&w.sa)?;
-            changes.push(format!("added {:?}", w.sa));
+            if !log.write(xfrm.add_state(&w.sa), || format!("added {:?}", w.sa)) {
+                book.installed.remove(&w.fingerprint);
+            }
         }
     }
     let now = Instant::now();
@@ -369,9 +399,10 @@ fn states<X: Xfrm>(
                 continue;
             }
         }
-        xfrm.delete_state(stale)?;
         memory.retiring.remove(&k);
-        changes.push(format!("removed {stale:?}: not in the plan"));
+        log.write(xfrm.delete_state(stale), || {
+            format!("removed {stale:?}: not in the plan")
+        });
     }
     Ok(lost)
 }
@@ -380,7 +411,7 @@ fn policies<X: Xfrm>(
     xfrm: &mut X,
     if_id: u32,
     wanted: &BTreeMap<(PolicyDir, Ipv4Net, Ipv4Net), PolicySpec>,
-    changes: &mut Vec<String>,
+    log: &mut Log<'_>,
 ) -> Result<(), ApplyError> {
     let observed = xfrm.policies(if_id)?;
     let mut have: BTreeMap<_, PolicySpec> = observed
@@ -391,12 +422,12 @@ fn policies<X: Xfrm>(
         if have.remove(k).as_ref() == Some(want) {
             continue;
         }
-        xfrm.put_policy(want)?;
-        changes.push(format!("put {want}"));
+        log.write(xfrm.put_policy(want), || format!("put {want}"));
     }
     for stale in have.values() {
-        xfrm.delete_policy(stale)?;
-        changes.push(format!("removed {stale}: not in the plan"));
+        log.write(xfrm.delete_policy(stale), || {
+            format!("removed {stale}: not in the plan")
+        });
     }
     Ok(())
 }

@@ -109,6 +109,17 @@ impl Kernel {
     }
 
     fn pass(&mut self, spec: &IpsecSpec, key: &PrivateKey) -> (IpsecOutcome, Vec<String>) {
+        let (outcome, changes, errors) = self.pass_with_errors(spec, key);
+        assert!(errors.is_empty(), "{errors:?}");
+        (outcome, changes)
+    }
+
+    /// A pass, with the errors it reported.
+    fn pass_with_errors(
+        &mut self,
+        spec: &IpsecSpec,
+        key: &PrivateKey,
+    ) -> (IpsecOutcome, Vec<String>, Vec<String>) {
         let (mut changes, mut errors) = (Vec::new(), Vec::new());
         let outcome = block_on(reconcile_ipsec(
             &mut self.nl,
@@ -120,8 +131,7 @@ impl Kernel {
             &mut errors,
         ))
         .unwrap();
-        assert!(errors.is_empty(), "{errors:?}");
-        (outcome, changes)
+        (outcome, changes, errors)
     }
 
     fn writes(&self) -> u64 {
@@ -335,5 +345,43 @@ fn a_thousand_peers_then_zero_writes() {
     let before = k.writes();
     k.pass(&s, &me.key);
     assert_eq!(k.writes() - before, 0);
+    installed_once(k.xfrm());
+}
+
+/// A state the kernel refuses (here: another owner's state already holds its destination
+/// and SPI) is an error of its own: every other state and every policy is still put in,
+/// nothing counts as lost (so no epoch bump), and once the way is clear it goes in.
+#[test]
+fn a_refused_state_fails_alone_and_is_not_taken_for_lost() {
+    let (a, b, c) = (node(1), node(2), node(3));
+    let want = spec(&a, &[&b, &c]);
+    let blocked = want.peers[0].inbound[0].spi;
+    // The squatter: the same state, under another interface id.
+    let mut other = Kernel::new(book(None, a.epoch));
+    other.pass(&want, &a.key);
+    let mut squatter = other
+        .xfrm()
+        .states
+        .iter()
+        .find(|s| s.spec.spi == blocked)
+        .unwrap()
+        .clone();
+    squatter.spec.if_id = IF_ID + 1;
+    let mut k = Kernel::new(book(None, a.epoch));
+    k.xfrm().states.push(squatter);
+
+    for round in 0..2 {
+        let (outcome, _, errors) = k.pass_with_errors(&want, &a.key);
+        assert!(outcome.lost.is_empty(), "round {round}: {:?}", outcome.lost);
+        assert_eq!(errors.len(), 1, "round {round}: {errors:?}");
+        assert!(errors[0].contains("File exists"), "{errors:?}");
+        let ours = k.xfrm().states(IF_ID).unwrap();
+        assert_eq!(ours.len(), 3, "the other three states of the two pairs");
+        assert_eq!(k.xfrm().policies(IF_ID).unwrap().len(), 6, "every policy");
+    }
+    k.xfrm().states.retain(|s| s.spec.if_id == IF_ID);
+    let (outcome, changes) = k.pass(&want, &a.key);
+    assert!(outcome.lost.is_empty());
+    assert!(k.xfrm().state(ip(1), blocked).is_some(), "{changes:?}");
     installed_once(k.xfrm());
 }
