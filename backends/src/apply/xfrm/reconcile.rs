@@ -105,6 +105,8 @@ struct Wanted {
     sa: SaSpec,
     fingerprint: String,
     local_epoch: Epoch,
+    /// The peer the state is for.
+    node: String,
 }
 
 fn any() -> Ipv4Net {
@@ -134,6 +136,7 @@ fn peer_states(
     let wanted = |sa: &EspSa, src, dst, key: &weft_crypto::esp::SaKey| Wanted {
         fingerprint: install_fingerprint(key, sa.spi, &std::net::Ipv4Addr::octets(&dst)),
         local_epoch: sa.local_epoch,
+        node: p.node.clone(),
         sa: SaSpec {
             src,
             dst,
@@ -292,6 +295,11 @@ pub struct StateMemory {
     /// still send with them for a moment after a switch.
     retiring: HashMap<(Ipv4Addr, u32), Instant>,
     pub grace: Duration,
+    /// The fingerprints of the planned states that stood after the last pass (`None`
+    /// before the first): a recorded state missing now was lost only if it stood then;
+    /// otherwise the plan came back to it because a peer's published values went back
+    /// (an old epoch republished, a public IP X -> Y -> X).
+    standing: Option<HashSet<String>>,
 }
 
 impl Default for StateMemory {
@@ -301,6 +309,7 @@ impl Default for StateMemory {
             seen: Vec::new(),
             retiring: HashMap::new(),
             grace: RETIRE_GRACE,
+            standing: None,
         }
     }
 }
@@ -351,9 +360,13 @@ fn states<X: Xfrm>(
         .collect();
     let mut install = Vec::new();
     let mut lost = Vec::new();
+    let mut standing = HashSet::new();
     for w in wanted {
         match have.remove(&(w.sa.dst, w.sa.spi)) {
-            Some(present) if *present == w.sa => continue,
+            Some(present) if *present == w.sa => {
+                standing.insert(w.fingerprint);
+                continue;
+            }
             Some(present) => {
                 let removed = xfrm.delete_state(present);
                 if !log.write(removed, || {
@@ -369,7 +382,19 @@ fn states<X: Xfrm>(
             // again; its successor's states stand beside it.
             continue;
         }
-        if book.installed.contains(&w.fingerprint) {
+        let stood = memory
+            .standing
+            .as_ref()
+            .is_none_or(|s| s.contains(&w.fingerprint));
+        if book.installed.contains(&w.fingerprint) && !stood {
+            // A peer's input went back to keys used before: never installed again, and
+            // no reason for this node to start a new epoch (one peer could make every
+            // node bump for as long as it liked). The pair waits for a new epoch of it.
+            log.errors.push(format!(
+                "node {}: {:?} was installed before and its key is not used again; the pair waits for the node's next epoch",
+                w.node, w.sa
+            ));
+        } else if book.installed.contains(&w.fingerprint) {
             lost.push(format!(
                 "{:?} was installed under this epoch and is gone",
                 w.sa
@@ -384,11 +409,15 @@ fn states<X: Xfrm>(
             op: "recording the ESP states about to be installed".into(),
             source: std::io::Error::other(e.to_string()),
         })?;
-        for w in &install {
-            if !log.write(xfrm.add_state(&w.sa), || format!("added {:?}", w.sa)) {
+        for w in install {
+            if log.write(xfrm.add_state(&w.sa), || format!("added {:?}", w.sa)) {
+                standing.insert(w.fingerprint);
+            } else {
                 book.installed.remove(&w.fingerprint);
             }
         }
+        // While a loss stands the agent starts a new epoch: until then it is reported again.
+        memory.standing = Some(standing);
     }
     let now = Instant::now();
     memory.retiring.retain(|k, _| have.contains_key(k));

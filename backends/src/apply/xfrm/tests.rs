@@ -385,3 +385,56 @@ fn a_refused_state_fails_alone_and_is_not_taken_for_lost() {
     assert!(k.xfrm().state(ip(1), blocked).is_some(), "{changes:?}");
     installed_once(k.xfrm());
 }
+
+/// A peer that publishes an epoch it left (or a public IP it had before) brings the plan
+/// back to keys installed before: they are not installed again, and this node does not
+/// take that for a loss of its own (no epoch bump, which one peer could otherwise force
+/// on every node as often as it liked); only that pair waits, with the reason named.
+#[test]
+fn a_peer_going_back_to_old_keys_is_refused_without_an_epoch_bump() {
+    let (a, b, c) = (node(1), node(2), node(3));
+    let mut k = Kernel::new(book(None, a.epoch));
+    let mut b2 = Node {
+        epoch: b.epoch.next().unwrap(),
+        ..node(2)
+    };
+    b2.key = b.key.clone();
+    let first = spec(&a, &[&b, &c]);
+    k.pass(&first, &a.key);
+    k.pass(&spec(&a, &[&b2, &c]), &a.key);
+    let mut elsewhere = first.clone();
+    elsewhere.peers[0].remote = ip(200);
+    let before = k.xfrm().added.len();
+    for (what, spec) in [
+        ("its old epoch", &first),
+        ("another IP", &elsewhere),
+        ("back", &first),
+    ] {
+        let (outcome, _, errors) = k.pass_with_errors(spec, &a.key);
+        assert!(outcome.lost.is_empty(), "{what}: {:?}", outcome.lost);
+        if what != "another IP" {
+            assert!(
+                !errors.is_empty() && errors.iter().all(|e| e.starts_with("node node-2: ")),
+                "{what}: {errors:?}"
+            );
+        }
+    }
+    assert!(
+        k.xfrm().added[before..]
+            .iter()
+            .all(|sa| sa.dst == ip(200) || sa.src == ip(200)),
+        "only the states towards the new IP went in: {:?}",
+        &k.xfrm().added[before..]
+    );
+    installed_once(k.xfrm());
+    // A state that stood and is gone is still a loss.
+    let standing = k.xfrm().states(IF_ID).unwrap();
+    let victim = standing
+        .iter()
+        .find(|s| s.spec.dst == ip(3))
+        .unwrap()
+        .spec
+        .clone();
+    k.xfrm().delete_state(&victim).unwrap();
+    assert_eq!(k.pass_with_errors(&first, &a.key).0.lost.len(), 1);
+}
