@@ -176,16 +176,18 @@ fn info(algorithm: &str, key_len: usize, from: Party<'_>, to: Party<'_>) -> Vec<
     out
 }
 
-/// A short fingerprint of one SA's (key, SPI, destination), for the record of what was
-/// ever installed: SHA-256, first 16 bytes, as hex. Not reversible to the key.
-pub fn install_fingerprint(key: &SaKey, spi: u32, destination: &[u8]) -> String {
+/// The length of an install fingerprint, in hex digits.
+pub const FINGERPRINT_LEN: usize = 40;
+
+/// A short fingerprint of one SA key, for the record of what was ever installed: SHA-256,
+/// first 20 bytes, as hex. Not reversible to the key. The key alone counts: installing it
+/// again under another SPI or address would restart its sequence numbers all the same.
+pub fn install_fingerprint(key: &SaKey) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    ctx.update(b"weft sa record v1");
+    ctx.update(b"weft sa key record v2");
     ctx.update(key.as_bytes());
-    ctx.update(&spi.to_be_bytes());
-    ctx.update(destination);
     let digest = ctx.finish();
-    digest.as_ref()[..16]
+    digest.as_ref()[..FINGERPRINT_LEN / 2]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 
-use super::{Epoch, NONCE_LEN};
+use super::{Epoch, FINGERPRINT_LEN, NONCE_LEN};
 use crate::atomic_file::{read_bounded, write_atomic};
 
 pub const EPOCH_FILE: &str = "ipsec-epoch";
@@ -106,8 +106,8 @@ impl EspStore {
         let installed = match read_bounded(&record, RECORD_LIMIT) {
             Ok(text) => {
                 let mut lines = text.lines();
-                let fingerprint =
-                    |l: &&str| l.len() == 32 && l.bytes().all(|b| b.is_ascii_hexdigit());
+                let hex = |l: &&str| l.bytes().all(|b| b.is_ascii_hexdigit());
+                let fingerprint = |l: &&str| l.len() == FINGERPRINT_LEN && hex(l);
                 let first = lines.next().and_then(parse_header);
                 // A rotation appends its epoch's header to the record it continues.
                 let names_this = first == Some(epoch)
@@ -115,7 +115,16 @@ impl EspStore {
                         .clone()
                         .filter(|l| !fingerprint(l))
                         .any(|l| parse_header(l) == Some(epoch));
+                // An older weft recorded (key, SPI, address): which keys it installed is
+                // unknown to the key-only record.
+                let older = |l: &&str| l.len() == 32 && hex(l);
                 match first {
+                    Some(_) if names_this && lines.clone().any(|l| older(&l)) => {
+                        return self.bump_from(
+                            Some(epoch),
+                            "the install record is from an older weft (by key, SPI and address)",
+                        )
+                    }
                     Some(_) if names_this => {
                         lines.filter(fingerprint).map(str::to_string).collect()
                     }
@@ -229,7 +238,7 @@ mod tests {
         assert_eq!(again.epoch, first.epoch);
         assert!(again.bumped.is_none() && again.installed.is_empty());
 
-        let f = "0123456789abcdef0123456789abcdef".to_string();
+        let f = "0123456789abcdef0123456789abcdef01234567".to_string();
         store
             .record(&again.epoch, std::slice::from_ref(&f))
             .unwrap();
@@ -296,8 +305,8 @@ mod tests {
         let store = EspStore::new(dir.path());
         let first = store.load().unwrap().epoch;
         let (old, new) = (
-            "0123456789abcdef0123456789abcdef".to_string(),
-            "fedcba9876543210fedcba9876543210".to_string(),
+            "0123456789abcdef0123456789abcdef01234567".to_string(),
+            "fedcba9876543210fedcba9876543210fedcba98".to_string(),
         );
         store.record(&first, std::slice::from_ref(&old)).unwrap();
         let next = store.advance(&first).unwrap();
@@ -312,5 +321,24 @@ mod tests {
         let bumped = store.bump(&next).unwrap();
         assert!(store.load().unwrap().installed.is_empty());
         assert_eq!(bumped.number, next.number + 1);
+    }
+
+    /// A record an older weft wrote (fingerprints of key, SPI and address, 32 digits)
+    /// cannot say which keys went in: its epoch is left for a new one.
+    #[test]
+    fn a_record_by_key_spi_and_address_gives_a_new_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EspStore::new(dir.path());
+        let epoch = store.load().unwrap().epoch;
+        std::fs::write(
+            store.record_path(),
+            format!("{}\n0123456789abcdef0123456789abcdef\n", header(&epoch)),
+        )
+        .unwrap();
+        let loaded = store.load().unwrap();
+        assert_eq!(loaded.epoch.number, epoch.number + 1);
+        assert_ne!(loaded.epoch.nonce, epoch.nonce);
+        assert!(loaded.bumped.unwrap().contains("older weft"));
+        assert!(loaded.installed.is_empty());
     }
 }

@@ -134,7 +134,7 @@ fn peer_states(
             .map_err(|e| format!("node {}: no ESP keys: {e}", p.node))
     };
     let wanted = |sa: &EspSa, src, dst, key: &weft_crypto::esp::SaKey| Wanted {
-        fingerprint: install_fingerprint(key, sa.spi, &std::net::Ipv4Addr::octets(&dst)),
+        fingerprint: install_fingerprint(key),
         local_epoch: sa.local_epoch,
         node: p.node.clone(),
         sa: SaSpec {
@@ -295,11 +295,74 @@ pub struct StateMemory {
     /// still send with them for a moment after a switch.
     retiring: HashMap<(Ipv4Addr, u32), Instant>,
     pub grace: Duration,
-    /// The fingerprints of the planned states that stood after the last pass (`None`
-    /// before the first): a recorded state missing now was lost only if it stood then;
-    /// otherwise the plan came back to it because a peer's published values went back
-    /// (an old epoch republished, a public IP X -> Y -> X).
-    standing: Option<HashSet<String>>,
+    /// The planned states that stood after the last pass, by fingerprint (`None` before
+    /// the first pass): what `missing` judges a recorded key by.
+    standing: Option<HashMap<String, Placement>>,
+}
+
+/// Where a state stood: its tunnel ends and SPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placement {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    spi: u32,
+}
+
+impl Placement {
+    fn of(sa: &SaSpec) -> Self {
+        Placement {
+            src: sa.src,
+            dst: sa.dst,
+            spi: sa.spi,
+        }
+    }
+
+    /// The part of a state this node decides: for what it sends, its own address and
+    /// the SPI (from its own subnet); for what it receives, its own address.
+    fn ours(&self, local: Ipv4Addr) -> (Ipv4Addr, Option<u32>) {
+        if self.dst == local {
+            (self.dst, None)
+        } else {
+            (self.src, Some(self.spi))
+        }
+    }
+}
+
+/// What a planned state whose key was installed before, and is not in place, means.
+enum Missing {
+    /// This node lost it (deleted, flushed, a reboot), or moved it itself (its address
+    /// or subnet changed): its epoch must change before anything is installed again.
+    Lost(String),
+    /// A peer's published values went back to, or moved, a key in use before (an old
+    /// epoch republished, a public IP X -> Y -> X): not installed again, and no reason for
+    /// this node to start a new epoch, which one peer could otherwise force on every
+    /// node as often as it liked. The pair waits for the peer's next epoch.
+    Refused(String),
+}
+
+/// Judges a planned state `sa` (for `node`) whose key is recorded as installed, by where
+/// the key stood after the last pass (`standing`: `None` on the first pass, when the
+/// record is all there is).
+fn missing(
+    standing: Option<&HashMap<String, Placement>>,
+    fingerprint: &str,
+    sa: &SaSpec,
+    node: &str,
+    local: Ipv4Addr,
+) -> Missing {
+    let want = Placement::of(sa);
+    match standing.map(|s| s.get(fingerprint)) {
+        None => Missing::Lost(format!("{sa:?} was installed under this epoch and is gone")),
+        Some(Some(stood)) if *stood == want => {
+            Missing::Lost(format!("{sa:?} was installed under this epoch and is gone"))
+        }
+        Some(Some(stood)) if stood.ours(local) != want.ours(local) => Missing::Lost(format!(
+            "{sa:?} would reuse the key of a state of this node's that stood at {stood:?}: this node's address or subnet changed"
+        )),
+        _ => Missing::Refused(format!(
+            "node {node}: {sa:?} would use a key installed before (the node went back to an epoch or address it had); not installed again, the pair waits for the node's next epoch"
+        )),
+    }
 }
 
 impl Default for StateMemory {
@@ -360,11 +423,11 @@ fn states<X: Xfrm>(
         .collect();
     let mut install = Vec::new();
     let mut lost = Vec::new();
-    let mut standing = HashSet::new();
+    let mut standing = HashMap::new();
     for w in wanted {
         match have.remove(&(w.sa.dst, w.sa.spi)) {
             Some(present) if *present == w.sa => {
-                standing.insert(w.fingerprint);
+                standing.insert(w.fingerprint, Placement::of(&w.sa));
                 continue;
             }
             Some(present) => {
@@ -382,26 +445,23 @@ fn states<X: Xfrm>(
             // again; its successor's states stand beside it.
             continue;
         }
-        let stood = memory
-            .standing
-            .as_ref()
-            .is_none_or(|s| s.contains(&w.fingerprint));
-        if book.installed.contains(&w.fingerprint) && !stood {
-            // A peer's input went back to keys used before: never installed again, and
-            // no reason for this node to start a new epoch (one peer could make every
-            // node bump for as long as it liked). The pair waits for a new epoch of it.
-            log.errors.push(format!(
-                "node {}: {:?} was installed before and its key is not used again; the pair waits for the node's next epoch",
-                w.node, w.sa
-            ));
-        } else if book.installed.contains(&w.fingerprint) {
-            lost.push(format!(
-                "{:?} was installed under this epoch and is gone",
-                w.sa
-            ));
-        } else {
+        if !book.installed.contains(&w.fingerprint) {
             install.push(w);
+            continue;
         }
+        let standing = memory.standing.as_ref();
+        match missing(standing, &w.fingerprint, &w.sa, &w.node, local) {
+            Missing::Lost(why) => lost.push(why),
+            Missing::Refused(why) => log.errors.push(why),
+        }
+    }
+    if memory.standing.is_none() && observed.is_empty() && !book.installed.is_empty() {
+        // A reboot, or a state directory restored from a backup: the record may lack
+        // keys installed since it was written, so its epoch is not used further.
+        lost.push(format!(
+            "the kernel holds none of this node's ESP states while its record names {}: a reboot or a restored state directory",
+            book.installed.len()
+        ));
     }
     if lost.is_empty() {
         let fingerprints: Vec<String> = install.iter().map(|w| w.fingerprint.clone()).collect();
@@ -411,7 +471,7 @@ fn states<X: Xfrm>(
         })?;
         for w in install {
             if log.write(xfrm.add_state(&w.sa), || format!("added {:?}", w.sa)) {
-                standing.insert(w.fingerprint);
+                standing.insert(w.fingerprint, Placement::of(&w.sa));
             } else {
                 book.installed.remove(&w.fingerprint);
             }

@@ -292,7 +292,12 @@ fn a_restart_adopts_intact_states_and_a_reboot_asks_for_a_new_epoch() {
     // Reboot: the kernel is empty, the record is on disk.
     let mut rebooted = Kernel::new(book(Some(store.clone()), epoch));
     let (out, changes) = rebooted.pass(&spec(&me(epoch), &[&b]), &key);
-    assert_eq!(out.lost.len(), 2, "{changes:?}");
+    assert_eq!(
+        out.lost.len(),
+        3,
+        "both states and the empty kernel: {changes:?}"
+    );
+    assert!(out.lost[2].contains("a reboot or a restored state directory"));
     assert!(rebooted.xfrm().added.is_empty());
     let new = rebooted.plane.book.bump().unwrap();
     assert_eq!(
@@ -437,4 +442,64 @@ fn a_peer_going_back_to_old_keys_is_refused_without_an_epoch_bump() {
         .clone();
     k.xfrm().delete_state(&victim).unwrap();
     assert_eq!(k.pass_with_errors(&first, &a.key).0.lost.len(), 1);
+}
+
+/// A state directory restored from a backup (or a reboot) with a record that does not
+/// name every key installed since: the kernel holds none of weft's states while the
+/// record names some, so the epoch (and its nonce, restored with it) is not used again,
+/// even for a plan whose keys the old record does not name.
+#[test]
+fn a_restored_record_with_an_empty_kernel_asks_for_a_new_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EspStore::new(dir.path());
+    let (b, c) = (node(2), node(3));
+    let key = PrivateKey::generate().unwrap();
+    let mut k = Kernel::new(book(Some(store.clone()), Epoch::first().unwrap()));
+    let epoch = k.plane.book.epoch();
+    let me = Node {
+        key: key.clone(),
+        epoch,
+        n: 1,
+    };
+    k.pass(&spec(&me, &[&b]), &key);
+    // The backup was taken here; then node 3 joined and its keys went in.
+    let backup = std::fs::read(store.record_path()).unwrap();
+    k.pass(&spec(&me, &[&b, &c]), &key);
+    // Reboot and restore: the kernel is empty, and the plan has only node 3 for now.
+    std::fs::write(store.record_path(), backup).unwrap();
+    let mut restored = Kernel::new(book(Some(store.clone()), epoch));
+    let (out, _) = restored.pass(&spec(&me, &[&c]), &key);
+    assert_eq!(out.lost.len(), 1, "{:?}", out.lost);
+    assert!(
+        restored.xfrm().added.is_empty(),
+        "node 3's keys not installed again"
+    );
+}
+
+/// Keys are recorded alone: this node's own address or subnet changing would bring its
+/// keys back under other addresses or SPIs with their sequence numbers restarted. That is
+/// this node's change, so it takes a new epoch; nothing is installed again.
+#[test]
+fn this_nodes_address_or_subnet_changing_asks_for_a_new_epoch() {
+    let (a, b) = (node(1), node(2));
+    let first = spec(&a, &[&b]);
+    let mut moved = first.clone();
+    moved.local = ip(100);
+    let mut renumbered = first.clone();
+    renumbered.peers[0].outbound.spi += 1 << 8;
+    for (what, next) in [("address", moved), ("subnet", renumbered)] {
+        let mut k = Kernel::new(book(None, a.epoch));
+        k.pass(&first, &a.key);
+        let added = k.xfrm().added.len();
+        let (out, _, errors) = k.pass_with_errors(&next, &a.key);
+        assert!(
+            !out.lost.is_empty() && errors.is_empty(),
+            "{what}: {out:?} {errors:?}"
+        );
+        assert_eq!(
+            k.xfrm().added.len(),
+            added,
+            "{what}: nothing installed again"
+        );
+    }
 }
