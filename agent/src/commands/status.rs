@@ -389,6 +389,7 @@ mod tests {
                 icv_bits: 128,
                 udp_encap: false,
                 if_id: IF_ID,
+                reqid: 1,
             },
             bytes,
             packets: 1,

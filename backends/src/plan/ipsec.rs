@@ -194,18 +194,30 @@ pub fn generation(sender: &Epoch, receiver: &Epoch) -> u8 {
     (sender.number.wrapping_add(receiver.number.wrapping_mul(2)) & 0xff) as u8
 }
 
+/// `subnet`'s place in `network` (unique among the subnets of one length), if it lies
+/// inside and its index fits in 23 bits.
+fn subnet_index(network: IpNet, subnet: IpNet) -> Option<u32> {
+    if !network.contains(&subnet) {
+        return None;
+    }
+    let shift = u32::from(subnet.max_prefix_len() - subnet.prefix_len());
+    let offset = to_u128(subnet.network()).checked_sub(to_u128(network.network()))?;
+    u32::try_from(offset >> shift).ok().filter(|i| *i < 1 << 23)
+}
+
 /// The SPI of the SA carrying what the holder of `sender` sends (see the module doc);
 /// `None` when the subnet lies outside the network or its index does not fit in 23 bits.
 pub fn spi(network: IpNet, sender: IpNet, generation: u8) -> Option<u32> {
-    if !network.contains(&sender) {
-        return None;
-    }
-    let shift = u32::from(sender.max_prefix_len() - sender.prefix_len());
-    let offset = to_u128(sender.network()).checked_sub(to_u128(network.network()))?;
-    let index = u32::try_from(offset >> shift)
-        .ok()
-        .filter(|i| *i < 1 << 23)?;
+    let index = subnet_index(network, sender)?;
     Some(1 << 31 | index << 8 | u32::from(generation))
+}
+
+/// The reqid every state and policy of this node's pair with the holder of `peer` carries:
+/// the kernel matches a policy's template only with states of the same reqid, so one
+/// pair's policy can never pick, or accept, another pair's state (even one between the
+/// same two addresses). Local to this node; unique among its peers, never 0.
+pub fn reqid(network: IpNet, peer: IpNet) -> Option<u32> {
+    subnet_index(network, peer).map(|i| i + 1)
 }
 
 pub(crate) fn plan(

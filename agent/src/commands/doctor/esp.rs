@@ -128,6 +128,7 @@ mod tests {
                 icv_bits: 128,
                 udp_encap: false,
                 if_id: 0,
+                reqid: 1,
             },
             bytes,
             packets: 1,

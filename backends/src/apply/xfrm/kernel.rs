@@ -103,6 +103,7 @@ fn observed_sa(m: &SaMessage, if_id: u32) -> Option<ObservedSa> {
             icv_bits: 0,
             udp_encap: false,
             if_id,
+            reqid: info.reqid,
         },
         bytes: info.lifetime_cur.bytes,
         packets: info.lifetime_cur.packets,
@@ -149,6 +150,7 @@ fn observed_policy(m: &PolicyMessage, if_id: u32) -> Option<PolicySpec> {
         tmpl_src: v4(&tmpl.saddr),
         tmpl_dst: v4(&tmpl.id.daddr),
         if_id,
+        reqid: tmpl.reqid,
     })
 }
 
@@ -166,6 +168,7 @@ fn sa_message(sa: &SaSpec) -> SaMessage {
         lifetime_cfg: unlimited(),
         mode: XFRM_MODE_TUNNEL,
         flags: XFRM_STATE_ESN,
+        reqid: sa.reqid,
         ..Default::default()
     };
     info.source(&IpAddr::V4(sa.src));
@@ -210,6 +213,7 @@ fn policy_message(p: &PolicySpec) -> PolicyMessage {
         aalgos: u32::MAX,
         ealgos: u32::MAX,
         calgos: u32::MAX,
+        reqid: p.reqid,
         ..Default::default()
     };
     tmpl.source(&IpAddr::V4(p.tmpl_src));

@@ -34,16 +34,19 @@ pub struct SaSpec {
     /// ESP in UDP, port 4500 both ends.
     pub udp_encap: bool,
     pub if_id: u32,
+    /// The pair's reqid, which its policies' templates name.
+    pub reqid: u32,
 }
 
 impl fmt::Debug for SaSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "SA {} -> {} spi 0x{:08x} {} ({} key bytes){}",
+            "SA {} -> {} spi 0x{:08x} reqid {} {} ({} key bytes){}",
             self.src,
             self.dst,
             self.spi,
+            self.reqid,
             self.algorithm,
             self.key.len(),
             if self.udp_encap { " in UDP" } else { "" }
@@ -91,18 +94,21 @@ pub struct PolicySpec {
     pub tmpl_src: Ipv4Addr,
     pub tmpl_dst: Ipv4Addr,
     pub if_id: u32,
+    /// The reqid of the pair's states: the only ones the template matches.
+    pub reqid: u32,
 }
 
 impl fmt::Display for PolicySpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "policy {} {} -> {} via {} -> {}",
+            "policy {} {} -> {} via {} -> {} reqid {}",
             self.dir.as_str(),
             self.src,
             self.dst,
             self.tmpl_src,
-            self.tmpl_dst
+            self.tmpl_dst,
+            self.reqid
         )
     }
 }

@@ -128,6 +128,7 @@ fn peer_states(
     cache: &mut KeyCache,
 ) -> Result<Vec<Wanted>, String> {
     let alg = spec.algorithm;
+    let reqid = pair_reqid(spec, p)?;
     let mut keys = |sa: &EspSa| {
         cache
             .pair(key, spec, &p.public_key, sa)
@@ -146,6 +147,7 @@ fn peer_states(
             icv_bits: alg.icv_bits(),
             udp_encap: spec.udp_encap,
             if_id: spec.if_id,
+            reqid,
         },
     };
     let out = &p.outbound;
@@ -156,8 +158,19 @@ fn peer_states(
     Ok(states)
 }
 
+/// The reqid of this node's pair with `p` (its states and policies all carry it).
+fn pair_reqid(spec: &IpsecSpec, p: &IpsecPeer) -> Result<u32, String> {
+    crate::plan::ipsec::reqid(spec.network, p.subnet).ok_or_else(|| {
+        format!(
+            "node {}: its subnet {} has no place in the network {}",
+            p.node, p.subnet, spec.network
+        )
+    })
+}
+
 fn peer_policies(spec: &IpsecSpec, p: &IpsecPeer) -> Option<[PolicySpec; 3]> {
     let subnet = v4(p.subnet)?;
+    let reqid = pair_reqid(spec, p).ok()?;
     let inbound = |dir| PolicySpec {
         dir,
         src: subnet,
@@ -165,6 +178,7 @@ fn peer_policies(spec: &IpsecSpec, p: &IpsecPeer) -> Option<[PolicySpec; 3]> {
         tmpl_src: p.remote,
         tmpl_dst: spec.local,
         if_id: spec.if_id,
+        reqid,
     };
     Some([
         PolicySpec {
@@ -174,6 +188,7 @@ fn peer_policies(spec: &IpsecSpec, p: &IpsecPeer) -> Option<[PolicySpec; 3]> {
             tmpl_src: spec.local,
             tmpl_dst: p.remote,
             if_id: spec.if_id,
+            reqid,
         },
         inbound(PolicyDir::In),
         inbound(PolicyDir::Fwd),

@@ -503,3 +503,49 @@ fn this_nodes_address_or_subnet_changing_asks_for_a_new_epoch() {
         );
     }
 }
+
+/// Every state and policy of a pair carries that pair's reqid, and no two pairs share
+/// one: the kernel matches a template only with states of its reqid, so one pair's policy
+/// can neither pick another pair's state for its traffic nor accept packets that another
+/// pair's state decrypted (as it could when both pairs had the same tunnel ends).
+#[test]
+fn each_pairs_states_and_policies_carry_its_own_reqid() {
+    let (a, b, c) = (node(1), node(2), node(3));
+    let mut k = Kernel::new(book(None, a.epoch));
+    let want = spec(&a, &[&b, &c]);
+    k.pass(&want, &a.key);
+    let mut reqids = std::collections::BTreeSet::new();
+    for p in &want.peers {
+        let subnet = match p.subnet {
+            ipnet::IpNet::V4(n) => n,
+            ipnet::IpNet::V6(_) => unreachable!(),
+        };
+        let states: Vec<u32> = k
+            .xfrm()
+            .states
+            .iter()
+            .filter(|s| s.spec.src == p.remote || s.spec.dst == p.remote)
+            .map(|s| s.spec.reqid)
+            .collect();
+        let policies: Vec<u32> = k
+            .xfrm()
+            .policies
+            .iter()
+            .filter(|x| x.src == subnet || x.dst == subnet)
+            .map(|x| x.reqid)
+            .collect();
+        assert_eq!((states.len(), policies.len()), (2, 3), "node {}", p.node);
+        let reqid = states[0];
+        assert!(reqid != 0);
+        assert!(
+            states.iter().chain(&policies).all(|r| *r == reqid),
+            "node {}",
+            p.node
+        );
+        assert!(
+            reqids.insert(reqid),
+            "node {}'s reqid {reqid} is another pair's",
+            p.node
+        );
+    }
+}
