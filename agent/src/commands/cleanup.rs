@@ -5,7 +5,8 @@
 //!   neighbour and FDB entries, the ipip device `flannel.ipip`, and the XFRM interface
 //!   `flannel-ipsec` with every XFRM state and policy bound to weft's interface id;
 //! - every route weft installed (protocol 87: per-peer, covering and blackhole routes);
-//! - the nftables tables `ip flannel-ipv4`, `ip6 flannel-ipv6` and `ip weft-ipsec`;
+//! - the nftables tables `ip flannel-ipv4`, `ip6 flannel-ipv6`, `ip`/`ip6 weft-guard` and
+//!   the older `ip weft-ipsec`;
 //! - subnet.env, and UAPI sockets left by a userspace device that is gone.
 //!
 //! It works by reconciling the data plane to an empty plan, with the same code and the

@@ -48,8 +48,8 @@ pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl, X = XfrmSocket> {
     pub(super) nft: F,
     /// The ipsec backend's XFRM socket and epoch book; `None` for the other backends.
     pub(super) ipsec: Option<super::dataplane_ipsec::IpsecPlane<X>>,
-    /// The ipsec guard last found in place (its network and subnet).
-    pub(super) guard_seen: Option<Option<(ipnet::IpNet, ipnet::IpNet)>>,
+    /// The guard last found in place (`None`: not known to be in place).
+    guard_seen: Option<Vec<crate::model::GuardSpec>>,
     /// `None` for the unencrypted backends: no WireGuard implementation is probed.
     wg: Option<W>,
     /// Each device as last read, with this agent's changes since applied: an incremental
@@ -228,7 +228,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             report.errors = nft.failed.iter().map(ToString::to_string).collect();
             // The guard is looked at only where it belongs (or was last found): other
             // backends' nodes pay no `nft list` for it.
-            self.guard(state, state.ipsec.is_some(), &mut report).await;
+            let guarded = !state.guard.is_empty();
+            let _ = self.guard(state, guarded, &mut report).await;
         }
         if state.ipsec.is_some() {
             self.ipsec_pass(state, key, false, &mut report).await;
@@ -268,6 +269,10 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
     ) -> Result<DataplaneReport, ApplyError> {
         let mut report = DataplaneReport::default();
         let mut t = std::time::Instant::now();
+        // Before any route: a pass whose guard is not in place installs none (fail closed).
+        if !self.guard(state, full, &mut report).await {
+            return Ok(report);
+        }
         self.routing(state, &mut report).await?;
         lap(&mut report, "routing", &mut t);
         let mut started = false;
@@ -296,7 +301,6 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         if let Some(wg) = self.wg.as_mut() {
             report.errors.extend(wg.start_handshakes(&added));
         }
-        self.guard(state, full, &mut report).await;
         if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
             return Ok(report);
         }
@@ -308,6 +312,33 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             .errors
             .extend(nft.failed.iter().map(ToString::to_string));
         Ok(report)
+    }
+
+    /// The guard tables (`apply::guard`): checked on full passes and whenever the plan's
+    /// guard changes. Returns whether the planned guard is in place.
+    async fn guard(
+        &mut self,
+        state: &DesiredState,
+        full: bool,
+        report: &mut DataplaneReport,
+    ) -> bool {
+        if !full && self.guard_seen.as_ref() == Some(&state.guard) {
+            return true;
+        }
+        match super::guard::reconcile_guard(&mut self.nft, &state.guard, full).await {
+            Ok(changes) => {
+                report.changes.extend(changes);
+                self.guard_seen = Some(state.guard.clone());
+                true
+            }
+            Err(e) => {
+                report.errors.push(format!(
+                    "the guard against forged clear packets is not in place, so no route is installed: {e}"
+                ));
+                self.guard_seen = None;
+                state.guard.is_empty()
+            }
+        }
     }
 
     /// One WireGuard device brought in line with its spec. Returns whether the device was

@@ -1,5 +1,5 @@
 //! The ipsec part of a data plane pass: the XFRM interface, states and policies
-//! (`xfrm::reconcile_ipsec`) and the guard table (`ipsec_guard`).
+//! (`xfrm::reconcile_ipsec`).
 
 use weft_crypto::esp::{Epoch, StoreError};
 use weft_crypto::PrivateKey;
@@ -121,29 +121,6 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             Err(e) => {
                 report.errors.push(e.to_string());
                 false
-            }
-        }
-    }
-
-    /// The guard table: checked on full passes and whenever the plan's guard changes.
-    pub(super) async fn guard(
-        &mut self,
-        state: &DesiredState,
-        full: bool,
-        report: &mut DataplaneReport,
-    ) {
-        let want = state.ipsec.as_ref().map(|s| (s.network, s.subnet));
-        if !full && self.guard_seen == Some(want) {
-            return;
-        }
-        match super::ipsec_guard::reconcile_guard(&mut self.nft, state.ipsec.as_ref()).await {
-            Ok(change) => {
-                report.changes.extend(change);
-                self.guard_seen = Some(want);
-            }
-            Err(e) => {
-                report.errors.push(e.to_string());
-                self.guard_seen = None;
             }
         }
     }

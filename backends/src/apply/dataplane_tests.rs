@@ -93,7 +93,18 @@ fn wireguard_full_then_incremental_passes() {
         assert_eq!(nl(&mut dp).routes[&(net(dst), 0)].oif, Some(index), "{dst}");
     }
     assert!(nl(&mut dp).routes[&(net("10.244.0.0/16"), FAIL_CLOSED_METRIC)].blackhole);
-    assert_eq!(dp.kernel().1.tables.len(), 1, "the masquerade table");
+    let tables: Vec<String> = dp
+        .kernel()
+        .1
+        .tables
+        .keys()
+        .map(|(f, t)| format!("{f} {t}"))
+        .collect();
+    assert_eq!(
+        tables,
+        ["ip flannel-ipv4", "ip weft-guard"],
+        "the masquerade table and the guard"
+    );
 
     // Steady state: no writes; an incremental pass reads no device either.
     assert_eq!(pass(&mut dp, &two, true).0, [0, 0, 0]);
@@ -247,4 +258,36 @@ fn vxlan_replaces_the_wireguard_device_and_follows_its_peers() {
     assert!(nl(&mut dp).links.contains_key("flannel.3"));
     assert_eq!(pass(&mut dp, &state, true).0, [1, 0, 0]);
     assert!(!nl(&mut dp).links.contains_key("flannel.3"));
+}
+
+/// The guard goes in before any route, and a pass whose guard cannot be put in installs no
+/// route: pod traffic stays on the blackhole rather than meet an unguarded node. Once the
+/// guard goes in, the next pass installs everything.
+#[test]
+fn no_route_goes_in_before_the_guard() {
+    let mut dp = wireguard_plane();
+    let two = desired(2);
+    dp.kernel().1.refuse = Some("weft-guard".into());
+    let report = block_on(dp.reconcile(&two, &key())).unwrap();
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.contains("no route is installed")),
+        "{:?}",
+        report.errors
+    );
+    assert!(nl(&mut dp).routes.is_empty(), "{:?}", nl(&mut dp).routes);
+    dp.kernel().1.refuse = None;
+    let (_, report) = pass(&mut dp, &two, false);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        report
+            .changes
+            .first()
+            .is_some_and(|c| c.contains("weft-guard")),
+        "{:?}",
+        report.changes
+    );
+    assert!(nl(&mut dp).routes.contains_key(&(net("10.244.2.0/24"), 0)));
 }

@@ -9,8 +9,8 @@ mod dataplane_ipsec;
 mod dataplane_tests;
 #[cfg(test)]
 mod fake;
+pub mod guard;
 mod ipip;
-mod ipsec_guard;
 mod ipsec_link;
 pub mod monitor;
 mod netlink;

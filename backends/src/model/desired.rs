@@ -24,6 +24,8 @@ pub struct DesiredState {
     /// device or its routes are missing (first start, a device being recreated, the agent
     /// gone), traffic to them is dropped instead of following the default route in clear.
     pub fail_closed: Vec<IpNet>,
+    /// The guard against forged clear packets, per family (encrypting backends only).
+    pub guard: Vec<GuardSpec>,
     pub masquerade: Vec<MasqueradeTable>,
     pub subnet_env: SubnetEnv,
     /// Peers not in the plan, each with the reason.
@@ -36,6 +38,21 @@ pub struct DesiredState {
     /// The endpoint the registry gives each WireGuard peer, before a roamed one is kept:
     /// the agent remembers it (`PeerObserved::planned_before`).
     pub planned_endpoints: std::collections::BTreeMap<super::DevicePeer, SocketAddr>,
+}
+
+/// Which pod-network sources one family accepts from where (`plan::guard`): from another
+/// node's pods only out of a tunnel device, from this node's own never off the underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardSpec {
+    pub family: Family,
+    /// The pod network of this family.
+    pub network: IpNet,
+    /// This node's subnet in it.
+    pub own: Option<IpNet>,
+    /// The devices decrypted pod traffic comes out of.
+    pub tunnels: Vec<String>,
+    /// The external interface, if known.
+    pub underlay: Option<String>,
 }
 
 /// One WireGuard device and its peers.

@@ -48,6 +48,14 @@ fn the_pod_network_goes_into_flannel_ipsec_with_a_route_per_peer() {
     assert_eq!(ipsec.epoch, epoch(2));
     assert_eq!(ipsec.addresses, ["10.244.1.0/32".parse().unwrap()]);
     assert_eq!(state.fail_closed, ["10.244.0.0/16".parse().unwrap()]);
+    let guard = &state.guard[0];
+    assert_eq!(
+        (guard.tunnels.as_slice(), guard.own),
+        (
+            &["flannel-ipsec".to_string()][..],
+            Some("10.244.1.0/24".parse().unwrap())
+        )
+    );
     let routes: Vec<String> = state
         .routes
         .iter()

@@ -5,6 +5,7 @@
 //! left out and why. A bad peer is left out with a reason naming it; it never disturbs the
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
+mod guard;
 mod ipip;
 pub mod ipsec;
 mod masquerade;
@@ -128,6 +129,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
         Backend::Ipip(conf) => ipip::plan(input, &ours, conf, screened)?,
         Backend::Ipsec(conf) => ipsec::plan(input, &ours, conf, screened)?,
     };
+    guard::add(&mut state, input, &ours);
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
     }

@@ -501,3 +501,21 @@ fn problems_with_our_own_lease_fail_the_plan() {
     .unwrap_err();
     assert!(matches!(err, PlanError::LocalBackendData { .. }), "{err}");
 }
+
+/// An encrypting backend guards its pod network against forged clear packets: other
+/// nodes' pods only out of the tunnel, this node's own never off the underlay (the
+/// unencrypted backends, which carry pod traffic in clear, get none: `unencrypted_tests`).
+#[test]
+fn wireguard_plans_a_guard() {
+    let state = run(CONF, vec![good_peer()], false).unwrap();
+    assert_eq!(
+        state.guard,
+        [crate::model::GuardSpec {
+            family: crate::model::Family::Ipv4,
+            network: "10.244.0.0/16".parse().unwrap(),
+            own: Some("10.244.1.0/24".parse().unwrap()),
+            tunnels: vec!["flannel-wg".into()],
+            underlay: None,
+        }]
+    );
+}

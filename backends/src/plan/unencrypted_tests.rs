@@ -123,6 +123,10 @@ fn vxlan_peers_get_neighbour_fdb_and_an_onlink_route() {
     );
     assert_eq!(v.addresses, vec!["10.244.1.0/32".parse::<IpNet>().unwrap()]);
     assert_eq!(v.underlay_device.as_deref(), Some("eth0"));
+    assert!(
+        state.guard.is_empty(),
+        "pod traffic is clear on the underlay: no guard"
+    );
     let peers: Vec<_> = v
         .peers
         .iter()

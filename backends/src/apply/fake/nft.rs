@@ -13,6 +13,8 @@ use crate::model::Family;
 pub struct FakeNft {
     /// By (family, table): the table's listing.
     pub tables: BTreeMap<(String, String), Value>,
+    /// A table whose batches fail (as when the kernel refuses them).
+    pub refuse: Option<String>,
     writes: u64,
 }
 
@@ -27,6 +29,14 @@ impl Nft for FakeNft {
     async fn apply(&mut self, _what: &str, batch: Value) -> Result<(), ApplyError> {
         self.writes += 1;
         let commands = batch["nftables"].as_array().cloned().unwrap_or_default();
+        if let Some(refused) = &self.refuse {
+            if batch.to_string().contains(&format!("\"{refused}\"")) {
+                return Err(ApplyError::Io {
+                    op: format!("{_what}: refused by the test"),
+                    source: std::io::Error::from_raw_os_error(1),
+                });
+            }
+        }
         // The objects each table ends up with, in the order added.
         let mut built: BTreeMap<(String, String), Vec<Value>> = BTreeMap::new();
         for command in commands {
