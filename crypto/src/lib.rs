@@ -10,6 +10,7 @@ pub mod atomic_file;
 pub mod esp;
 mod keyfile;
 mod keys;
+pub mod proof;
 
 pub use keyfile::{
     load_or_create, read_key, write_new_key, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV,
