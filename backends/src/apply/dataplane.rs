@@ -270,7 +270,10 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         let mut report = DataplaneReport::default();
         let mut t = std::time::Instant::now();
         // Before any route: a pass whose guard is not in place installs none (fail closed).
-        if !self.guard(state, full, &mut report).await {
+        // A plan without a guard (an unencrypted backend) only removes stale guard tables,
+        // after everything else.
+        let guarded = !state.guard.is_empty();
+        if guarded && !self.guard(state, full, &mut report).await {
             return Ok(report);
         }
         self.routing(state, &mut report).await?;
@@ -300,6 +303,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         lap(&mut report, "vxlan", &mut t);
         if let Some(wg) = self.wg.as_mut() {
             report.errors.extend(wg.start_handshakes(&added));
+        }
+        if !guarded {
+            self.guard(state, full, &mut report).await;
         }
         if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
             return Ok(report);
