@@ -385,7 +385,7 @@ mod tests {
                 dst: Ipv4Addr::new(198, 51, 100, dst),
                 spi,
                 algorithm: String::new(),
-                key: Vec::new(),
+                key: Default::default(),
                 icv_bits: 128,
                 udp_encap: false,
                 if_id: IF_ID,

@@ -124,7 +124,7 @@ mod tests {
                 dst: Ipv4Addr::UNSPECIFIED,
                 spi: 0x8000_0100,
                 algorithm: String::new(),
-                key: Vec::new(),
+                key: Default::default(),
                 icv_bits: 128,
                 udp_encap: false,
                 if_id: 0,

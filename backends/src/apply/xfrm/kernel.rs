@@ -99,7 +99,7 @@ fn observed_sa(m: &SaMessage, if_id: u32) -> Option<ObservedSa> {
             dst: v4(&info.id.daddr),
             spi: info.id.spi,
             algorithm: String::new(),
-            key: Vec::new(),
+            key: super::EspKey::default(),
             icv_bits: 0,
             udp_encap: false,
             if_id,
@@ -116,7 +116,7 @@ fn observed_sa(m: &SaMessage, if_id: u32) -> Option<ObservedSa> {
         match attr {
             XfrmAttrs::EncryptionAlgAead(a) => {
                 sa.spec.algorithm = nul_trimmed(&a.alg_name);
-                sa.spec.key = a.alg_key.clone();
+                sa.spec.key = super::EspKey::new(&a.alg_key);
                 sa.spec.icv_bits = a.alg_icv_len;
             }
             XfrmAttrs::EncapsulationTemplate(_) => sa.spec.udp_encap = true,
@@ -182,7 +182,7 @@ fn sa_message(sa: &SaSpec) -> SaMessage {
             alg_name: name,
             alg_key_len: (sa.key.len() * 8) as u32,
             alg_icv_len: sa.icv_bits,
-            alg_key: sa.key.clone(),
+            alg_key: sa.key.as_bytes().to_vec(),
         }),
         XfrmAttrs::ReplayStateEsn(ReplayEsn {
             bmp_len: words as u32,

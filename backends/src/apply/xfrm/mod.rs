@@ -21,6 +21,48 @@ pub const ESP_UDP_PORT: u16 = 4500;
 /// The replay window of every inbound SA, in packets.
 pub const REPLAY_WINDOW: u32 = 1024;
 
+/// An SA's key material, as planned or as read back from the kernel: never printed, and
+/// zeroed when dropped (the reconciler keeps the states it read, keys included, between
+/// passes).
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct EspKey(Vec<u8>);
+
+impl EspKey {
+    pub fn new(bytes: &[u8]) -> Self {
+        EspKey(bytes.to_vec())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl zeroize::Zeroize for EspKey {
+    fn zeroize(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl Drop for EspKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(self);
+    }
+}
+
+impl fmt::Debug for EspKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EspKey({} bytes, not shown)", self.0.len())
+    }
+}
+
 /// One tunnel-mode ESP state (SA). The key never prints.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SaSpec {
@@ -29,7 +71,7 @@ pub struct SaSpec {
     pub spi: u32,
     /// The kernel's AEAD name, e.g. `rfc4106(gcm(aes))`.
     pub algorithm: String,
-    pub key: Vec<u8>,
+    pub key: EspKey,
     pub icv_bits: u32,
     /// ESP in UDP, port 4500 both ends.
     pub udp_encap: bool,
@@ -160,3 +202,18 @@ pub trait Xfrm {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod key_tests {
+    use super::EspKey;
+    use zeroize::Zeroize;
+
+    /// What `Drop` does: the bytes are overwritten with zeros and the key is emptied.
+    #[test]
+    fn an_esp_key_is_zeroed_and_never_printed() {
+        let mut key = EspKey::new(&[0xab; 20]);
+        assert_eq!(format!("{key:?}"), "EspKey(20 bytes, not shown)");
+        key.zeroize();
+        assert!(key.is_empty());
+    }
+}

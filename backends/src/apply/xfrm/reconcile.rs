@@ -143,7 +143,7 @@ fn peer_states(
             dst,
             spi: sa.spi,
             algorithm: alg.kernel_name().to_string(),
-            key: key.as_bytes().to_vec(),
+            key: super::EspKey::new(key.as_bytes()),
             icv_bits: alg.icv_bits(),
             udp_encap: spec.udp_encap,
             if_id: spec.if_id,

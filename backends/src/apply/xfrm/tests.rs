@@ -11,7 +11,7 @@ use std::time::Duration;
 use weft_crypto::esp::{Epoch, EspStore, Loaded};
 use weft_crypto::PrivateKey;
 
-use super::{reconcile_ipsec, EspBook, IpsecOutcome, PolicyDir, Xfrm};
+use super::{reconcile_ipsec, EspBook, EspKey, IpsecOutcome, PolicyDir, Xfrm};
 use crate::apply::dataplane_ipsec::IpsecPlane;
 use crate::apply::fake::{FakeNetlink, FakeXfrm};
 use crate::apply::reconcile_tests::block_on;
@@ -148,7 +148,7 @@ fn installed_once(x: &FakeXfrm) {
     let mut seen = HashSet::new();
     for sa in &x.added {
         assert!(
-            seen.insert((sa.key.clone(), sa.spi, sa.dst)),
+            seen.insert((sa.key.as_bytes().to_vec(), sa.spi, sa.dst)),
             "installed twice: {sa:?}"
         );
     }
@@ -210,13 +210,18 @@ fn a_lost_state_is_never_installed_again_and_a_new_epoch_replaces_every_key() {
     let (out, changes) = k.pass(&spec(&me, &[&b, &c]), &me.key);
     assert!(out.lost.is_empty() && changes.is_empty(), "{changes:?}");
     me.epoch = new;
-    let old_keys: HashSet<Vec<u8>> = k.xfrm().added.iter().map(|s| s.key.clone()).collect();
+    let old_keys: HashSet<Vec<u8>> = k
+        .xfrm()
+        .added
+        .iter()
+        .map(|s| s.key.as_bytes().to_vec())
+        .collect();
     let (out, _) = k.pass(&spec(&me, &[&b, &c]), &me.key);
     assert!(out.lost.is_empty());
     assert_eq!(k.xfrm().states.len(), 4, "old states removed, new ones in");
     for s in &k.xfrm().states {
         assert!(
-            !old_keys.contains(&s.spec.key),
+            !old_keys.contains(s.spec.key.as_bytes()),
             "a key of the old epoch: {:?}",
             s.spec
         );
@@ -307,7 +312,7 @@ fn a_restart_adopts_intact_states_and_a_reboot_asks_for_a_new_epoch() {
     );
     rebooted.pass(&spec(&me(new), &[&b]), &key);
     assert_eq!(rebooted.xfrm().states.len(), 2);
-    let old: Vec<&Vec<u8>> = k.xfrm().added.iter().map(|s| &s.key).collect();
+    let old: Vec<&EspKey> = k.xfrm().added.iter().map(|s| &s.key).collect();
     assert!(rebooted.xfrm().added.iter().all(|s| !old.contains(&&s.key)));
 }
 
