@@ -220,6 +220,9 @@ pub async fn reconcile_ipsec<N: VxlanNetlink, X: Xfrm>(
     let created = super::super::ipsec_link::ensure(nl, spec, changes).await?;
     let mut wanted = Vec::new();
     let mut policies = BTreeMap::new();
+    memory
+        .keys
+        .salted_with(spec.psk.as_ref().map(|k| k.0.as_slice()));
     for p in &spec.peers {
         match peer_states(spec, p, key, &mut memory.keys) {
             Ok(states) => wanted.extend(states),
@@ -245,6 +248,8 @@ pub async fn reconcile_ipsec<N: VxlanNetlink, X: Xfrm>(
 pub struct KeyCache {
     keys: HashMap<CacheKey, PairKeys>,
     used: HashSet<CacheKey>,
+    /// A digest of the PSK the keys were derived with: another PSK empties the cache.
+    salt: Option<Vec<u8>>,
 }
 
 /// This node's public key, the peer's, both epochs and the algorithm.
@@ -291,6 +296,19 @@ impl KeyCache {
         )?;
         self.keys.insert(id, keys.clone());
         Ok(keys)
+    }
+
+    /// Empties the cache when the PSK (every key's salt) is not the one it was filled with.
+    fn salted_with(&mut self, psk: Option<&[u8]>) {
+        let salt = psk.map(|p| {
+            ring::digest::digest(&ring::digest::SHA256, p)
+                .as_ref()
+                .to_vec()
+        });
+        if self.salt != salt {
+            self.keys.clear();
+            self.salt = salt;
+        }
     }
 
     fn sweep(&mut self) {

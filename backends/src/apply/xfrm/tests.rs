@@ -554,3 +554,25 @@ fn each_pairs_states_and_policies_carry_its_own_reqid() {
         );
     }
 }
+
+/// A new PSK (the Secret's rotation) salts every key anew: each pair's states are
+/// replaced with keys never installed before, none is derived from the cached ones.
+#[test]
+fn a_new_psk_replaces_every_key() {
+    let (a, b) = (node(1), node(2));
+    let mut k = Kernel::new(book(None, a.epoch));
+    let mut want = spec(&a, &[&b]);
+    want.psk = Some(crate::netconf::IpsecPsk(vec![4; 32]));
+    k.pass(&want, &a.key);
+    let before: Vec<EspKey> = k.xfrm().states.iter().map(|s| s.spec.key.clone()).collect();
+    want.psk = Some(crate::netconf::IpsecPsk(vec![5; 32]));
+    let (out, _) = k.pass(&want, &a.key);
+    assert!(out.lost.is_empty());
+    assert_eq!(k.xfrm().states.len(), 2);
+    assert!(k
+        .xfrm()
+        .states
+        .iter()
+        .all(|s| !before.contains(&s.spec.key)));
+    installed_once(k.xfrm());
+}
