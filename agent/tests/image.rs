@@ -211,6 +211,8 @@ impl PodSpec {
         for env in c["env"].as_array().into_iter().flatten() {
             let value = match env["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("spec.nodeName") => format!("n{}", node.index),
+                // The kubelet's status.hostIP: the node's own address.
+                Some("status.hostIP") => node.ip.to_string(),
                 Some("metadata.name") => format!("weft-n{}", node.index),
                 Some("metadata.namespace") => self.daemonset["metadata"]["namespace"]
                     .as_str()

@@ -64,7 +64,12 @@ fn env_of(container: &Value) -> Vec<(String, String)> {
         .into_iter()
         .flatten()
         .map(|e| {
-            let value = e["value"].as_str().unwrap_or("from-downward-api");
+            // The downward API's node address, as the kubelet fills it in.
+            let downward = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("status.hostIP") => "198.51.100.7",
+                _ => "from-downward-api",
+            };
+            let value = e["value"].as_str().unwrap_or(downward);
             (e["name"].as_str().unwrap().to_string(), value.to_string())
         })
         .collect()
@@ -200,6 +205,9 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
     }
     assert_ne!(args.metrics_port, 0);
     assert_ne!(args.metrics_port, args.healthz_port);
+    // /metrics on the node's own address (the downward API's status.hostIP), not on
+    // 0.0.0.0, where the pod subnet's gateway address would serve it to every pod too.
+    assert_eq!(args.metrics_ip.to_string(), "198.51.100.7");
     let scrape = &ds["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(scrape["prometheus.io/port"], args.metrics_port.to_string());
     assert_eq!(scrape["prometheus.io/path"], "/metrics");

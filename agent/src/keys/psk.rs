@@ -38,18 +38,35 @@ impl PskState {
     }
 }
 
-/// `net` with the PSK `state` puts in force at `now` (the config's when there is no state).
+/// `net` with the PSK `state` puts in force at `now` (the config's when there is no state):
+/// WireGuard's per-peer PSK, or the salt of every ipsec key derivation (the Secret's 32
+/// random bytes, instead of the ConfigMap's text).
 pub fn effective_net<'a>(
     net: &'a weft_backends::netconf::NetConf,
     state: Option<&PskState>,
     now: SystemTime,
 ) -> std::borrow::Cow<'a, weft_backends::netconf::NetConf> {
-    use weft_backends::netconf::Backend;
-    match (state, &net.backend) {
-        (Some(state), Backend::Wireguard(wg)) if wg.psk != state.effective(now) => {
+    use weft_backends::netconf::{Backend, IpsecPsk};
+    let Some(state) = state else {
+        return std::borrow::Cow::Borrowed(net);
+    };
+    let psk = state.effective(now);
+    match &net.backend {
+        Backend::Wireguard(wg) if wg.psk != psk => {
             let mut net = net.clone();
             if let Backend::Wireguard(wg) = &mut net.backend {
-                wg.psk = state.effective(now);
+                wg.psk = psk;
+            }
+            std::borrow::Cow::Owned(net)
+        }
+        Backend::Ipsec(conf) => {
+            let salt = psk.map(|k| IpsecPsk(k.as_bytes().to_vec()));
+            if conf.psk == salt {
+                return std::borrow::Cow::Borrowed(net);
+            }
+            let mut net = net.clone();
+            if let Backend::Ipsec(conf) = &mut net.backend {
+                conf.psk = salt;
             }
             std::borrow::Cow::Owned(net)
         }
@@ -231,6 +248,36 @@ mod tests {
         assert_eq!(s.effective(t), Some(b));
         assert_eq!(s.next_switch(t - Duration::from_secs(1)), Some(t));
         assert_eq!(s.next_switch(t), None);
+    }
+
+    /// The Secret's PSK is ipsec's salt too (the ConfigMap's `PSK` is where flannel put
+    /// it; a Secret keeps it out of the ConfigMap), and its rotation moves it at the moment.
+    #[test]
+    fn the_secrets_psk_salts_ipsec_and_follows_its_rotation() {
+        use weft_backends::netconf::{parse, Backend, IpsecPsk};
+        let net = parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec"}}"#).unwrap();
+        let (a, b) = (
+            PresharedKey::from_bytes([4; 32]),
+            PresharedKey::from_bytes([5; 32]),
+        );
+        let t = at_ms(2_000_000);
+        let state = PskState {
+            current: Some(a),
+            next: Some((b, t)),
+        };
+        let salt = |now| match &effective_net(&net, Some(&state), now).backend {
+            Backend::Ipsec(conf) => conf.psk.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            salt(t - Duration::from_secs(1)),
+            Some(IpsecPsk(vec![4; 32]))
+        );
+        assert_eq!(salt(t), Some(IpsecPsk(vec![5; 32])));
+        assert!(matches!(
+            effective_net(&net, None, t),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 
     #[test]
