@@ -2,6 +2,8 @@
 //! reconcilers that bring the kernel in line with the plan.
 
 pub mod apply;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod model;
 pub mod netconf;
 pub mod plan;

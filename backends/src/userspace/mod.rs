@@ -15,7 +15,7 @@ pub mod coalesce;
 pub mod device;
 mod noise;
 pub mod peers;
-mod rx;
+pub mod rx;
 pub mod segment;
 pub mod tun;
 mod tx;

@@ -16,7 +16,7 @@ use boringtun::x25519::PublicKey;
 use super::coalesce::Coalescer;
 use super::device::Device;
 use super::peers::{lock, Peer, State};
-use super::udp::{self, Udp};
+use super::udp;
 use super::vnet;
 
 const DATA: u8 = 4;
@@ -35,20 +35,53 @@ fn receiver(datagram: &[u8]) -> Option<u32> {
     Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
-struct Receiver {
+/// Where the receiving side's output goes: datagrams back to the network (handshake
+/// answers, cookie replies, queued packets) and packets to the TUN device (as the device
+/// takes them: with a vnet header when it has them). The device's own is its UDP
+/// sockets and TUN queue; the fuzz targets' is a sink.
+pub trait Outputs {
+    fn send(&mut self, to: SocketAddr, datagram: &[u8]);
+    fn deliver(&mut self, packet: &[u8]);
+}
+
+/// The device's outputs: its current UDP sockets and one TUN queue.
+struct DeviceOutputs {
     device: Arc<Device>,
     tun: std::fs::File,
+}
+
+impl Outputs for DeviceOutputs {
+    fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
+        let _ = self.device.udp().send(to, datagram);
+    }
+
+    fn deliver(&mut self, pkt: &[u8]) {
+        let out = if self.device.offloads.vnet {
+            pkt
+        } else {
+            &pkt[vnet::LEN..]
+        };
+        if let Err(e) = self.tun.write(out) {
+            tracing::debug!(error = %e, "TUN write failed");
+        }
+    }
+}
+
+/// The receiving side of one socket: decryption and coalescing buffers, and its outputs.
+pub struct Receiver<O> {
+    out: O,
     plain: Vec<u8>,
     coalescer: Coalescer,
 }
 
-impl Receiver {
-    fn to_tun(tun: &mut std::fs::File, vnet: bool) -> impl FnMut(&[u8]) + '_ {
-        move |pkt: &[u8]| {
-            let out = if vnet { pkt } else { &pkt[vnet::LEN..] };
-            if let Err(e) = tun.write(out) {
-                tracing::debug!(error = %e, "TUN write failed");
-            }
+impl<O: Outputs> Receiver<O> {
+    /// A receiver writing to `out`; `vnet`: the TUN device takes GSO writes (without, no
+    /// segments are merged).
+    pub fn new(out: O, vnet: bool) -> Self {
+        Receiver {
+            out,
+            plain: vec![0u8; 65_536],
+            coalescer: Coalescer::new(vnet),
         }
     }
 
@@ -62,8 +95,8 @@ impl Receiver {
         segment: usize,
         from: SocketAddr,
     ) {
-        let vnet = self.device.offloads.vnet;
-        let mut write = Self::to_tun(&mut self.tun, vnet);
+        let out = &mut self.out;
+        let mut write = |pkt: &[u8]| out.deliver(pkt);
         let mut noise = lock(&peer.noise);
         let Some(tunn) = noise.for_receiver(receiver) else {
             return; // no session state for it: nothing of ours to decrypt with
@@ -98,7 +131,6 @@ impl Receiver {
     /// only a message the peer's keys verified moves its endpoint and sends it what was
     /// queued.
     fn control(&mut self, state: &State, datagram: &[u8], from: SocketAddr) {
-        let udp = self.device.udp();
         let kind = datagram[0];
         let peer = if kind == HANDSHAKE_INIT {
             let Some(id) = &state.identity else { return };
@@ -115,7 +147,7 @@ impl Receiver {
                             .get(PublicKey::from(h.peer_static_public).as_bytes())
                     }),
                 Err(TunnResult::WriteToNetwork(c)) => {
-                    let _ = udp.send(from, c);
+                    self.out.send(from, c);
                     return;
                 }
                 _ => None,
@@ -136,9 +168,9 @@ impl Receiver {
             return;
         };
         let verified = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
-            TunnResult::WriteToNetwork(out) => {
-                let verified = consumed(kind, out);
-                let _ = udp.send(from, out);
+            TunnResult::WriteToNetwork(answer) => {
+                let verified = consumed(kind, answer);
+                self.out.send(from, answer);
                 verified
             }
             // A cookie reply (or anything else) proves nothing: anyone who knows the
@@ -146,7 +178,7 @@ impl Receiver {
             _ => false,
         };
         if verified {
-            flush_queue(tunn, &mut self.plain, &udp, from);
+            flush_queue(tunn, &mut self.plain, &mut self.out, from);
         }
         drop(noise);
         if verified {
@@ -154,11 +186,14 @@ impl Receiver {
         }
     }
 
-    /// Handles the datagrams of one receive: `buf` holds them back to back, each
-    /// `segment` bytes but the last.
-    fn batch(&mut self, buf: &[u8], segment: usize, from: SocketAddr) {
-        let device = self.device.clone();
-        let state = device.state();
+    /// Handles the datagrams of one receive from `from`, against the device's `state`:
+    /// `buf` holds them back to back, each `segment` bytes but the last (0: one datagram).
+    pub fn batch(&mut self, state: &State, buf: &[u8], segment: usize, from: SocketAddr) {
+        let segment = if segment == 0 {
+            buf.len().max(1)
+        } else {
+            segment
+        };
         let datagram_at = |at: usize| &buf[at..(at + segment).min(buf.len())];
         let is_data = |d: &[u8]| d.len() >= 32 && d[0] == DATA;
         let mut at = 0;
@@ -166,7 +201,7 @@ impl Receiver {
             let d = datagram_at(at);
             if !is_data(d) {
                 if d.len() >= 4 {
-                    self.control(&state, d, from);
+                    self.control(state, d, from);
                 }
                 at += d.len();
                 continue;
@@ -178,7 +213,7 @@ impl Receiver {
                 end += datagram_at(end).len();
             }
             if let Some((peer, r)) = r.and_then(|r| Some((state.by_receiver(r)?.clone(), r))) {
-                self.data_run(&state, (&peer, r), &buf[at..end], segment, from);
+                self.data_run(state, (&peer, r), &buf[at..end], segment, from);
             }
             at = end;
         }
@@ -186,9 +221,9 @@ impl Receiver {
 }
 
 /// Sends the packets a session queued while it had no keys.
-pub fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], udp: &Udp, to: SocketAddr) {
-    while let TunnResult::WriteToNetwork(out) = tunn.decapsulate(None, &[], buf) {
-        let _ = udp.send(to, out);
+fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], out: &mut impl Outputs, to: SocketAddr) {
+    while let TunnResult::WriteToNetwork(datagram) = tunn.decapsulate(None, &[], buf) {
+        out.send(to, datagram);
     }
 }
 
@@ -214,18 +249,17 @@ fn roam(peer: &Peer, from: SocketAddr) {
 
 /// Runs until `fd`'s socket is shut down for a newer one (`generation` moved on).
 pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) {
-    let mut rx = Receiver {
+    let vnet = device.offloads.vnet;
+    let out = DeviceOutputs {
         device: device.clone(),
         tun,
-        plain: vec![0u8; 65_536],
-        // Without vnet headers the TUN device takes no GSO writes: nothing is merged.
-        coalescer: Coalescer::new(device.offloads.vnet),
     };
+    let mut rx = Receiver::new(out, vnet);
     let mut buf = vec![0u8; 65_536];
     let mut cmsg = nix::cmsg_space!(libc::c_int);
     loop {
         match udp::receive(fd, &mut buf, &mut cmsg) {
-            Ok(b) if b.len > 0 => rx.batch(&buf[..b.len], b.segment, b.from),
+            Ok(b) if b.len > 0 => rx.batch(&device.state(), &buf[..b.len], b.segment, b.from),
             Ok(_) | Err(_) if device.generation() != generation => return,
             Ok(_) => {}
             Err(e) => {

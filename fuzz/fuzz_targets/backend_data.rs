@@ -1,0 +1,3 @@
+#![no_main]
+//! weft_backends::fuzz_targets::backend_data under libFuzzer.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| weft_backends::fuzz_targets::backend_data(data));
