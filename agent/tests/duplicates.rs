@@ -208,3 +208,72 @@ fn an_entry_copying_a_nodes_vtep_mac_leaves_out_only_itself() {
     );
     lab.assert_all_pairs();
 }
+
+/// When the registry created node `i`'s lease (its create revision).
+fn created(lab: &Lab, i: usize) -> i64 {
+    let key = lab.lease_key(i).unwrap();
+    let out = lab.etcd().etcdctl(&["get", &key, "-w", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    v["kvs"][0]["create_revision"].as_i64().unwrap()
+}
+
+/// A node that turns bad after joining is older in the registry than a node that joined
+/// after it; copying that younger node's key (and its published proof) into its own lease
+/// must not take the key from it. The younger node proves holding its key for its own
+/// name, the copier cannot, so every other node leaves the copier out and keeps reaching
+/// the younger node.
+#[test]
+fn an_older_entry_copying_a_younger_nodes_key_is_the_one_left_out() {
+    let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
+    lab.assert_all_pairs();
+    let (old, young) = if created(&lab, 0) < created(&lab, 1) {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let victim = loop {
+        let v = published(&lab, young);
+        if v.get("WeftKeyProof").is_some() {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "no key proof published: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The older node turns bad: its agent stops defending its lease, and the lease copies
+    // the younger node's key and proof.
+    lab.stop_agent(old, "TERM").unwrap();
+    let mut forged = published(&lab, old);
+    forged["BackendData"] = victim["BackendData"].clone();
+    forged["WeftKeyProof"] = victim["WeftKeyProof"].clone();
+    put(&lab, &subnet_name(&lab, old), &forged);
+
+    let (copier, owner) = (subnet_name(&lab, old), subnet_name(&lab, young));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let row = loop {
+        let table = lab
+            .on_node(2, &format!("{WEFT} status"))
+            .unwrap_or_default();
+        if let Some(row) = table
+            .lines()
+            .find(|l| l.starts_with(&copier) && l.contains("left out: "))
+        {
+            break row.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never left out the copier:\n{table}\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        row.contains(&format!("also published by node {owner}, which keeps it")),
+        "{row}"
+    );
+    let (from, to) = (&lab.nodes[2].pods[0], &lab.nodes[young].pods[0]);
+    assert!(
+        lab.ping(&from.ns, to.ip, Duration::from_secs(5)),
+        "node 3 still reaches the younger node"
+    );
+}

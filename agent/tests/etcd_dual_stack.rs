@@ -29,6 +29,7 @@ fn attrs(n: u8) -> LocalAttrs {
         backend_data: Some(json!({ "PublicKey": format!("k{n}"), "Port": 51820 })),
         backend_v6_data: Some(json!({ "PublicKey": format!("k{n}"), "Port": 51821 })),
         next_key: None,
+        key_proof: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
         backend_data: Some(json!({ "PublicKey": key_tag, "Port": 51820 })),
         backend_v6_data: None,
         next_key: None,
+        key_proof: None,
     }
 }
 

@@ -283,7 +283,7 @@ async fn a_node_created_later_with_another_nodes_key_is_the_one_left_out() {
         left,
         [(
             "node-c",
-            format!("its public key {} is also published by node node-z, which keeps it (the older entry); left out until it changes", key_of(26))
+            format!("its public key {} is also published by node node-z, which keeps it (it proves holding the key, or is the older entry); left out until it changes", key_of(26))
         )]
     );
 }

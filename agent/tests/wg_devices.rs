@@ -329,6 +329,7 @@ fn synthetic_lease(i: u32) -> Lease {
         reach: Default::default(),
         next_key: None,
         created: None,
+        key_proof: None,
     }
 }
 

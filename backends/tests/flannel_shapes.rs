@@ -39,6 +39,7 @@ fn ours(backend: &str) -> LeaseAttrs {
         backend_data: data,
         backend_v6_data: None,
         next_key: None,
+        key_proof: None,
     }
 }
 
@@ -168,4 +169,34 @@ fn dual_stack_values_are_flannels_both_ways() {
         check_read(b, &lease);
         assert_eq!(lease.public_ipv6, Some("2001:db8::2".parse().unwrap()));
     }
+}
+
+/// weft's key proof rides in its own field, `WeftKeyProof`, beside flannel's (which flannel
+/// ignores), and comes back as the lease's proof; one that does not decode is no proof.
+#[test]
+fn the_key_proof_is_a_field_of_its_own_and_round_trips() {
+    let private = weft_crypto::PrivateKey::from_bytes([5; 32]);
+    let proof = weft_crypto::proof::prove(&private, "10.244.3.0-24").unwrap();
+    let attrs = LeaseAttrs {
+        key_proof: Some(weft_crypto::proof::to_text(&proof)),
+        ..ours("wireguard")
+    };
+    let written = serde_json::to_string(&attrs).unwrap();
+    let flannels = serde_json::to_string(&ours("wireguard")).unwrap();
+    assert_eq!(
+        written,
+        format!(
+            "{},\"WeftKeyProof\":\"{}\"}}",
+            flannels.strip_suffix('}').unwrap(),
+            weft_crypto::proof::to_text(&proof)
+        )
+    );
+    let back: LeaseAttrs = serde_json::from_str(&written).unwrap();
+    let lease = back.into_lease("10.244.3.0-24".into(), None, None);
+    assert_eq!(lease.key_proof, Some(proof));
+    let garbled = LeaseAttrs {
+        key_proof: Some("not base64".into()),
+        ..ours("wireguard")
+    };
+    assert_eq!(garbled.into_lease("n".into(), None, None).key_proof, None);
 }

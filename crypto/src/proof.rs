@@ -79,6 +79,21 @@ pub fn prove(key: &PrivateKey, node: &str) -> Result<[u8; PROOF_LEN], KeyError> 
     Ok(proof)
 }
 
+/// A proof as published: standard base64.
+pub fn to_text(proof: &[u8; PROOF_LEN]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(proof)
+}
+
+/// A published proof: `None` for anything but 64 bytes of standard base64.
+pub fn from_text(text: &str) -> Option<[u8; PROOF_LEN]> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .ok()?;
+    bytes.as_slice().try_into().ok()
+}
+
 /// Whether `proof` shows that node `node` holds the private key of `key`.
 pub fn verify(key: &PublicKey, node: &str, proof: &[u8; PROOF_LEN]) -> bool {
     let Some(big_a) = MontgomeryPoint(*key.as_bytes()).to_edwards(0) else {

@@ -60,6 +60,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
             backend_data: Some(wireguard_backend_data(&key.public_key(), wg.listen_port)),
             backend_v6_data: None,
             next_key: None,
+            key_proof: None,
         };
         let lease = reg
             .acquire(

@@ -28,6 +28,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         reach: Default::default(),
         next_key: None,
         created: None,
+        key_proof: None,
     }
 }
 

@@ -203,6 +203,8 @@ pub struct KeyState {
     pub lead: Duration,
     /// The key changed but is not published yet: it is, once the device carries it.
     pub unpublished: bool,
+    /// This node's name in the registry (its entry's): what its key proof is made for.
+    pub identity: String,
 }
 
 impl KeyState {
@@ -220,6 +222,35 @@ impl KeyState {
     }
 
     /// Hands the attributes to the registry to publish.
+    /// Publishes the proof that this node holds its key (backends that publish a key:
+    /// wireguard and ipsec), if it does not already.
+    pub async fn prove(&mut self) {
+        if self.proof_for_key() {
+            self.publish().await;
+        }
+    }
+
+    /// Sets the published proof to one for the current key; whether it changed.
+    fn proof_for_key(&mut self) -> bool {
+        use weft_backends::netconf::BackendKind;
+        if !matches!(
+            self.attrs.backend,
+            BackendKind::Wireguard | BackendKind::Ipsec
+        ) {
+            return false;
+        }
+        let proof = match weft_crypto::proof::prove(&self.key, &self.identity) {
+            Ok(p) => Some(weft_crypto::proof::to_text(&p)),
+            Err(e) => {
+                warn!(error = %e, "no key proof: this node's key stays unproven");
+                None
+            }
+        };
+        let changed = self.attrs.key_proof != proof;
+        self.attrs.key_proof = proof;
+        changed
+    }
+
     pub(crate) async fn publish(&self) {
         if self.updates.send(self.attrs.clone()).await.is_err() {
             warn!("the registry has stopped; the new attributes are not published");
@@ -294,6 +325,7 @@ impl KeyState {
                     v6.insert("PublicKey".into(), self.key.public_key().to_string().into());
                 }
                 self.attrs.next_key = None;
+                self.proof_for_key();
                 // Published once the device carries the key (`published_after_switch`):
                 // a peer that saw it earlier would send a handshake the device still
                 // refuses, and WireGuard retries that only after 5 s.

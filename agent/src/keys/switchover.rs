@@ -85,6 +85,7 @@ mod tests {
             backend_data: None,
             backend_v6_data: None,
             next_key: None,
+            key_proof: None,
         }
         .into_lease(node.into(), None, None);
         l.next_key = next;

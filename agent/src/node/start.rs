@@ -230,6 +230,8 @@ fn local_attrs(
         backend_data: setup.backend_data.clone(),
         backend_v6_data: setup.backend_v6_data.clone(),
         next_key: rotation.pending().cloned(),
+        // Made once the registry has named this node's entry (`KeyState::prove`).
+        key_proof: None,
     }
 }
 
@@ -446,6 +448,8 @@ async fn serve<R: Registry>(
     let nft_changes = monitor::nftables_changes()
         .map_err(|e| warn!(error = %e, "no nftables events: listing the tables every 2 s"))
         .ok();
+    // The name this node's entry has in the registry: what its key proof is made for.
+    let identity = lease.node.clone();
     let mut handle = registry::spawn(registry, lease, metrics.alerts.clone());
     let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {
@@ -484,7 +488,9 @@ async fn serve<R: Registry>(
         },
         lead: DEFAULT_LEAD,
         unpublished: false,
+        identity,
     };
+    keys.prove().await;
     control_loop(args, &net, &options, &mut keys, &mut dataplane, inputs).await;
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");

@@ -37,6 +37,9 @@ pub struct LocalAttrs {
     pub backend_v6_data: Option<Value>,
     /// A key rotation this node announces (see docs/key-rotation.md).
     pub next_key: Option<NextKey>,
+    /// Its proof of holding its key, for its name in the registry (base64;
+    /// `weft_crypto::proof`).
+    pub key_proof: Option<String>,
 }
 
 impl LocalAttrs {
@@ -48,6 +51,7 @@ impl LocalAttrs {
             backend_data: self.backend_data.clone(),
             backend_v6_data: self.backend_v6_data.clone(),
             next_key: self.next_key.clone(),
+            key_proof: self.key_proof.clone(),
         }
     }
 }

@@ -136,6 +136,7 @@ pub fn request(ip: u8, seed: u8) -> AcquireRequest {
             )),
             backend_v6_data: None,
             next_key: None,
+            key_proof: None,
         },
         previous: None,
         previous_v6: None,

@@ -40,6 +40,7 @@ pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease
         reach: Default::default(),
         next_key: None,
         created: None,
+        key_proof: None,
     }
 }
 

@@ -13,6 +13,8 @@ use super::{Lease, LeaseAttrs};
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
 /// weft's announced next key (`NextKey` as JSON), beside flannel's unchanged backend-data.
 pub const NEXT_KEY: &str = "weft.dev/next-key";
+/// weft's proof that the node holds its key (`weft_crypto::proof`, base64), for its name.
+pub const KEY_PROOF: &str = "weft.dev/key-proof";
 
 /// The annotations a node running `attrs` publishes under `prefix`. Values are strings;
 /// backend data is its JSON text (`null` for host-gw, as flannel writes it).
@@ -122,6 +124,8 @@ pub fn read(
         next_key: annotations
             .get(NEXT_KEY)
             .and_then(|t| serde_json::from_str(t).ok()),
+        // A proof that does not decode is no proof: the node is only not proven.
+        key_proof: annotations.get(KEY_PROOF).cloned(),
     };
     let v4 = pod_cidrs
         .iter()

@@ -405,7 +405,7 @@ impl fmt::Display for LeaveReason {
             LeaveReason::SubnetOutsideNetwork { subnet, network } => write!(f, "its subnet {subnet} lies outside the pod network {network}"),
             LeaveReason::OverlapsOurSubnet { subnet, ours } => write!(f, "its subnet {subnet} overlaps this node's subnet {ours}"),
             LeaveReason::DuplicateSubnet { subnet, other } => write!(f, "its subnet {subnet} overlaps node {other}'s, which keeps it (the older entry, or the narrower subnet); left out until it lets go"),
-            LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}, which keeps it (the older entry); left out until it changes"),
+            LeaveReason::DuplicateKey { key, other } => write!(f, "its public key {key} is also published by node {other}, which keeps it (it proves holding the key, or is the older entry); left out until it changes"),
             LeaveReason::NextKeyTaken { key, other } => write!(f, "its announced next key {key} is node {other}'s public key; left out until it announces another"),
             LeaveReason::SubnetLength { subnet, expected } => write!(f, "its subnet {subnet} is not a /{expected} like every node's subnet"),
             LeaveReason::KeyIsOurs { key } => write!(f, "it publishes this node's own public key {key}"),

@@ -34,6 +34,11 @@ pub struct Lease {
     /// Kubernetes: the Node's creationTimestamp in seconds): of two entries that claim one
     /// key, VTEP MAC or subnet, the older keeps it. `None` (not known) counts as newest.
     pub created: Option<i64>,
+    /// Its proof of holding the private key of the key it publishes, for its own name
+    /// (`weft_crypto::proof`; etcd: the `WeftKeyProof` field, Kubernetes: the
+    /// `weft.dev/key-proof` annotation). Of two entries claiming one key, a proven one
+    /// keeps it over one that is not, whichever is older.
+    pub key_proof: Option<[u8; weft_crypto::proof::PROOF_LEN]>,
 }
 
 /// An announced key rotation: weft's addition to a lease (etcd: the `WeftNextKey` field,
@@ -102,6 +107,13 @@ pub struct LeaseAttrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub next_key: Option<NextKey>,
+    /// weft's own field: the node's key proof (base64), for its lease key as name.
+    #[serde(
+        rename = "WeftKeyProof",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub key_proof: Option<String>,
 }
 
 impl LeaseAttrs {
@@ -126,6 +138,10 @@ impl LeaseAttrs {
             reach: Reach::default(),
             next_key: self.next_key,
             created: None,
+            key_proof: self
+                .key_proof
+                .as_deref()
+                .and_then(weft_crypto::proof::from_text),
         }
     }
 
@@ -137,6 +153,7 @@ impl LeaseAttrs {
             backend_data: lease.backend_data.clone(),
             backend_v6_data: lease.backend_v6_data.clone(),
             next_key: lease.next_key.clone(),
+            key_proof: lease.key_proof.as_ref().map(weft_crypto::proof::to_text),
         }
     }
 }
@@ -233,6 +250,7 @@ mod tests {
             reach: Default::default(),
             next_key: None,
             created: None,
+            key_proof: None,
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

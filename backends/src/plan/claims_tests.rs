@@ -42,11 +42,11 @@ fn a_claim_on_a_taken_subnet_or_key_leaves_out_only_the_newcomer() {
         ("one key, the older entry keeps it",
          vec![claimant("node-x", "10.244.9.0/24", 9, Some(2)), claimant("node-y", "10.244.10.0/24", 9, Some(1))],
          vec!["node-b", "node-y"], "node-x",
-         format!("its public key {} is also published by node node-y, which keeps it (the older entry); left out until it changes", key(9))),
+         format!("its public key {} is also published by node node-y, which keeps it (it proves holding the key, or is the older entry); left out until it changes", key(9))),
         ("one key, the newcomer's creation unknown",
          vec![claimant("node-x", "10.244.9.0/24", 9, Some(7)), claimant("node-y", "10.244.10.0/24", 9, None)],
          vec!["node-b", "node-x"], "node-y",
-         format!("its public key {} is also published by node node-x, which keeps it (the older entry); left out until it changes", key(9))),
+         format!("its public key {} is also published by node node-x, which keeps it (it proves holding the key, or is the older entry); left out until it changes", key(9))),
         ("another node's key announced as next key, even by an older entry",
          vec![claimant("node-x", "10.244.9.0/24", 9, Some(7)), {
              let mut y = claimant("node-y", "10.244.10.0/24", 10, Some(1));
@@ -88,6 +88,75 @@ fn a_claim_on_a_taken_subnet_or_key_leaves_out_only_the_newcomer() {
                 .iter()
                 .any(|r| r.role == RouteRole::Peer(out.into())),
             "{name}"
+        );
+    }
+}
+
+/// `claimant` with a proof, for its own name, that it holds the private key of seed `seed`.
+fn proven(node: &str, subnet: &str, seed: u8, created: Option<i64>) -> Lease {
+    let mut l = claimant(node, subnet, seed, created);
+    let private = weft_crypto::PrivateKey::from_bytes([seed; 32]);
+    l.key_proof = Some(weft_crypto::proof::prove(&private, node).unwrap());
+    l
+}
+
+/// A key stays with the entry that proves holding it, whichever entry the registry
+/// created first: an older (compromised) node that copies a younger node's key, even with
+/// the younger one's proof, is the one left out; in the other order too. Without proofs
+/// (nodes of older versions) the older entry keeps it, as before.
+#[test]
+fn a_key_stays_with_the_entry_that_proves_holding_it_in_either_order() {
+    let copied_proof = |mut copier: Lease, owner: &Lease| {
+        copier.key_proof = owner.key_proof;
+        copier
+    };
+    let owner_young = proven("node-x", "10.244.9.0/24", 9, Some(7));
+    let owner_old = proven("node-x", "10.244.9.0/24", 9, Some(1));
+    let cases = [
+        (
+            "an older copier",
+            vec![
+                owner_young.clone(),
+                claimant("node-y", "10.244.10.0/24", 9, Some(1)),
+            ],
+        ),
+        (
+            "an older copier with the owner's proof",
+            vec![
+                owner_young.clone(),
+                copied_proof(
+                    claimant("node-y", "10.244.10.0/24", 9, Some(1)),
+                    &owner_young,
+                ),
+            ],
+        ),
+        (
+            "a younger copier",
+            vec![
+                owner_old.clone(),
+                claimant("node-y", "10.244.10.0/24", 9, Some(7)),
+            ],
+        ),
+    ];
+    for (name, mut peers) in cases {
+        peers.push(good_peer());
+        let state = run(CONF, peers, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut kept: Vec<&str> = state.tunnels[0]
+            .peers
+            .iter()
+            .map(|p| p.node.as_str())
+            .collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["node-b", "node-x"], "{name}");
+        assert_eq!(state.left_out.len(), 1, "{name}: {:?}", state.left_out);
+        assert_eq!(state.left_out[0].node, "node-y", "{name}");
+        assert!(
+            state.left_out[0]
+                .reason
+                .to_string()
+                .contains("published by node node-x"),
+            "{name}: {}",
+            state.left_out[0].reason
         );
     }
 }

@@ -275,6 +275,16 @@ pub(crate) fn plan(
         now,
     };
     state.next_switch = own.upcoming(now);
+    // Keys several entries publish stay with the one that proves holding it (or the
+    // oldest): any other claimant is left out.
+    let owners = super::peers::contested_keys(&candidates, |c| {
+        IpsecData::decode(c.lease.backend_data.as_ref())
+            .ok()
+            .map(|d| d.public_key)
+    });
+    for (key, node) in &owners {
+        holders.keys.insert(*key, node);
+    }
     for c in &candidates {
         match peer(c, &own, &ends, &holders) {
             Ok((p, upcoming)) => {
@@ -349,7 +359,11 @@ fn peer(
             key: data.public_key,
         });
     }
-    if let Some(other) = holders.keys.get(&data.public_key) {
+    if let Some(other) = holders
+        .keys
+        .get(&data.public_key)
+        .filter(|owner| **owner != lease.node)
+    {
         return Err(LeaveReason::DuplicateKey {
             key: data.public_key,
             other: other.to_string(),

@@ -373,3 +373,24 @@ fn a_next_epoch_that_is_not_the_following_one_is_left_out() {
         state.ipsec.as_ref().unwrap().peers[0].inbound.len()
     );
 }
+
+/// As with WireGuard: of two ipsec entries with one key, the one that proves holding it
+/// keeps it, in either order of creation.
+#[test]
+fn an_ipsec_key_stays_with_the_entry_that_proves_holding_it() {
+    let keys: Vec<PrivateKey> = (0..4).map(|_| PrivateKey::generate().unwrap()).collect();
+    for (owner_created, copier_created) in [(5, 1), (1, 5)] {
+        let mut owner = node(2, &keys[2], 1);
+        owner.created = Some(owner_created);
+        owner.key_proof = Some(weft_crypto::proof::prove(&keys[2], "node-2").unwrap());
+        let mut copier = node(3, &keys[2], 1);
+        copier.created = Some(copier_created);
+        copier.key_proof = owner.key_proof;
+        let state = run_on(CONF, node(1, &keys[1], 1), vec![owner, copier], &[]).unwrap();
+        assert_eq!(kept(&state), ["node-2"], "owner created {owner_created}");
+        assert!(matches!(
+            &state.left_out[0].reason,
+            LeaveReason::DuplicateKey { other, .. } if other == "node-2"
+        ));
+    }
+}

@@ -70,6 +70,41 @@ pub(crate) fn seniority(lease: &Lease) -> (i64, &str) {
     (lease.created.unwrap_or(i64::MAX), &lease.node)
 }
 
+/// Whether `lease` proves that its node holds the private key of `key` (a proof made for
+/// its own name: copied from another node, it does not verify). Checked only where
+/// entries contend for a key, so a plan verifies no signature in a cluster without
+/// duplicates.
+pub(crate) fn proves(lease: &Lease, key: &weft_crypto::PublicKey) -> bool {
+    lease
+        .key_proof
+        .as_ref()
+        .is_some_and(|p| weft_crypto::proof::verify(key, &lease.node, p))
+}
+
+/// The entry that keeps each public key more than one candidate publishes (`key_of`
+/// reads a candidate's key, if it has one): one that proves holding it, before one that
+/// does not, then the oldest (candidates come oldest first). Keys only one candidate
+/// publishes are not in the map.
+pub(crate) fn contested_keys<'a>(
+    candidates: &[Candidate<'a>],
+    key_of: impl Fn(&Candidate<'a>) -> Option<weft_crypto::PublicKey>,
+) -> BTreeMap<weft_crypto::PublicKey, &'a str> {
+    let mut claims: BTreeMap<weft_crypto::PublicKey, Vec<&'a Lease>> = BTreeMap::new();
+    for c in candidates {
+        if let Some(key) = key_of(c) {
+            claims.entry(key).or_default().push(c.lease);
+        }
+    }
+    claims
+        .into_iter()
+        .filter(|(_, leases)| leases.len() > 1)
+        .filter_map(|(key, leases)| {
+            let owner = leases.iter().find(|l| proves(l, &key)).or(leases.first())?;
+            Some((key, owner.node.as_str()))
+        })
+        .collect()
+}
+
 /// Subnets of one family claimed twice. Every lease has this node's prefix length (see
 /// `check`), so two subnets that overlap are equal: the incumbent keeps it and the
 /// newcomer is left out. Where lengths can still differ (a family this node has no subnet

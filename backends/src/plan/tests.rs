@@ -31,6 +31,7 @@ pub(super) fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lea
         reach: Default::default(),
         next_key: None,
         created: None,
+        key_proof: None,
     }
 }
 

@@ -37,6 +37,7 @@ pub(super) fn lease(
         reach: Default::default(),
         next_key: None,
         created: None,
+        key_proof: None,
     }
 }
 

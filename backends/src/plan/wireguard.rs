@@ -209,7 +209,11 @@ pub(crate) fn plan(
             input.now,
             &mut state.planned_endpoints,
         );
-        drop_duplicate_keys(&mut peers, &mut left_out);
+        let leases = candidates
+            .iter()
+            .map(|c| (c.lease.node.as_str(), c.lease))
+            .collect();
+        drop_duplicate_keys(&mut peers, &mut left_out, &leases);
         let addresses = device_addresses(input, ours, &dev, &mut state);
         for p in &peers {
             for dst in &p.allowed_ips {
@@ -407,16 +411,32 @@ const STAGED: &str = " (next key)";
 /// One key, one peer: two entries with one key cannot be told apart on the wire, so the
 /// key stays with its incumbent and every other node claiming it is left out, all of its
 /// entries. A node's current key comes before any announced next key (announcing another
-/// node's key takes nothing from it); among equals, the older entry keeps it: `peers` are
-/// in the candidates' order, oldest first (`peers::seniority`).
-fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, left_out: &mut Vec<LeftOut>) {
-    let mut holder: BTreeMap<PublicKey, (bool, usize, &str)> = BTreeMap::new();
+/// node's key takes nothing from it); then an entry that proves holding the key
+/// (`peers::proves`) over one that does not; among equals, the older entry keeps it:
+/// `peers` are in the candidates' order, oldest first (`peers::seniority`).
+fn drop_duplicate_keys(
+    peers: &mut Vec<PeerSpec>,
+    left_out: &mut Vec<LeftOut>,
+    leases: &BTreeMap<&str, &crate::model::Lease>,
+) {
+    let mut claims: BTreeMap<PublicKey, usize> = BTreeMap::new();
+    for p in peers.iter() {
+        *claims.entry(p.public_key).or_default() += 1;
+    }
+    let mut holder: BTreeMap<PublicKey, (bool, bool, usize, &str)> = BTreeMap::new();
     for (place, p) in peers.iter().enumerate() {
         let (base, staged) = match p.node.strip_suffix(STAGED) {
             Some(node) => (node, true),
             None => (p.node.as_str(), false),
         };
-        let rank = (staged, place, base);
+        // Where entries contend for a key, a current key the entry proves holding comes
+        // first, whichever entry is older (the proof is checked only there).
+        let proven = !staged
+            && claims[&p.public_key] > 1
+            && leases
+                .get(base)
+                .is_some_and(|l| super::peers::proves(l, &p.public_key));
+        let rank = (staged, !proven, place, base);
         let e = holder.entry(p.public_key).or_insert(rank);
         if rank < *e {
             *e = rank;
@@ -425,7 +445,7 @@ fn drop_duplicate_keys(peers: &mut Vec<PeerSpec>, left_out: &mut Vec<LeftOut>) {
     let mut losers: BTreeMap<String, LeaveReason> = BTreeMap::new();
     for p in peers.iter() {
         let base = p.node.strip_suffix(STAGED).unwrap_or(&p.node);
-        let (_, _, winner) = holder[&p.public_key];
+        let (_, _, _, winner) = holder[&p.public_key];
         if winner == base {
             continue;
         }

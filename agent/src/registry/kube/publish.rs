@@ -97,6 +97,7 @@ impl KubeRegistry {
             .as_ref()
             .and_then(|n| serde_json::to_string(n).ok());
         want.insert(annotations::NEXT_KEY.to_string(), next);
+        want.insert(annotations::KEY_PROOF.to_string(), attrs.key_proof.clone());
         want
     }
 
