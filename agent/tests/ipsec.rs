@@ -437,3 +437,13 @@ fn ipsec_rotation_one_node_then_every_node() {
     lab.assert_all_pairs();
     assert_installed_once(&lab);
 }
+
+/// The guard on ipsec, in a real kernel: pings forged from the underlay with a pod
+/// address as source reach no pod (`weft_lab::lab::forge`, the same check as wireguard's
+/// `guard` test on the host).
+#[test]
+#[ignore = "needs a kernel with ESP and XFRM interfaces: run by the VM runner"]
+fn ipsec_guard_drops_forged_pod_sources() {
+    let lab = meshed(2, false);
+    weft_lab::lab::forge::assert_forged_pod_sources_reach_no_pod(&lab);
+}

@@ -125,7 +125,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "ipsec",
             kernel,
             &ipsec,
-            "--include-ignored a_thousand_peers ipsec_in_udp ipsec_meshes ipsec_rotation",
+            "--include-ignored a_thousand_peers ipsec_in_udp ipsec_meshes ipsec_rotation ipsec_guard",
         ),
     ];
     // CI runs the steps that only a kernel with WireGuard, ipip and ESP can run and that
@@ -185,6 +185,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
                 "NAT rebind",
                 "ESP",
                 "epoch",
+                "rp_filter",
             ]
             .iter()
             .any(|m| l.contains(m))

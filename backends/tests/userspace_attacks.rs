@@ -18,7 +18,7 @@ use blake2::{Blake2s256, Blake2sMac, Digest};
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519::PublicKey;
 use userspace_client::{
-    client_tunn, device_key, device_with_client, ping, the_peer, Setup, DEVICE,
+    client_tunn, device_key, device_with_client, ping, receive_before, the_peer, Setup, DEVICE,
 };
 use weft_lab::netns::in_new_netns;
 
@@ -143,13 +143,7 @@ fn client_receives_udp(tunn: &mut Tunn, client: &UdpSocket, wait: Duration) -> b
     let mut buf = vec![0u8; 2048];
     let mut out = vec![0u8; 2048];
     let deadline = Instant::now() + wait;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        client
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .unwrap();
-        let Ok((n, _)) = client.recv_from(&mut buf) else {
-            return false;
-        };
+    while let Some(n) = receive_before(client, deadline, &mut buf) {
         if let TunnResult::WriteToTunnelV4(p, _) = tunn.decapsulate(None, &buf[..n], &mut out) {
             if p[9] == 17 && p[22..24] == 9u16.to_be_bytes() {
                 return true;

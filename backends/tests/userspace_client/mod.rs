@@ -70,13 +70,7 @@ pub fn ping(tunn: &mut Tunn, client: &UdpSocket, seq: u16, wait: Duration) -> Pi
         client.send_to(p, DEVICE).unwrap();
     }
     let deadline = Instant::now() + wait;
-    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-        client
-            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .unwrap();
-        let Ok((n, _)) = client.recv_from(&mut buf) else {
-            break;
-        };
+    while let Some(n) = receive_before(client, deadline, &mut buf) {
         seen.initiations += usize::from(buf[0] == 1);
         let mut result = tunn.decapsulate(None, &buf[..n], &mut out);
         loop {
@@ -148,4 +142,13 @@ pub async fn device_with_client(dev: &str, psk: Option<[u8; 32]>) -> Setup {
     ));
     sh(&format!("ip route add 10.77.1.0/24 dev {dev}"));
     Setup { us, client }
+}
+
+/// The next datagram at `client` before `deadline`, read into `buf`: its length.
+pub fn receive_before(client: &UdpSocket, deadline: Instant, buf: &mut [u8]) -> Option<usize> {
+    let left = deadline.checked_duration_since(Instant::now())?;
+    client
+        .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .unwrap();
+    client.recv_from(buf).ok().map(|(n, _)| n)
 }

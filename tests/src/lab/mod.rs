@@ -19,6 +19,7 @@ pub mod clear_watch;
 pub mod cni;
 mod config;
 mod fabric;
+pub mod forge;
 pub mod nat;
 mod operator;
 mod pods;
