@@ -125,7 +125,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "ipsec",
             kernel,
             &ipsec,
-            "--include-ignored a_thousand_peers ipsec_in_udp ipsec_meshes ipsec_rotation ipsec_guard",
+            "--include-ignored a_thousand_peers ipsec_in_udp ipsec_meshes ipsec_rotation ipsec_guard ipsec_rekey",
         ),
     ];
     // CI runs the steps that only a kernel with WireGuard, ipip and ESP can run and that
@@ -186,6 +186,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
                 "ESP",
                 "epoch",
                 "rp_filter",
+                "RekeyAfter",
             ]
             .iter()
             .any(|m| l.contains(m))

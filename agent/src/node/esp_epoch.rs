@@ -47,6 +47,53 @@ impl Controller<'_> {
     }
 }
 
+/// When this node starts a new ESP epoch by itself (`RekeyAfter`): `after` from the start
+/// of its epoch (`since`), unless a rotation is under way (it ends with a new epoch, and
+/// so a new start).
+pub(super) fn rekey_at(
+    since: Option<SystemTime>,
+    after: Option<Duration>,
+    rotating: bool,
+) -> Option<SystemTime> {
+    if rotating {
+        return None;
+    }
+    since?.checked_add(after?)
+}
+
+impl Controller<'_> {
+    /// This node's epoch is `RekeyAfter` old: a rotation to the next one starts, as `weft
+    /// keys rotate` would start it.
+    pub(super) async fn rekey(&mut self) {
+        match self.rotate_esp().await {
+            Ok(next) => info!(
+                switch_at_ms = next.switch_at_ms,
+                "ipsec: the epoch reached RekeyAfter; rotating to a new one"
+            ),
+            Err(e) => {
+                warn!(error = %e, "ipsec: the epoch reached RekeyAfter, but cannot rotate; trying again in a minute");
+                self.rekey_not_before = Some(SystemTime::now() + REKEY_RETRY);
+            }
+        }
+    }
+
+    /// When `rekey` is due, if the backend asks for it.
+    pub(super) fn rekey_due(&self) -> Option<SystemTime> {
+        let weft_backends::netconf::Backend::Ipsec(conf) = &self.net.backend else {
+            return None;
+        };
+        let due = rekey_at(
+            self.dataplane.esp_epoch_since(),
+            conf.rekey_after,
+            self.esp_rotation.is_some(),
+        )?;
+        Some(self.rekey_not_before.map_or(due, |t| t.max(due)))
+    }
+}
+
+/// How long a `RekeyAfter` rotation that could not start waits before it is tried again.
+const REKEY_RETRY: Duration = Duration::from_secs(60);
+
 /// How long after its moment a rotation's announcement stays published: peers that learn
 /// of the moment late keep sending with the epoch being left until they do, and this node
 /// keeps receiving on it (and stages the states for it) while the announcement stands.
@@ -156,5 +203,23 @@ impl Controller<'_> {
             epoch = rotation.next.epoch.number,
             "ipsec: rotation settled; the epoch left is withdrawn"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `RekeyAfter` counts from the start of the epoch (the epoch file's last write, which
+    /// every rotation and every bump rewrites); nothing is due while a rotation runs or
+    /// when the option is off.
+    #[test]
+    fn a_rekey_is_due_rekey_after_from_the_epochs_start() {
+        let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(rekey_at(Some(since), Some(day), false), Some(since + day));
+        assert_eq!(rekey_at(Some(since), Some(day), true), None);
+        assert_eq!(rekey_at(Some(since), None, false), None);
+        assert_eq!(rekey_at(None, Some(day), false), None);
     }
 }

@@ -83,6 +83,8 @@ pub(super) struct Controller<'a> {
     nft_listed: Instant,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
+    /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
+    pub(super) rekey_not_before: Option<SystemTime>,
 }
 
 /// What woke the loop, when it needs a pass.
@@ -159,6 +161,7 @@ pub(crate) async fn control_loop(
         nft_dirty: true,
         nft_listed: Instant::now(),
         esp_rotation: None,
+        rekey_not_before: None,
     };
     node.inputs.psk.refresh();
     if !node.first_listing().await {
@@ -217,6 +220,7 @@ impl Controller<'_> {
             let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
             let nft_deferred = self.nft_deferred();
+            let rekey = self.rekey_due();
             // In order: an operator's request and the announced moments are never kept
             // waiting behind the periodic checks (`tokio::select!` alone starts at a random
             // branch and takes the first one ready, so a check that was always ready —
@@ -232,6 +236,8 @@ impl Controller<'_> {
                         return Wake::Pass { full: false };
                     }
                 }
+                // This node's ipsec epoch has reached `RekeyAfter`.
+                () = sleep_until(rekey) => self.rekey().await,
                 // This node's announced switch.
                 () = sleep_until(self.keys.due()) => {
                     let published = self.inputs.local.borrow().next_key.clone();

@@ -57,6 +57,11 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         self.ipsec.as_ref().map(|p| p.book.epoch())
     }
 
+    /// When this node's ESP epoch began, if the ipsec backend runs with a state directory.
+    pub fn esp_epoch_since(&self) -> Option<std::time::SystemTime> {
+        self.ipsec.as_ref().and_then(|p| p.book.epoch_since())
+    }
+
     /// Persists a new ESP epoch (after states were lost) and returns it, to be published
     /// before anything is installed under it.
     pub fn bump_esp_epoch(&mut self) -> Option<Result<Epoch, StoreError>> {

@@ -272,6 +272,9 @@ pub struct IpsecConf {
     pub algorithm: EspAlgorithm,
     /// Underlay MTU; `None` = the external interface's.
     pub mtu: Option<u32>,
+    /// weft's `RekeyAfter` (seconds): each node rotates to a new epoch (new keys for every
+    /// pair) once its epoch is this old. `None`: only on request or lost state.
+    pub rekey_after: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -327,6 +330,7 @@ impl Backend {
                 "UDPEncap": i.udp_encap,
                 "ESPProposal": i.algorithm.as_str(),
                 "MTU": i.mtu,
+                "RekeyAfter": i.rekey_after.map(|d| d.as_secs()),
             }),
         }
     }
@@ -353,7 +357,14 @@ const VXLAN_KEYS: &[&str] = &[
 ];
 const HOST_GW_KEYS: &[&str] = &["Type"];
 const IPIP_KEYS: &[&str] = &["Type", "DirectRouting", "MTU"];
-const IPSEC_KEYS: &[&str] = &["Type", "PSK", "UDPEncap", "ESPProposal", "MTU"];
+const IPSEC_KEYS: &[&str] = &[
+    "Type",
+    "PSK",
+    "UDPEncap",
+    "ESPProposal",
+    "MTU",
+    "RekeyAfter",
+];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
 /// encrypts by default.
@@ -449,6 +460,14 @@ pub(super) fn parse(
                 udp_encap: f.bool("UDPEncap").unwrap_or(false),
                 algorithm: esp_proposal(&mut f).unwrap_or_default(),
                 mtu: mtu(&mut f, false),
+                rekey_after: f
+                    .integer(
+                        "RekeyAfter",
+                        10,
+                        u64::from(u32::MAX),
+                        "seconds after which a node starts a new epoch by itself",
+                    )
+                    .map(std::time::Duration::from_secs),
             })
         }
     };

@@ -52,6 +52,12 @@ impl EspBook {
         self.epoch
     }
 
+    /// When this node's epoch began: the epoch file's last write (`None` in memory only).
+    pub fn epoch_since(&self) -> Option<std::time::SystemTime> {
+        let store = self.store.as_ref()?;
+        std::fs::metadata(store.epoch_path()).ok()?.modified().ok()
+    }
+
     /// A new epoch (persisted first), with an empty record.
     pub fn bump(&mut self) -> Result<Epoch, StoreError> {
         self.epoch = match &self.store {
