@@ -275,16 +275,7 @@ pub(crate) fn plan(
         now,
     };
     state.next_switch = own.upcoming(now);
-    // Keys several entries publish stay with the one that proves holding it (or the
-    // oldest): any other claimant is left out.
-    let owners = super::peers::contested_keys(&candidates, |c| {
-        IpsecData::decode(c.lease.backend_data.as_ref())
-            .ok()
-            .map(|d| d.public_key)
-    });
-    for (key, node) in &owners {
-        holders.keys.insert(*key, node);
-    }
+    holders.keys = contested_keys(&candidates);
     for c in &candidates {
         match peer(c, &own, &ends, &holders) {
             Ok((p, upcoming)) => {
@@ -321,6 +312,16 @@ pub(crate) fn plan(
     state.left_out = left_out;
     state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
     Ok(state)
+}
+
+/// The owner of each key several candidates publish: the one that proves holding it, or
+/// the oldest (`peers::contested_keys`). Any other claimant is left out.
+fn contested_keys<'a>(candidates: &[Candidate<'a>]) -> BTreeMap<PublicKey, &'a str> {
+    super::peers::contested_keys(candidates, |c| {
+        IpsecData::decode(c.lease.backend_data.as_ref())
+            .ok()
+            .map(|d| d.public_key)
+    })
 }
 
 /// This node's side of every pair.
