@@ -1,8 +1,9 @@
 //! The tunnel's UDP port already taken on a node: by a process (a test thread here) or by
 //! another device's kernel socket. The agent says so once, naming the port, the holder
 //! and the fix, `weft doctor` reports it, and once the port is free the node comes up. A
-//! port still held by a userspace device going away (`SO_REUSEADDR`, as devices bind) is
-//! not taken.
+//! holder that set `SO_REUSEADDR` does not share the port with the device either (the
+//! device's sockets do not set it); a device going away is ended and waited for by the
+//! agent (heal's deleted-device test).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -12,8 +13,8 @@ use weft_lab::netns::in_named_netns;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
-/// A UDP socket bound to `port` on 0.0.0.0 with `SO_REUSEADDR`, as a userspace device
-/// binds its port.
+/// A UDP socket bound to `port` on 0.0.0.0 with `SO_REUSEADDR`, as any program may bind
+/// (userspace WireGuard devices of other tools do).
 fn bind_reusable(port: u16) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: plain socket calls on a descriptor this function owns from its creation.
@@ -97,14 +98,18 @@ fn wait_for_log(lab: &Lab, i: usize, what: &str) -> String {
     }
 }
 
-fn port_taken_then_freed(mut cfg: LabConfig, device: &str, port: u16, field: &str) {
+fn port_taken_then_freed<S: Send + 'static>(
+    mut cfg: LabConfig,
+    (device, port, field): (&str, u16, &str),
+    bind: fn(u16) -> std::io::Result<S>,
+) {
     // Nothing else wakes the agent once the port is freed: its resync retries.
     cfg.extra_args.push("--resync-period=3".into());
     let mut lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     lab.stop_agent(0, "TERM").unwrap();
     lab.on_node(0, &format!("ip link del {device}")).unwrap();
-    let release = hold_port(&lab.nodes[0].ns, port, bind_plain);
+    let release = hold_port(&lab.nodes[0].ns, port, bind);
     lab.start_agent(0).unwrap();
     let want = format!(
         "{device} cannot use UDP port {port}: it is taken by pid {} (",
@@ -155,9 +160,19 @@ fn port_taken_then_freed(mut cfg: LabConfig, device: &str, port: u16, field: &st
 fn a_taken_wireguard_port_is_one_clear_error_naming_its_holder() {
     port_taken_then_freed(
         LabConfig::wireguard(2, WEFT),
-        "flannel-wg",
-        51820,
-        "ListenPort",
+        ("flannel-wg", 51820, "ListenPort"),
+        bind_plain,
+    );
+}
+
+/// A holder with `SO_REUSEADDR` (the option any host process may set) does not share the
+/// port with the userspace device: taken all the same, and said so.
+#[test]
+fn a_wireguard_port_held_with_so_reuseaddr_is_taken_too() {
+    port_taken_then_freed(
+        LabConfig::wireguard(2, WEFT),
+        ("flannel-wg", 51820, "ListenPort"),
+        bind_reusable,
     );
 }
 
@@ -165,36 +180,7 @@ fn a_taken_wireguard_port_is_one_clear_error_naming_its_holder() {
 fn a_taken_vxlan_port_is_one_clear_error_naming_its_holder() {
     port_taken_then_freed(
         LabConfig::backend(2, WEFT, "vxlan", false),
-        "flannel.1",
-        8472,
-        "Port",
+        ("flannel.1", 8472, "Port"),
+        bind_plain,
     );
-}
-
-/// A userspace device still going away holds the port as devices do, with `SO_REUSEADDR`
-/// (a reboot, or a device deleted and recreated): that is not a taken port, and the new
-/// device comes up at once.
-#[test]
-fn a_port_held_by_a_device_going_away_is_not_taken() {
-    let mut lab = Lab::start(LabConfig::wireguard(2, WEFT)).unwrap();
-    lab.assert_all_pairs();
-    // Only userspace devices bind their port from a process.
-    let kind = lab.on_node(0, "ip -d link show flannel-wg").unwrap();
-    if !kind.contains("tun") {
-        assert_eq!(lab.implementation(0), Some("kernel"), "{kind}");
-        return;
-    }
-    lab.stop_agent(0, "TERM").unwrap();
-    lab.on_node(0, "ip link del flannel-wg").unwrap();
-    let release = hold_port(&lab.nodes[0].ns, 51820, bind_reusable);
-    lab.start_agent(0).unwrap();
-    let (a, b) = (&lab.nodes[1].pods[0], &lab.nodes[0].pods[0]);
-    assert!(
-        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
-        "{}",
-        lab.logs()
-    );
-    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
-    assert!(!log.contains("cannot use UDP port"), "{log}");
-    drop(release);
 }

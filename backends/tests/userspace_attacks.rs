@@ -6,7 +6,7 @@
 //! with cookie replies only: the peer's endpoint stays, the tunnel keeps carrying traffic
 //! both ways, and the attacker receives nothing but cookie replies (no data message, no
 //! handshake). Before the fix the device took its own cookie reply as proof and moved the
-//! peer to the attacker.
+//! peer to the attacker. Nor can another process on the host bind the device's port.
 
 mod userspace_client;
 
@@ -199,5 +199,28 @@ fn a_stranger_with_forged_handshakes_and_cookies_cannot_steer_the_peer() {
             "the attacker received only cookie replies, also got message types {others:?}"
         );
         assert_eq!(the_peer(&mut us, dev).await.endpoint, Some(client_addr));
+    });
+}
+
+/// Another process on the host cannot take the device's port, even with SO_REUSEADDR set
+/// on its own socket (the device's sockets do not set it, so the kernel refuses the
+/// second bind and the tunnel's datagrams keep reaching the device).
+#[test]
+fn another_process_cannot_bind_the_device_port() {
+    in_new_netns(|| async {
+        let Setup { .. } = device_with_client("wgt-port", None).await;
+        for addr in ["0.0.0.0:51999", "127.0.0.1:51999", "[::]:51999"] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            let domain = socket2::Domain::for_address(addr);
+            let s = socket2::Socket::new(domain, socket2::Type::DGRAM, None).unwrap();
+            s.set_reuse_address(true).unwrap();
+            if addr.is_ipv6() {
+                s.set_only_v6(true).unwrap();
+            }
+            assert!(
+                s.bind(&addr.into()).is_err(),
+                "a second socket bound the device's port at {addr}"
+            );
+        }
     });
 }

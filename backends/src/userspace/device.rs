@@ -115,7 +115,7 @@ impl Sockets for Arc<Device> {
             old.set_mark(fwmark)?;
             return Ok(port);
         }
-        let new = Arc::new(Udp::bind(port, fwmark)?);
+        let new = Arc::new(Udp::bind_retrying(port, fwmark)?);
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         *write(&self.udp) = new.clone();
         old.shutdown();

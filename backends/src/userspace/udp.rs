@@ -16,6 +16,8 @@ use nix::sys::socket::{
 };
 use socket2::{Domain, Protocol, Socket, Type};
 
+/// How long a bind waits for a port that is being released.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Socket buffers: room for a few GRO batches in flight.
 const BUFFER_BYTES: usize = 7 << 20;
 /// The most datagrams one GSO send may carry (the kernel's UDP_MAX_SEGMENTS).
@@ -39,9 +41,9 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
     } else {
         std::net::Ipv4Addr::UNSPECIFIED.into()
     };
-    // As boringtun and the kernel do: a socket of a device going away (a restart, a
-    // device deleted and recreated) does not keep the new one off its port.
-    socket.set_reuse_address(true)?;
+    // No SO_REUSEADDR: with it, any process on the host that sets it too could bind the
+    // same port and take the tunnel's datagrams. A device that replaces another waits for
+    // the old process to be gone (the agent's `stop_server`; `Udp::bind_retrying`).
     if fwmark != 0 {
         socket.set_mark(fwmark)?;
     }
@@ -81,7 +83,12 @@ impl Udp {
     pub fn bind(port: u16, fwmark: u32) -> io::Result<Udp> {
         let v4 = bind(Domain::IPV4, port, fwmark)?;
         let port = v4.local_addr()?.as_socket().map_or(port, |a| a.port());
-        let v6 = bind(Domain::IPV6, port, fwmark).ok();
+        // A host without IPv6 gets no IPv6 socket; a port taken on IPv6 is an error.
+        let v6 = match bind(Domain::IPV6, port, fwmark) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
+            Err(_) => None,
+        };
         let gso = setsockopt(&v4, sockopt::UdpGsoSegment, &0).is_ok();
         let mut gro = setsockopt(&v4, sockopt::UdpGroSegment, &true).is_ok();
         if let Some(v6) = &v6 {
@@ -94,6 +101,24 @@ impl Udp {
             gso: AtomicBool::new(gso),
             gro,
         })
+    }
+
+    /// As `bind`, waiting up to `RELEASE_WAIT` for a port another process is releasing
+    /// (a device that went away a moment ago: a closed socket frees its port at once,
+    /// but the process may be in the middle of exiting).
+    pub fn bind_retrying(port: u16, fwmark: u32) -> io::Result<Udp> {
+        let deadline = std::time::Instant::now() + RELEASE_WAIT;
+        loop {
+            match Udp::bind(port, fwmark) {
+                Err(e)
+                    if e.kind() == io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Wakes and ends the receivers blocked on these sockets.

@@ -104,8 +104,27 @@ fn kill_device_process(pid: i32, device: &str) -> Result<(), ApplyError> {
             0,
         )
     };
+    // Until it is gone: its sockets (the tunnel's port among them) close before its pidfd
+    // turns readable, so the device that replaces it can bind the port.
+    let mut poll = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for at most EXIT_WAIT.
+    let ready = unsafe { libc::poll(&mut poll, 1, EXIT_WAIT.as_millis() as libc::c_int) };
+    if ready == 0 {
+        tracing::warn!(
+            pid,
+            device,
+            "the old device process has not exited after SIGKILL"
+        );
+    }
     Ok(())
 }
+
+/// How long `kill_device_process` waits for the killed process to be gone.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// Removes a WireGuard device of either kind: the userspace process serving its socket, if
 /// one does, and the link.
@@ -252,7 +271,7 @@ impl WgDevices for UserspaceProcess {
         // The device keeps its sockets when the new port cannot be bound, but the error
         // that says who holds the port is made here, before the device is asked.
         if let Some(port) = change.listen_port {
-            port_free(port).map_err(err(op.clone()))?;
+            port_free(port).await.map_err(err(op.clone()))?;
         }
         for request in encode_set(change, key) {
             self.writes += 1;
@@ -277,10 +296,26 @@ impl Default for UserspaceProcess {
     }
 }
 
-/// Whether UDP `port` can be bound on IPv4 and IPv6 as the userspace device binds it (with
-/// `SO_REUSEADDR`, so a device process that is still going away does not count); a family
-/// this host lacks does not count either. `AddrInUse` if someone else holds it.
-fn port_free(port: u16) -> std::io::Result<()> {
+/// Whether UDP `port` can be bound on IPv4 and IPv6 as the userspace device binds it
+/// (without `SO_REUSEADDR`); a family this host lacks does not count. A port being released
+/// (a device process in the middle of exiting) is waited for, up to `RELEASE_WAIT`.
+/// `AddrInUse` if someone else holds it.
+async fn port_free(port: u16) -> std::io::Result<()> {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    loop {
+        match port_free_now(port) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long `port_free` waits for a port being released.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
+
+fn port_free_now(port: u16) -> std::io::Result<()> {
     use socket2::{Domain, Protocol, Socket, Type};
     let addrs: [std::net::SocketAddr; 2] = [
         (std::net::Ipv4Addr::UNSPECIFIED, port).into(),
@@ -293,7 +328,9 @@ fn port_free(port: u16) -> std::io::Result<()> {
             Err(_) if addr.is_ipv6() => continue,
             Err(e) => return Err(e),
         };
-        socket.set_reuse_address(true)?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
         match socket.bind(&addr.into()) {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return Err(e),
             _ => {}
