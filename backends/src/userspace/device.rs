@@ -19,6 +19,9 @@ const TIMER_TICK: Duration = Duration::from_millis(250);
 
 pub struct Device {
     pub name: String,
+    /// The interface's index when the device created it: a later interface of the same
+    /// name (a successor) is not this device's.
+    pub index: u32,
     pub offloads: Offloads,
     state: Arc<RwLock<State>>,
     udp: RwLock<Arc<Udp>>,
@@ -33,11 +36,18 @@ impl Device {
     /// Creates the interface, binds a port (any, until one is set) and starts the threads.
     pub fn start(name: &str) -> std::io::Result<Arc<Device>> {
         let tun = Tun::open(name)?;
+        let index = super::ifindex(name).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the TUN interface {name} vanished as it was created"),
+            )
+        })?;
         let udp = Arc::new(Udp::bind(0, 0)?);
         let mut state = State::default();
         state.listen_port = udp.port;
         let device = Arc::new(Device {
             name: name.to_string(),
+            index,
             offloads: tun.offloads,
             state: Arc::new(RwLock::new(state)),
             udp: RwLock::new(udp.clone()),
@@ -79,11 +89,16 @@ impl Device {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Whether the interface this device created still exists (under its name).
+    pub fn interface_exists(&self) -> bool {
+        super::ifindex(&self.name) == Some(self.index)
+    }
+
     /// Stops the device: its sockets close and its interface is deleted.
     pub fn stop(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.udp().shutdown();
-        super::delete_link(&self.name);
+        super::delete_link(&self.name, self.index);
     }
 
     fn spawn_receivers(self: &Arc<Self>, udp: &Arc<Udp>, generation: u64) -> std::io::Result<()> {

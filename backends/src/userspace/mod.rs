@@ -34,12 +34,14 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
-/// Deletes the interface `name` over rtnetlink (best effort: it may be gone already).
-pub fn delete_link(name: &str) {
+/// Deletes the interface `name` over rtnetlink if it is still the interface with index
+/// `index` (best effort: it may be gone already). A device going away never deletes a
+/// successor that took its name.
+pub fn delete_link(name: &str, index: u32) {
     use netlink_packet_route::{link::LinkMessage, RouteNetlinkMessage};
-    let Some(index) = ifindex(name) else {
+    if ifindex(name) != Some(index) {
         return;
-    };
+    }
     let mut link = LinkMessage::default();
     link.header.index = index;
     let protocol = netlink_sys::protocols::NETLINK_ROUTE;

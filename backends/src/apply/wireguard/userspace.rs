@@ -66,9 +66,12 @@ fn start(device: &str) -> Result<Running, ApplyError> {
 }
 
 impl Userspace {
-    /// Whether this process runs `device` and the kernel still has its interface.
+    /// Whether this process runs `device` and the kernel still has the interface it
+    /// created (not merely one of that name).
     pub fn running(&self, device: &str) -> bool {
-        self.devices.contains_key(device) && interface_exists(device)
+        self.devices
+            .get(device)
+            .is_some_and(|r| r.device.interface_exists())
     }
 
     /// Starts `device` unless it is already running; a device whose interface was deleted
@@ -168,17 +171,15 @@ pub async fn run_device(device: &str) -> Result<&'static str, ApplyError> {
         tokio::select! {
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
-            _ = check.tick() => if !interface_exists(device) {
+            // By index: a successor that took the name (a new agent's device) does not
+            // keep this one alive on the port it must free.
+            _ = check.tick() => if !us.running(device) {
                 break "its interface was deleted";
             },
         }
     };
     us.stop(device);
     Ok(why)
-}
-
-fn interface_exists(name: &str) -> bool {
-    crate::userspace::ifindex(name).is_some()
 }
 
 fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
