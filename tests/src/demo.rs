@@ -117,6 +117,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
         let view: Arc<ClusterView> = views.borrow().clone();
         let state = plan(&PlanInput {
             observed: &Default::default(),
+            path_mtus: &Default::default(),
             local: lease,
             view: &view,
             config: net,

@@ -53,6 +53,7 @@ pub fn plan_with(conf: &str, me: &Lease, peers: Vec<Lease>, options: &PlanOption
     }
     plan(&PlanInput {
         observed: &Default::default(),
+        path_mtus: &Default::default(),
         local: me,
         view: &view,
         config: &config,

@@ -103,6 +103,7 @@ impl Member {
         let me = self.handle.local.borrow().clone();
         let view = self.handle.views.borrow().clone();
         plan(&PlanInput {
+            path_mtus: &Default::default(),
             observed: &Default::default(),
             local: &me,
             view: &view,

@@ -66,6 +66,8 @@ pub struct ObservedRoute {
     /// A `blackhole` route (weft's fail-closed routes), not a unicast one.
     pub blackhole: bool,
     pub metric: u32,
+    /// The route's MTU metric (`ip route … mtu N`), if it has one.
+    pub mtu: Option<u32>,
 }
 
 /// A route to install, resolved to an interface index.
@@ -77,6 +79,8 @@ pub struct RouteWrite {
     pub gateway: Option<IpAddr>,
     /// The gateway is on the link though no address of the device covers it.
     pub onlink: bool,
+    /// The path's MTU to the destination, when narrower than the device's.
+    pub mtu: Option<u32>,
 }
 
 pub trait Netlink {

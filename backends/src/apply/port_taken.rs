@@ -185,6 +185,7 @@ mod tests {
             device: "flannel-wg".into(),
             gateway: None,
             onlink: false,
+            mtu: None,
         });
         let link = RoutingChange::Link {
             device: "flannel-wg".into(),

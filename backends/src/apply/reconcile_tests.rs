@@ -73,6 +73,7 @@ pub(super) fn plan_for(backend: &str, view: &ClusterView) -> DesiredState {
     ))
     .unwrap();
     plan(&PlanInput {
+        path_mtus: &Default::default(),
         local: &me,
         view: &view,
         config: &config,
@@ -140,6 +141,7 @@ fn routing_fails_closed_converges_and_heals() {
         protocol: 4,
         blackhole: false,
         metric: 100,
+        mtu: None,
     };
     nl.routes.insert((foreign.dst, 100), foreign.clone());
     nl.routes.remove(&(net("10.244.3.0/24"), 0));

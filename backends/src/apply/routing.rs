@@ -38,6 +38,7 @@ pub enum RoutingChange {
 impl fmt::Display for RoutingChange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let via = |g: &Option<std::net::IpAddr>| g.map(|g| format!(" via {g}")).unwrap_or_default();
+        let mtu = |m: &Option<u32>| m.map(|m| format!(" mtu {m}")).unwrap_or_default();
         match self {
             RoutingChange::Link { device, mtu, up } => {
                 write!(f, "set link {device}")?;
@@ -55,15 +56,21 @@ impl fmt::Display for RoutingChange {
             RoutingChange::RemoveAddress { device, addr } => {
                 write!(f, "remove address {addr} dev {device}")
             }
-            RoutingChange::AddRoute(r) => {
-                write!(f, "add route {}{} dev {}", r.dst, via(&r.gateway), r.device)
-            }
+            RoutingChange::AddRoute(r) => write!(
+                f,
+                "add route {}{} dev {}{}",
+                r.dst,
+                via(&r.gateway),
+                r.device,
+                mtu(&r.mtu)
+            ),
             RoutingChange::ReplaceRoute { to, .. } => write!(
                 f,
-                "replace route {}{} dev {}",
+                "replace route {}{} dev {}{}",
                 to.dst,
                 via(&to.gateway),
-                to.device
+                to.device,
+                mtu(&to.mtu)
             ),
             RoutingChange::AddBlackhole(dst) => {
                 write!(f, "add blackhole route {dst} (fail closed)")
@@ -133,9 +140,11 @@ pub fn diff_routes(
             device: spec.device.clone(),
             gateway: spec.via,
             onlink: spec.onlink,
+            mtu: spec.mtu,
         };
         match ours.get(&(spec.dst, false)) {
-            Some(have) if have.oif == Some(oif) && have.gateway == spec.via => {}
+            Some(have)
+                if have.oif == Some(oif) && have.gateway == spec.via && have.mtu == spec.mtu => {}
             Some(have) => out.push(RoutingChange::ReplaceRoute {
                 from: (*have).clone(),
                 to: write,
@@ -169,6 +178,7 @@ mod tests {
             via: None,
             onlink: false,
             role: RouteRole::Covering,
+            mtu: None,
         }
     }
 
@@ -180,6 +190,7 @@ mod tests {
             protocol,
             blackhole: false,
             metric: 0,
+            mtu: None,
         }
     }
 

@@ -9,8 +9,8 @@ use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
-    RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteMetric,
+    RouteProtocol, RouteScope, RouteType,
 };
 use rtnetlink::{Handle, LinkUnspec, LinkWireguard, RouteMessageBuilder};
 
@@ -202,6 +202,7 @@ fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
         protocol: u8::from(msg.header.protocol),
         blackhole,
         metric: 0,
+        mtu: None,
     };
     for attr in &msg.attributes {
         match attr {
@@ -209,6 +210,12 @@ fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
             RouteAttribute::Gateway(a) => route.gateway = addr(a),
             RouteAttribute::Oif(i) => route.oif = Some(*i),
             RouteAttribute::Priority(m) => route.metric = *m,
+            RouteAttribute::Metrics(metrics) => {
+                route.mtu = metrics.iter().find_map(|m| match m {
+                    RouteMetric::Mtu(mtu) if *mtu > 0 => Some(*mtu),
+                    _ => None,
+                })
+            }
             _ => {}
         }
     }
@@ -355,6 +362,10 @@ impl Netlink for RtNetlink {
         let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map(|mut m| {
             if route.onlink {
                 m.header.flags.insert(RouteFlags::Onlink);
+            }
+            if let Some(mtu) = route.mtu {
+                m.attributes
+                    .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
             }
             m
         });

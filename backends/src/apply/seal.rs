@@ -77,6 +77,7 @@ mod tests {
             protocol,
             blackhole,
             metric: if blackhole { FAIL_CLOSED_METRIC } else { 0 },
+            mtu: None,
         }
     }
 

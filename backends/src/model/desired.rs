@@ -38,6 +38,23 @@ pub struct DesiredState {
     /// The endpoint the registry gives each WireGuard peer, before a roamed one is kept:
     /// the agent remembers it (`PeerObserved::planned_before`).
     pub planned_endpoints: std::collections::BTreeMap<super::DevicePeer, SocketAddr>,
+    /// Every peer's underlay address, whose path MTU the agent measures, and what the
+    /// plan made of the measurement (`plan::path_mtu`).
+    pub paths: Vec<PeerPath>,
+}
+
+/// One peer's path on the underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerPath {
+    pub node: String,
+    /// The underlay address the peer's traffic goes to.
+    pub address: std::net::IpAddr,
+    /// What the backend wraps around a pod packet on this path (bytes).
+    pub overhead: u32,
+    /// The path's MTU as last measured, if it was.
+    pub path_mtu: Option<u32>,
+    /// The MTU its routes were given: the path is narrower than the pod MTU.
+    pub route_mtu: Option<u32>,
 }
 
 /// Which pod-network sources one family accepts from where (`plan::guard`): from another
@@ -227,6 +244,9 @@ pub struct RouteSpec {
     /// (vxlan: via the peer subnet's network address).
     pub onlink: bool,
     pub role: RouteRole,
+    /// The MTU of the path to the peer, less the encapsulation, when it is narrower than
+    /// the device's (`plan::path_mtu`): a pod sending more hears so from its own node.
+    pub mtu: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -533,7 +553,12 @@ impl fmt::Display for DesiredState {
                 RouteRole::Direct(n) => format!("peer {n}, direct on the underlay"),
             };
             let onlink = if r.onlink { " onlink" } else { "" };
-            writeln!(f, "route {}{via} dev {}{onlink}   ({why})", r.dst, r.device)?;
+            let mtu = r.mtu.map(|m| format!(" mtu {m}")).unwrap_or_default();
+            writeln!(
+                f,
+                "route {}{via} dev {}{onlink}{mtu}   ({why})",
+                r.dst, r.device
+            )?;
         }
         for net in &self.fail_closed {
             writeln!(

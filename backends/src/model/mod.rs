@@ -13,8 +13,9 @@ pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
     format_mac, parse_mac, DesiredState, EspSa, Family, ForwardRule, GuardSpec, IpipSpec,
-    IpsecPeer, IpsecSpec, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule, PeerSpec,
-    RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
+    IpsecPeer, IpsecSpec, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule, PeerPath,
+    PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec,
+    FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;

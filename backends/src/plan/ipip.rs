@@ -15,7 +15,7 @@ use crate::netconf::IpipConf;
 /// flannel's ipip device.
 pub const IPIP_DEVICE: &str = "flannel.ipip";
 /// The outer IPv4 header.
-const IPIP_OVERHEAD: u32 = 20;
+pub(super) const IPIP_OVERHEAD: u32 = 20;
 
 pub(crate) fn plan(
     input: &PlanInput<'_>,
@@ -54,6 +54,7 @@ pub(crate) fn plan(
             via: Some(ip),
             onlink: true,
             role: RouteRole::Peer(c.lease.node.clone()),
+            mtu: None,
         });
     }
     let addresses = ours

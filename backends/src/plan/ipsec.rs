@@ -42,9 +42,9 @@ pub const DEVICE: &str = "flannel-ipsec";
 pub const IF_ID: u32 = 0x7765_6674;
 /// Outer IPv4 header 20, ESP header 8, IV 8, ICV 16, trailer 2 and up to 3 of padding,
 /// rounded up to a multiple of 4.
-const ESP_OVERHEAD: u32 = 60;
+pub(super) const ESP_OVERHEAD: u32 = 60;
 /// ESP in UDP adds the UDP header.
-const UDP_ENCAP_OVERHEAD: u32 = 8;
+pub(super) const UDP_ENCAP_OVERHEAD: u32 = 8;
 
 /// `backend-data` of the ipsec backend: `{"PublicKey":"…","Epoch":1,"Nonce":"…"}`, and
 /// during a rotation `"NextEpoch":2,"NextNonce":"…","SwitchAt":<ms since the Unix epoch>`.
@@ -430,6 +430,7 @@ fn into_device(state: &mut DesiredState, peers: &[IpsecPeer], network: IpNet) {
             via: None,
             onlink: false,
             role: RouteRole::Peer(p.node.clone()),
+            mtu: None,
         });
     }
     state.routes.push(RouteSpec {
@@ -438,6 +439,7 @@ fn into_device(state: &mut DesiredState, peers: &[IpsecPeer], network: IpNet) {
         via: None,
         onlink: false,
         role: RouteRole::Covering,
+        mtu: None,
     });
     state.fail_closed.push(network);
 }

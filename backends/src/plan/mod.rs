@@ -9,6 +9,7 @@ mod guard;
 mod ipip;
 pub mod ipsec;
 mod masquerade;
+pub mod path_mtu;
 mod peers;
 pub mod roaming;
 mod unencrypted;
@@ -49,6 +50,8 @@ pub struct PlanInput<'a> {
     /// What this node's devices reported (announced keys in use).
     pub observed: &'a crate::model::Observed,
     pub now: SystemTime,
+    /// The path MTU measured to each peer's underlay address (the agent's prober).
+    pub path_mtus: &'a std::collections::BTreeMap<std::net::IpAddr, u32>,
 }
 
 /// A problem with this node's own lease or setup: nothing can be planned.
@@ -130,6 +133,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
         Backend::Ipsec(conf) => ipsec::plan(input, &ours, conf, screened)?,
     };
     guard::add(&mut state, input, &ours);
+    path_mtu::apply(&mut state, input);
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
     }

@@ -85,6 +85,7 @@ pub(super) fn run_observing(
         underlay_networks: vec![],
     };
     plan(&PlanInput {
+        path_mtus: &Default::default(),
         observed,
         local: &me,
         view: &view,
@@ -390,6 +391,7 @@ fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
         underlay_networks: vec![],
     };
     plan(&PlanInput {
+        path_mtus: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,
@@ -480,6 +482,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     let mut me = local();
     me.subnet = Some("10.9.0.0/24".parse().unwrap());
     let err = plan(&PlanInput {
+        path_mtus: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,
@@ -492,6 +495,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     let mut me = local();
     me.backend_data = None;
     let err = plan(&PlanInput {
+        path_mtus: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,

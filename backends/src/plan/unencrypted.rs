@@ -21,9 +21,9 @@ use crate::model::{
 use crate::netconf::VxlanConf;
 
 /// vxlan's encapsulation overhead (docs/architecture.md).
-const VXLAN_OVERHEAD: u32 = 50;
+pub(super) const VXLAN_OVERHEAD: u32 = 50;
 /// Over an IPv6 underlay: 20 bytes more of outer header.
-const VXLAN_OVERHEAD_V6: u32 = 70;
+pub(super) const VXLAN_OVERHEAD_V6: u32 = 70;
 
 /// `flannel.<VNI>`.
 pub fn vxlan_device(vni: u32) -> String {
@@ -105,6 +105,7 @@ fn direct_route(c: &Candidate<'_>, subnet: IpNet, ip: IpAddr, device: &str) -> R
         via: Some(ip),
         onlink: false,
         role: RouteRole::Direct(c.lease.node.clone()),
+        mtu: None,
     }
 }
 
@@ -341,6 +342,7 @@ fn vxlan_device_plan(
             via: Some(subnet.network()),
             onlink: true,
             role: RouteRole::Peer(node.clone()),
+            mtu: None,
         });
     }
     peers.sort_by(|a, b| a.node.cmp(&b.node));

@@ -80,6 +80,7 @@ pub(super) fn run_on_at(
         underlay_networks: networks.iter().map(|n| n.parse().unwrap()).collect(),
     };
     plan(&PlanInput {
+        path_mtus: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,

@@ -223,6 +223,7 @@ pub(crate) fn plan(
                     via: None,
                     onlink: false,
                     role: RouteRole::Peer(p.node.clone()),
+                    mtu: None,
                 });
             }
         }
@@ -270,6 +271,7 @@ fn device_addresses(
             via: None,
             onlink: false,
             role: RouteRole::Covering,
+            mtu: None,
         });
         if !state.fail_closed.contains(&network) {
             state.fail_closed.push(network);

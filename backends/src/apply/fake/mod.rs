@@ -158,6 +158,7 @@ impl Netlink for FakeNetlink {
                 protocol: RTPROT_WEFT,
                 blackhole: false,
                 metric: 0,
+                mtu: route.mtu,
             },
         );
         Ok(())
@@ -174,6 +175,7 @@ impl Netlink for FakeNetlink {
                 protocol: RTPROT_WEFT,
                 blackhole: true,
                 metric: FAIL_CLOSED_METRIC,
+                mtu: None,
             },
         );
         Ok(())

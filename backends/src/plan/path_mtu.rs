@@ -1,0 +1,209 @@
+//! Per-peer path MTU: the MTU of each peer's route, from the path MTU the agent measured
+//! to the peer's underlay address (`PlanInput::path_mtus`), less what the backend wraps
+//! around a packet. A route gets an MTU only when that is narrower than the pod MTU: a pod
+//! sending more to that peer hears "fragmentation needed" from its own node at once, TCP
+//! picks the segment size that fits, and nothing is fragmented on the underlay. Every
+//! peer's underlay address is listed in `DesiredState::paths`, which is what the agent
+//! measures.
+
+use std::net::IpAddr;
+
+use super::PlanInput;
+use crate::model::{DesiredState, Family, PeerPath, RouteRole};
+use crate::netconf::Backend;
+
+/// WireGuard's data message: type, receiver index and counter (16), the tag (16).
+const WG_MESSAGE: u32 = 32;
+/// The outer IP and UDP headers.
+const UDP_V4: u32 = 20 + 8;
+const UDP_V6: u32 = 40 + 8;
+/// The smallest MTU a route is given, per family of its pod addresses: IPv6's minimum link
+/// MTU (a narrower path is then fragmented on the underlay), and IPv4's minimum datagram.
+pub const MIN_ROUTE_MTU_V6: u32 = 1280;
+pub const MIN_ROUTE_MTU_V4: u32 = 576;
+
+/// What the backend wraps around a pod packet sent to `address` over a route of `role`,
+/// and the multiple the inner size is padded to (WireGuard pads to 16).
+fn encapsulation(backend: &Backend, role: &RouteRole, address: IpAddr) -> (u32, u32) {
+    let v6 = address.is_ipv6();
+    let outer_ip = if v6 { 40 } else { 20 };
+    if matches!(role, RouteRole::Direct(_)) {
+        return (0, 1);
+    }
+    match backend {
+        Backend::Wireguard(_) => (if v6 { UDP_V6 } else { UDP_V4 } + WG_MESSAGE, 16),
+        Backend::Vxlan(_) if v6 => (super::unencrypted::VXLAN_OVERHEAD_V6, 1),
+        Backend::Vxlan(_) => (super::unencrypted::VXLAN_OVERHEAD, 1),
+        Backend::HostGw => (0, 1),
+        Backend::Ipip(_) => (super::ipip::IPIP_OVERHEAD, 1),
+        Backend::Ipsec(conf) => {
+            let encap = if conf.udp_encap {
+                super::ipsec::UDP_ENCAP_OVERHEAD
+            } else {
+                0
+            };
+            // ESP_OVERHEAD counts an IPv4 outer header.
+            (super::ipsec::ESP_OVERHEAD + encap + outer_ip - 20, 4)
+        }
+    }
+}
+
+/// The underlay address `node`'s traffic to `route_family` pod addresses goes to.
+fn address_of(
+    state: &DesiredState,
+    input: &PlanInput<'_>,
+    node: &str,
+    family: Family,
+) -> Option<IpAddr> {
+    let tunnel_peer = state
+        .tunnels
+        .iter()
+        .flat_map(|t| t.peers.iter())
+        .find(|p| p.node == node);
+    if let Some(peer) = tunnel_peer {
+        return Some(peer.endpoint.ip());
+    }
+    let lease = input.view.leases.get(node)?;
+    match family {
+        Family::Ipv4 => lease.public_ip.map(IpAddr::V4),
+        Family::Ipv6 => lease
+            .public_ipv6
+            .map(IpAddr::V6)
+            .or(lease.public_ip.map(IpAddr::V4)),
+    }
+}
+
+/// Lists every peer's path and gives each peer route the MTU its measured path allows.
+pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
+    let pod_mtu = state.subnet_env.mtu;
+    let mut paths: Vec<PeerPath> = Vec::new();
+    let mut routes = std::mem::take(&mut state.routes);
+    for route in &mut routes {
+        let (RouteRole::Peer(node) | RouteRole::Direct(node)) = &route.role else {
+            continue;
+        };
+        let Some(address) = address_of(state, input, node, Family::of(&route.dst)) else {
+            continue;
+        };
+        let (overhead, pad) = encapsulation(&input.config.backend, &route.role, address);
+        let limit = match route.role {
+            RouteRole::Direct(_) => input.options.underlay_mtu,
+            _ => pod_mtu,
+        };
+        let path_mtu = input.path_mtus.get(&address).copied();
+        let floor = match Family::of(&route.dst) {
+            Family::Ipv4 => MIN_ROUTE_MTU_V4,
+            Family::Ipv6 => MIN_ROUTE_MTU_V6,
+        };
+        route.mtu = path_mtu
+            .map(|p| (p.saturating_sub(overhead) / pad * pad).max(floor))
+            .filter(|inner| *inner < limit);
+        if !paths
+            .iter()
+            .any(|p| p.node == *node && p.address == address)
+        {
+            paths.push(PeerPath {
+                node: node.clone(),
+                address,
+                overhead,
+                path_mtu,
+                route_mtu: route.mtu,
+            });
+        }
+    }
+    state.routes = routes;
+    paths.sort_by(|a, b| (&a.node, a.address).cmp(&(&b.node, b.address)));
+    state.paths = paths;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::SystemTime;
+
+    use super::super::tests::{good_peer, ip, lease, local, NOW};
+    use super::super::{plan, PlanInput, PlanOptions};
+    use crate::model::{ClusterView, DesiredState};
+
+    fn plan_with(config: &str, mtus: &[(u8, u32)]) -> DesiredState {
+        let config = crate::netconf::parse(config).unwrap();
+        let mut view = ClusterView::default();
+        let kind = config.backend.kind();
+        for mut l in [
+            local(),
+            good_peer(),
+            lease("node-c", "10.244.3.0/24", ip(3), 3),
+        ] {
+            l.backend_type = kind.to_string();
+            view.insert(l);
+        }
+        let path_mtus: BTreeMap<_, _> = mtus.iter().map(|(n, m)| (ip(*n).into(), *m)).collect();
+        let options = PlanOptions {
+            ip_masq: false,
+            underlay_mtu: 1500,
+            underlay_device: Some("eth0".into()),
+            underlay_networks: vec!["198.51.100.0/24".parse().unwrap()],
+        };
+        plan(&PlanInput {
+            path_mtus: &path_mtus,
+            observed: &Default::default(),
+            local: view.leases.get("node-a").unwrap(),
+            view: &view,
+            config: &config,
+            options: &options,
+            now: SystemTime::UNIX_EPOCH + NOW,
+        })
+        .unwrap()
+    }
+
+    fn mtu_to(state: &DesiredState, subnet: &str) -> Option<u32> {
+        let dst = subnet.parse().unwrap();
+        state
+            .routes
+            .iter()
+            .find(|r| r.dst == dst)
+            .and_then(|r| r.mtu)
+    }
+
+    #[test]
+    fn a_narrow_paths_routes_carry_its_mtu_less_the_encapsulation() {
+        let wg = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
+        let state = plan_with(wg, &[(2, 1500), (3, 1400)]);
+        // 1400 less 60 (IPv4, UDP, WireGuard), down to a multiple of 16.
+        assert_eq!(mtu_to(&state, "10.244.3.0/24"), Some(1328));
+        assert_eq!(
+            mtu_to(&state, "10.244.2.0/24"),
+            None,
+            "a wide path keeps the pod MTU"
+        );
+        assert_eq!(state.paths.len(), 2);
+        assert_eq!(state.paths[1].path_mtu, Some(1400));
+        assert_eq!(state.paths[1].route_mtu, Some(1328));
+        assert_eq!(state.paths[1].overhead, 60);
+        let unmeasured = plan_with(wg, &[]);
+        assert!(unmeasured.routes.iter().all(|r| r.mtu.is_none()));
+        assert_eq!(
+            unmeasured.paths.len(),
+            2,
+            "every peer is listed to be measured"
+        );
+        let tiny = plan_with(wg, &[(3, 300)]);
+        assert_eq!(
+            mtu_to(&tiny, "10.244.3.0/24"),
+            Some(576),
+            "never below IPv4's minimum"
+        );
+    }
+
+    #[test]
+    fn each_backend_takes_its_own_encapsulation_off() {
+        for (backend, want) in [
+            (r#"{"Type": "host-gw"}"#, Some(1400)),
+            (r#"{"Type": "ipip"}"#, Some(1380)),
+        ] {
+            let config = format!(r#"{{"Network": "10.244.0.0/16", "Backend": {backend}}}"#);
+            let state = plan_with(&config, &[(3, 1400)]);
+            assert_eq!(mtu_to(&state, "10.244.3.0/24"), want, "{backend}");
+        }
+    }
+}
