@@ -4,7 +4,8 @@
 //! tunnel is answered by the kernel behind the device, encrypted; a packet whose inner
 //! source is outside the peer's AllowedIPs never reaches the interface; a PSK change keeps
 //! the session until a handshake with the new PSK replaces it, and a keepalive change
-//! loses no ping.
+//! loses no ping; a new device starts at MTU 1420 and pads what it encrypts to 16 bytes,
+//! never past its MTU.
 
 mod userspace_client;
 
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use boringtun::noise::TunnResult;
 use boringtun::x25519::PublicKey;
 use userspace_client::{
-    client_key, client_tunn, device_with_client, echo_request, hex, ping, the_peer, Setup, DEVICE,
+    client_key, client_tunn, device_with_client, echo_request, echo_request_of, hex, ping,
+    receive_before, the_peer, Setup, DEVICE,
 };
 use weft_lab::netns::{in_new_netns, sh};
 
@@ -167,6 +169,57 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
             !ping(&mut old, &client, seq, Duration::from_millis(300)).answered
         });
         assert!(ping(&mut new, &client, 101, Duration::from_secs(5)).answered);
+    });
+}
+
+/// A device starts at kernel WireGuard's MTU, 1420; each echo reply it encrypts is padded
+/// to a multiple of 16 bytes (the data message is 32 bytes longer than the padded packet),
+/// but never past the interface's MTU, and it decrypts to the reply's own length.
+#[test]
+fn data_messages_are_padded_to_sixteen_bytes_within_the_mtu() {
+    in_new_netns(|| async {
+        let dev = "wgt-pad";
+        let Setup { us: _us, client } = device_with_client(dev, None).await;
+        assert!(
+            sh(&format!("ip link show {dev}")).contains("mtu 1420"),
+            "a new device's MTU"
+        );
+        let mut tunn = client_tunn(None, 1);
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+        let (mut out, mut buf) = (vec![0u8; 2048], vec![0u8; 2048]);
+        for (seq, len, message) in [
+            (10u16, 29usize, 32 + 32),
+            (11, 60, 32 + 64),
+            (12, 64, 32 + 64),
+            (13, 1000, 32 + 1008),
+            (14, 1400, 32 + 1408),
+            (15, 1410, 32 + 1420),
+            (16, 1420, 32 + 1420),
+        ] {
+            if let TunnResult::WriteToNetwork(p) =
+                tunn.encapsulate(&echo_request_of(seq, [10, 77, 1, 2], len), &mut out)
+            {
+                client.send_to(p, DEVICE).unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let reply = loop {
+                let n = receive_before(&client, deadline, &mut buf)
+                    .unwrap_or_else(|| panic!("no reply to the {len}-byte request"));
+                if buf[0] != 4 || n == 32 {
+                    continue; // not a data message, or a keepalive
+                }
+                let TunnResult::WriteToTunnelV4(p, _) = tunn.decapsulate(None, &buf[..n], &mut out)
+                else {
+                    panic!("a data message that does not decrypt");
+                };
+                break (n, p.len());
+            };
+            assert_eq!(
+                reply,
+                (message, len),
+                "the {len}-byte reply: (datagram, packet)"
+            );
+        }
     });
 }
 

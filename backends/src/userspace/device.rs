@@ -2,7 +2,7 @@
 //! threads that move packets (one sending, one receiving per socket, one for timers).
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ pub struct Device {
     /// name (a successor) is not this device's.
     pub index: u32,
     pub offloads: Offloads,
+    /// The interface's MTU as last read (the timers refresh it): data messages are padded
+    /// to a multiple of 16 bytes, never past it.
+    mtu: AtomicU32,
     state: Arc<RwLock<State>>,
     udp: RwLock<Arc<Udp>>,
     /// Bumped when the sockets are replaced; receivers of older ones stop.
@@ -42,6 +45,9 @@ impl Device {
                 format!("the TUN interface {name} vanished as it was created"),
             )
         })?;
+        if let Err(e) = super::tun::set_mtu(name, super::tun::DEFAULT_MTU) {
+            tracing::warn!(device = name, error = %e, "setting the interface's MTU failed");
+        }
         let udp = Arc::new(Udp::bind(0, 0)?);
         let mut state = State::default();
         state.listen_port = udp.port;
@@ -49,6 +55,7 @@ impl Device {
             name: name.to_string(),
             index,
             offloads: tun.offloads,
+            mtu: AtomicU32::new(interface_mtu(name)),
             state: Arc::new(RwLock::new(state)),
             udp: RwLock::new(udp.clone()),
             generation: AtomicU64::new(0),
@@ -85,6 +92,11 @@ impl Device {
         read(&self.udp).clone()
     }
 
+    /// The interface's MTU (0 while unknown).
+    pub fn mtu(&self) -> usize {
+        self.mtu.load(Ordering::Relaxed) as usize
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -113,6 +125,14 @@ impl Device {
         }
         Ok(())
     }
+}
+
+/// The interface's MTU, 0 if it cannot be read (the interface is going away).
+fn interface_mtu(name: &str) -> u32 {
+    super::tun::mtu(name)
+        .ok()
+        .and_then(|m| u32::try_from(m).ok())
+        .unwrap_or(0)
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
@@ -148,6 +168,9 @@ fn timers(device: std::sync::Weak<Device>) {
         let Some(device) = device.upgrade() else {
             return;
         };
+        device
+            .mtu
+            .store(interface_mtu(&device.name), Ordering::Relaxed);
         let state = device.state();
         let udp = device.udp();
         if last_reset.elapsed() >= Duration::from_secs(1) {

@@ -110,22 +110,45 @@ impl Tun {
 
 /// Best effort: a failure only leaves the default queue (500 packets).
 fn set_tx_queue_len(name: &str) {
+    let _ = interface_int(name, libc::SIOCSIFTXQLEN as _, Some(TX_QUEUE_LEN));
+}
+
+/// The MTU a device starts with, as kernel WireGuard's: 1500 less WireGuard over IPv6.
+pub const DEFAULT_MTU: i32 = 1420;
+
+/// Sets the interface's MTU.
+pub fn set_mtu(name: &str, mtu: i32) -> io::Result<()> {
+    interface_int(name, libc::SIOCSIFMTU as _, Some(mtu)).map(|_| ())
+}
+
+/// The interface's MTU.
+pub fn mtu(name: &str) -> io::Result<i32> {
+    interface_int(name, libc::SIOCGIFMTU as _, None)
+}
+
+/// An interface ioctl whose argument is an int (`ifr_mtu`, `ifr_qlen`): sets it to
+/// `value` when given, and returns what the kernel left in it.
+fn interface_int(name: &str, request: libc::Ioctl, value: Option<i32>) -> io::Result<i32> {
     // SAFETY: a plain socket(2) call; the descriptor is owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return;
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by socket(2) and is owned here alone.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let Ok(mut req) = ifreq(name, 0) else {
-        return;
-    };
-    // ifr_qlen shares the union with ifr_flags: an int at the same offset.
-    let qlen = TX_QUEUE_LEN.to_ne_bytes();
-    let flags = &mut req as *mut IfReq as *mut u8;
+    let mut req = ifreq(name, 0)?;
+    // The int shares the union with ifr_flags, at the same offset.
+    let at = &mut req as *mut IfReq as *mut u8;
     // SAFETY: the union after the name is 24 bytes; an int fits at its start.
     unsafe {
-        std::ptr::copy_nonoverlapping(qlen.as_ptr(), flags.add(libc::IFNAMSIZ), 4);
-        libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFTXQLEN as _, &mut req);
+        if let Some(v) = value {
+            std::ptr::copy_nonoverlapping(v.to_ne_bytes().as_ptr(), at.add(libc::IFNAMSIZ), 4);
+        }
+        if libc::ioctl(sock.as_raw_fd(), request, &mut req) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut out = [0u8; 4];
+        std::ptr::copy_nonoverlapping(at.add(libc::IFNAMSIZ), out.as_mut_ptr(), 4);
+        Ok(i32::from_ne_bytes(out))
     }
 }

@@ -20,9 +20,18 @@ const OVERHEAD: usize = 32;
 /// A handshake initiation, the largest message `encapsulate` may write instead.
 const HANDSHAKE_INIT: usize = 148;
 
+/// The length a packet of `len` bytes is padded to before it is encrypted: the next
+/// multiple of 16, but never past the interface's MTU (`mtu`, 0 while unknown), as the
+/// WireGuard paper and kernel WireGuard pad. The receiver trims a packet to its IP length.
+pub fn padded_len(len: usize, mtu: usize) -> usize {
+    len.next_multiple_of(16).min(len.max(mtu))
+}
+
 /// Encrypted datagrams to one endpoint, back to back, all `stride` bytes but the last.
 struct Batch {
     buf: Vec<u8>,
+    /// A packet padded with zeros to `padded_len`, when it must be.
+    padded: Vec<u8>,
     stride: usize,
     count: usize,
     /// A shorter datagram came last: nothing more may join.
@@ -33,6 +42,7 @@ impl Batch {
     fn new() -> Batch {
         Batch {
             buf: Vec::with_capacity(MAX_GSO_BYTES + HANDSHAKE_INIT + 64),
+            padded: Vec::with_capacity(65_536),
             stride: 0,
             count: 0,
             closed: false,
@@ -51,9 +61,23 @@ impl Batch {
         self.closed = false;
     }
 
+    /// Pads `segment` (`padded_len`) and encrypts it into the batch.
+    fn encrypt(&mut self, tunn: &mut Tunn, segment: &[u8], mtu: usize, udp: &Udp, to: SocketAddr) {
+        let padded = padded_len(segment.len(), mtu);
+        if padded <= segment.len() {
+            return self.seal(tunn, segment, udp, to);
+        }
+        let mut buf = std::mem::take(&mut self.padded);
+        buf.clear();
+        buf.extend_from_slice(segment);
+        buf.resize(padded, 0);
+        self.seal(tunn, &buf, udp, to);
+        self.padded = buf;
+    }
+
     /// Encrypts `segment` into the batch (sending the batch first if it is full). A
     /// handshake message `encapsulate` writes instead goes out on its own.
-    fn encrypt(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: SocketAddr) {
+    fn seal(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: SocketAddr) {
         let room = (segment.len() + OVERHEAD + 16).max(HANDSHAKE_INIT);
         if self.closed || self.count == MAX_SEGMENTS || self.buf.len() + room > MAX_GSO_BYTES {
             self.send(udp, to);
@@ -121,17 +145,39 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
             continue; // no endpoint yet: nowhere to send
         };
         let udp = device.udp();
+        let mtu = device.mtu();
         let mut noise = lock(&peer.noise);
         let Some(tunn) = state.sending(&mut noise, peer) else {
             continue; // no private key yet
         };
         let result = segment::split(&header, pkt, &mut scratch, |seg| {
-            batch.encrypt(tunn, seg, &udp, to)
+            batch.encrypt(tunn, seg, mtu, &udp, to)
         });
         drop(noise);
         batch.send(&udp, to);
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::padded_len;
+
+    #[test]
+    fn packets_are_padded_to_sixteen_bytes_never_past_the_mtu() {
+        assert_eq!(padded_len(1, 1420), 16);
+        assert_eq!(padded_len(16, 1420), 16);
+        assert_eq!(padded_len(60, 1420), 64);
+        assert_eq!(padded_len(1409, 1420), 1420, "not past the MTU");
+        assert_eq!(padded_len(1420, 1420), 1420);
+        assert_eq!(
+            padded_len(1328, 1420),
+            1328,
+            "a narrow route's MTU stays whole"
+        );
+        assert_eq!(padded_len(1500, 1420), 1500, "never shortened");
+        assert_eq!(padded_len(61, 0), 61, "an unknown MTU pads nothing");
     }
 }

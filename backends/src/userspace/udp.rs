@@ -44,6 +44,20 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
     // No SO_REUSEADDR: with it, any process on the host that sets it too could bind the
     // same port and take the tunnel's datagrams. A device that replaces another waits for
     // the old process to be gone (the agent's `stop_server`; `Udp::bind_retrying`).
+    // The outer don't-fragment policy, per family. IPv4: never set, as kernel WireGuard
+    // does not; a path narrower than a datagram fragments it rather than dropping it, so
+    // no datagram is lost to a narrow path even before its MTU is known (the agent then
+    // gives the peer's routes the MTU that avoids fragments). IPv6: routers never
+    // fragment, so the kernel's own choice stands (fragment at the source to the path
+    // MTU it learned).
+    if domain == Domain::IPV4 {
+        setsockopt_at(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DONT as usize,
+        )?;
+    }
     if fwmark != 0 {
         socket.set_mark(fwmark)?;
     }
@@ -60,12 +74,21 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
 }
 
 fn setsockopt_int(fd: RawFd, option: libc::c_int, value: usize) -> io::Result<()> {
+    setsockopt_at(fd, libc::SOL_SOCKET, option, value)
+}
+
+fn setsockopt_at(
+    fd: RawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: usize,
+) -> io::Result<()> {
     let value = value as libc::c_int;
-    // SAFETY: a valid int option of the right size for SOL_SOCKET.
+    // SAFETY: a valid int option of the right size for `level`.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_SOCKET,
+            level,
             option,
             &value as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
@@ -176,6 +199,10 @@ impl Udp {
                     self.gso.store(false, Ordering::Relaxed);
                     tracing::warn!("UDP GSO refused by the kernel (EIO): sending with sendmmsg");
                 }
+                // The path to `to` is known to be narrower than a segment (the kernel
+                // refuses a GSO batch as a whole then): this batch goes one datagram at a
+                // time, each fragmented by the kernel, never dropped.
+                Err(Errno::EMSGSIZE | Errno::EINVAL) => {}
                 Err(e) => return Err(e.into()),
             }
         }

@@ -18,7 +18,12 @@ pub fn hex(b: &[u8]) -> String {
 
 /// An ICMP echo request from `src` to 10.77.0.1.
 pub fn echo_request(seq: u16, src: [u8; 4]) -> Vec<u8> {
-    let mut p = vec![0u8; 28 + 32];
+    echo_request_of(seq, src, 28 + 32)
+}
+
+/// An ICMP echo request from `src` to 10.77.0.1 of `len` bytes of IP packet (at least 28).
+pub fn echo_request_of(seq: u16, src: [u8; 4], len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; len.max(28)];
     p[0] = 0x45;
     let len = p.len() as u16;
     p[2..4].copy_from_slice(&len.to_be_bytes());
