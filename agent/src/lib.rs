@@ -15,5 +15,6 @@ pub mod commands;
 pub mod keys;
 pub mod node;
 pub mod observe;
+pub mod pathmtu;
 pub mod registry;
 pub mod report;

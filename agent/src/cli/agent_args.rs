@@ -121,6 +121,18 @@ pub struct AgentArgs {
     #[arg(long, default_value = "60", value_parser = parse_minutes)]
     pub subnet_lease_renew_margin: Duration,
 
+    /// UDP port on which this node answers path MTU probes and sends its own, to the same
+    /// port of every peer (0 = no path MTU discovery: every peer route keeps the pod MTU).
+    /// Not WireGuard's 51820/51821 (`ListenPort`, `ListenPortV6`): the probes go beside
+    /// the tunnel, so the port must be open between nodes as the tunnel's is.
+    #[arg(long, default_value = "51822")]
+    pub path_mtu_port: u16,
+
+    /// How often, in seconds, each peer's path is checked for a changed MTU (two
+    /// datagrams per peer); a changed path is measured again at once.
+    #[arg(long, default_value = "2", value_parser = parse_seconds)]
+    pub path_mtu_check: Duration,
+
     /// Full resync period, in seconds: re-plan and repair even without events.
     #[arg(long, default_value = "30", value_parser = parse_seconds)]
     pub resync_period: Duration,

@@ -14,7 +14,7 @@ use weft_backends::apply::xfrm::{pairs, EspPair, Xfrm, XfrmSocket};
 use weft_backends::plan::ipsec::IF_ID;
 use weft_crypto::PublicKey;
 
-use crate::observe::snapshot::{PeerInfo, Snapshot};
+use crate::observe::snapshot::{PathInfo, PeerInfo, Snapshot};
 
 /// WireGuard drops a session this long after its handshake (REJECT_AFTER_TIME).
 pub const HANDSHAKE_FRESH: Duration = Duration::from_secs(180);
@@ -48,6 +48,8 @@ pub struct Report {
     pub device: Option<String>,
     pub public_ip: Option<String>,
     pub peers: Vec<Row>,
+    /// Each peer's underlay path and its measured MTU.
+    pub paths: Vec<PathInfo>,
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -237,6 +239,42 @@ pub fn table(report: &Report) -> String {
     if cells.is_empty() {
         out += "(no peers)\n";
     }
+    out += &path_lines(&report.paths, SystemTime::now());
+    out
+}
+
+/// A line per peer path: its measured MTU, when, and what weft did about a narrow one.
+pub fn path_lines(paths: &[PathInfo], now: SystemTime) -> String {
+    let mut out = String::new();
+    if !paths.is_empty() {
+        out += "\npaths (the underlay to each peer):\n";
+    }
+    for p in paths {
+        let when = p.measured_ms.map_or_else(
+            || "not measured yet".to_string(),
+            |ms| {
+                let at = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+                let ago = now.duration_since(at).unwrap_or_default().as_secs();
+                format!("measured {ago} s ago")
+            },
+        );
+        let what = match (p.path_mtu, p.route_mtu) {
+            (Some(m), _) if p.unanswered => {
+                format!("the peer answers no probe now; its routes keep what path MTU {m} allows")
+            }
+            (None, _) if p.unanswered => {
+                "the peer answers no probe; its routes keep the pod MTU".to_string()
+            }
+            (Some(m), Some(r)) => format!(
+                "path MTU {m}, {when}; narrower than the pod MTU: its routes carry MTU {r} \
+                 ({m} less {} of encapsulation)",
+                p.overhead
+            ),
+            (Some(m), None) => format!("path MTU {m}, {when}"),
+            (None, _) => when,
+        };
+        out += &format!("  {} ({}): {what}\n", p.node, p.address);
+    }
     out
 }
 
@@ -265,6 +303,7 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
         implementation: snapshot.implementation.clone(),
         device: snapshot.device.clone(),
         public_ip: snapshot.public_ip.map(|i| i.to_string()),
+        paths: snapshot.paths.clone(),
     })
 }
 
@@ -358,6 +397,7 @@ mod tests {
             device: Some("flannel-wg".into()),
             public_ip: Some("198.51.100.1".into()),
             peers: r,
+            paths: vec![],
         });
         assert!(
             text.contains("n2    10.244.2.0/24  198.51.100.2:40000  10 s ago"),

@@ -126,6 +126,7 @@ impl Controller<'_> {
             peers: self.roaming.observed(device),
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
+        let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
         let state = plan(&PlanInput {
             local: &self.me,
             view,
@@ -133,6 +134,7 @@ impl Controller<'_> {
             options: self.options,
             observed: &observed,
             now,
+            path_mtus: &path_mtus,
         });
         let state = match state {
             Ok(state) => state,
@@ -157,7 +159,31 @@ impl Controller<'_> {
             .map(|p| (p.node.clone(), p.public_key.to_string()))
             .collect();
         self.inputs.metrics.peer_keys(&peer_keys);
+        self.measure_paths(&state);
         Some(state)
+    }
+
+    /// Hands the prober this plan's peer addresses, and puts what it measured beside them
+    /// in the snapshot.
+    fn measure_paths(&mut self, state: &DesiredState) {
+        let targets = crate::pathmtu::Targets {
+            addresses: state.paths.iter().map(|p| p.address).collect(),
+            max: u16::try_from(self.options.underlay_mtu).unwrap_or(u16::MAX),
+        };
+        self.inputs.path_mtu.targets.send_if_modified(|t| {
+            let changed = *t != targets;
+            *t = targets;
+            changed
+        });
+        let measured = self
+            .inputs
+            .path_mtu
+            .measurements
+            .lock()
+            .map(|m| m.clone())
+            .unwrap_or_default();
+        let rows = snapshot::path_rows(state, &measured);
+        self.inputs.snapshot.update(|s| s.paths = rows);
     }
 
     fn write_subnet_file(&mut self, state: &DesiredState) {

@@ -42,6 +42,8 @@ pub(crate) struct LoopInputs {
     /// Rotation requests an operator wrote in the registry (their ids).
     pub(crate) registry_rotations: tokio::sync::mpsc::Receiver<String>,
     pub(crate) psk: PskSources,
+    /// The path MTU prober: what to measure, and what it measured.
+    pub(crate) path_mtu: crate::pathmtu::Handle,
 }
 
 /// How often the periodic checks run (liveness, the node's address, ipsec's states; the
@@ -256,6 +258,9 @@ impl Controller<'_> {
                     }
                 }
                 _ = self.inputs.views.changed() => return Wake::Pass { full: false },
+                // A path's MTU was measured, or changed, or went silent: its routes and
+                // the snapshot follow.
+                _ = self.inputs.path_mtu.mtus.changed() => return Wake::Pass { full: false },
                 _ = self.inputs.local.changed() => return Wake::Pass { full: false },
                 // Links, addresses, routes and neighbours are read in every pass, and a
                 // deleted device is recreated and read afresh; so a deletion (often one of

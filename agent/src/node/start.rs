@@ -463,7 +463,21 @@ async fn serve<R: Registry>(
         registry: handle.psk.clone(),
         state: None,
     };
+    let path_mtu = match args.path_mtu_port {
+        0 => crate::pathmtu::Handle::off(),
+        // A taken port costs the measurement, never the mesh: every peer route keeps the
+        // pod MTU, as with discovery off.
+        port => crate::pathmtu::spawn(port, args.path_mtu_check).unwrap_or_else(|e| {
+            tracing::warn!(
+                port,
+                error = %e,
+                "path MTU discovery is off: its UDP port (--path-mtu-port) cannot be bound;                  every peer route keeps the pod MTU"
+            );
+            crate::pathmtu::Handle::off()
+        }),
+    };
     let inputs = LoopInputs {
+        path_mtu,
         psk,
         registry_rotations,
         views: handle.views.clone(),

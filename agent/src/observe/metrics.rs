@@ -117,6 +117,7 @@ impl Metrics {
         self.register_passes(&mut registry);
         self.register_alerts(&mut registry);
         register_plan(&mut registry, snapshot);
+        register_paths(&mut registry, snapshot);
         self.register_peers(&mut registry, snapshot);
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -237,6 +238,41 @@ fn register_plan(registry: &mut Registry, snapshot: &Snapshot) {
         snapshot.peers.iter().map(|p| p.node.as_str()).collect();
     planned.set(nodes.len() as i64);
     registry.register("peers", "Peers in the plan", planned);
+}
+
+/// Each peer path's measured MTU, the MTU its routes carry, and when it was measured.
+fn register_paths(registry: &mut Registry, snapshot: &Snapshot) {
+    let mtu: Family<Labels, Gauge> = Family::default();
+    let route: Family<Labels, Gauge> = Family::default();
+    let at: Family<Labels, Gauge> = Family::default();
+    for p in &snapshot.paths {
+        let labels = vec![("node", p.node.clone()), ("address", p.address.to_string())];
+        if let Some(m) = p.path_mtu {
+            mtu.get_or_create(&labels).set(i64::from(m));
+        }
+        if let Some(m) = p.route_mtu {
+            route.get_or_create(&labels).set(i64::from(m));
+        }
+        if let Some(ms) = p.measured_ms {
+            at.get_or_create(&labels)
+                .set(i64::try_from(ms / 1000).unwrap_or(i64::MAX));
+        }
+    }
+    registry.register(
+        "peer_path_mtu_bytes",
+        "The MTU of the underlay path to the peer, as last measured",
+        mtu,
+    );
+    registry.register(
+        "peer_route_mtu_bytes",
+        "The MTU the peer's routes carry (only where the path is narrower than the pod MTU)",
+        route,
+    );
+    registry.register(
+        "peer_path_mtu_measured_timestamp_seconds",
+        "When the peer's path MTU was last measured (Unix time)",
+        at,
+    );
 }
 
 /// The ipsec peers' inbound-state counters.

@@ -34,6 +34,9 @@ pub struct Snapshot {
     pub vxlan_port: Option<u16>,
     pub peers: Vec<PeerInfo>,
     pub left_out: Vec<LeftOutInfo>,
+    /// Each peer's underlay path and its measured MTU (`pathmtu`).
+    #[serde(default)]
+    pub paths: Vec<PathInfo>,
     /// Every node in the registry with its published backend data (ours included), for
     /// `weft doctor`'s registry-versus-device checks.
     pub registry: BTreeMap<String, RegistryEntry>,
@@ -83,6 +86,51 @@ pub struct PeerInfo {
     pub spi_in: Option<u32>,
     #[serde(default)]
     pub spi_out: Option<u32>,
+}
+
+/// One peer's underlay path: its MTU as measured, and what weft did about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathInfo {
+    pub node: String,
+    pub address: IpAddr,
+    /// The path's MTU as last measured; `None`: not measured yet, or not answered.
+    pub path_mtu: Option<u32>,
+    /// When it was last measured (milliseconds since the Unix epoch); `None`: never.
+    pub measured_ms: Option<u64>,
+    /// A measurement was made and the peer answered none of it.
+    pub unanswered: bool,
+    /// What the backend wraps around a pod packet on this path.
+    pub overhead: u32,
+    /// The MTU the peer's routes carry: the path is narrower than the pod MTU.
+    pub route_mtu: Option<u32>,
+}
+
+/// The plan's paths with the prober's latest measurement of each.
+pub fn path_rows(
+    state: &DesiredState,
+    measured: &BTreeMap<IpAddr, crate::pathmtu::Measurement>,
+) -> Vec<PathInfo> {
+    state
+        .paths
+        .iter()
+        .map(|p| {
+            let m = measured.get(&p.address);
+            PathInfo {
+                node: p.node.clone(),
+                address: p.address,
+                path_mtu: p.path_mtu,
+                measured_ms: m.and_then(|m| {
+                    let since =
+                        m.at.duration_since(std::time::SystemTime::UNIX_EPOCH)
+                            .ok()?;
+                    u64::try_from(since.as_millis()).ok()
+                }),
+                unanswered: m.is_some_and(|m| m.mtu.is_none()),
+                overhead: p.overhead,
+                route_mtu: p.route_mtu,
+            }
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -11,6 +11,7 @@
 
 mod esp;
 mod local;
+mod path_mtu;
 mod probe;
 
 use std::fmt;
@@ -136,7 +137,7 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
         );
     }
     out.push(probe::reachability(snapshot).await);
-    out.push(probe::mtu(snapshot).await);
+    out.push(path_mtu::mtu(snapshot).await);
     out
 }
 

@@ -1,11 +1,9 @@
-//! The checks that send packets: handshakes (nudged through the tunnel), reachability of
+//! The checks that send packets: handshakes (nudged through the tunnel) and reachability of
 //! each peer's UDP port (an ICMP error means refused or unreachable; WireGuard itself
-//! answers nothing to a stranger), and the path MTU (a DF-marked datagram as large as the
-//! tunnel's largest packet).
+//! answers nothing to a stranger). The path MTU check is `path_mtu`.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use weft_backends::apply::wireguard::read::read_device;
@@ -108,7 +106,7 @@ pub async fn handshakes(snapshot: &Snapshot, wait: Duration) -> Check {
 }
 
 /// The UDP target of `peer`: its WireGuard endpoint, or its address and the vxlan port.
-fn target(snapshot: &Snapshot, peer: &PeerInfo) -> Option<SocketAddr> {
+pub(super) fn target(snapshot: &Snapshot, peer: &PeerInfo) -> Option<SocketAddr> {
     let endpoint = peer.endpoint.as_deref()?;
     if let Ok(sa) = endpoint.parse::<SocketAddr>() {
         return Some(sa);
@@ -196,117 +194,4 @@ pub async fn reachability(snapshot: &Snapshot) -> Check {
             "open the tunnel's UDP port between the nodes (security groups, host firewalls), and check the peer's published address",
         )
     }
-}
-
-/// Sends a DF datagram of `size` bytes (IP) to `target`; `Ok(None)` if it went, or the
-/// path MTU the kernel knows if it is smaller.
-fn df_probe(target: SocketAddr, size: usize) -> io::Result<Option<u32>> {
-    let socket = UdpSocket::bind("0.0.0.0:0")?;
-    socket.connect(target)?;
-    let fd = socket.as_raw_fd();
-    let on: libc::c_int = libc::IP_PMTUDISC_DO;
-    // SAFETY: setsockopt on our socket with an int of the size given.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let payload = vec![0u8; size.saturating_sub(28)];
-    let path_mtu = || -> io::Result<u32> {
-        let mut mtu: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt into an int of the size given, on our connected socket.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_IP,
-                libc::IP_MTU,
-                (&mut mtu as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(mtu as u32)
-    };
-    // The first send may draw an ICMP "fragmentation needed" from a router on the path;
-    // the kernel then knows the path MTU and refuses the second with EMSGSIZE.
-    for attempt in 0..2 {
-        match socket.send(&payload) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => return path_mtu().map(Some),
-            // The peer's kernel answered the first datagram (port unreachable): it arrived
-            // whole, so the path carries it.
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Ok(None),
-            Err(e) => return Err(e),
-        }
-        if attempt == 0 {
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    }
-    Ok(None)
-}
-
-pub async fn mtu(snapshot: &Snapshot) -> Check {
-    const NAME: &str = "path MTU";
-    let size = snapshot.underlay_mtu as usize;
-    let targets: Vec<(String, SocketAddr)> = snapshot
-        .peers
-        .iter()
-        .filter_map(|p| {
-            let t = target(snapshot, p).or_else(|| {
-                let ip: IpAddr = p.endpoint.as_deref()?.parse().ok()?;
-                Some(SocketAddr::new(ip, 9))
-            })?;
-            t.is_ipv4().then(|| (p.node.clone(), t))
-        })
-        .collect();
-    let probes: Vec<_> = targets
-        .iter()
-        .map(|(node, t)| {
-            let (node, t) = (node.clone(), *t);
-            tokio::task::spawn_blocking(move || (node, t, df_probe(t, size)))
-        })
-        .collect();
-    let mut problems = Vec::new();
-    let mut smallest = u32::MAX;
-    for p in probes {
-        let Ok((node, t, result)) = p.await else {
-            continue;
-        };
-        match result {
-            Ok(None) => {}
-            Ok(Some(mtu)) => {
-                smallest = smallest.min(mtu);
-                problems.push(format!(
-                    "{node}: the path to {} carries at most {mtu}-byte packets",
-                    t.ip()
-                ));
-            }
-            Err(e) => problems.push(format!("{node}: probing {t}: {e}")),
-        }
-    }
-    if problems.is_empty() {
-        return Check::pass(
-            NAME,
-            format!(
-                "{size}-byte packets with DF set pass to all {} peers",
-                targets.len()
-            ),
-        );
-    }
-    let fix = if smallest < u32::MAX {
-        format!("the tunnel sends {size}-byte packets: set Backend.MTU to {smallest} in net-conf.json (or raise the MTU along the path)")
-    } else {
-        "check the route to the peer".to_string()
-    };
-    Check::fail(NAME, problems.join("; "), fix)
 }

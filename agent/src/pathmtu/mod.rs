@@ -1,0 +1,419 @@
+//! The MTU of the path to each peer, measured by this node: padded probes over the
+//! underlay with the don't-fragment bit set, answered by the peer's agent
+//! (`wire`), searched round by round (`search`). Probes do not rely on ICMP reaching this
+//! node: a path whose routers drop "fragmentation needed" is measured all the same.
+//!
+//! The probes travel beside the tunnel, not inside it, on UDP `--path-mtu-port`: kernel
+//! WireGuard sends IPv4 without the don't-fragment bit, so a probe inside its tunnel would
+//! be fragmented by a narrow path and answered as if it fit. One prober serves every
+//! backend, WireGuard (kernel or userspace), vxlan, ipip, ipsec and host-gw alike.
+//!
+//! When: a new underlay address at once; every `check` period, each measured path is
+//! probed at its MTU and just above it (two datagrams): a path that narrowed or widened is
+//! measured again at once. A path that answers nothing is tried again after 1 s, then
+//! less and less often (up to `UNANSWERED_RETRY`), its routes keeping the MTU it last
+//! answered at (the pod MTU if it never did) meanwhile. The results go to the plan
+//! (`plan::path_mtu` makes each peer route's MTU of them) through a watch channel.
+
+pub mod search;
+pub mod wire;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use wire::{Message, Nonce};
+
+/// How long a round waits for its acks.
+const ROUND_WAIT: Duration = Duration::from_millis(400);
+/// A full search takes at most this many rounds.
+const MAX_ROUNDS: usize = 5;
+/// A path that answered nothing is tried again after 1 s, then twice as long each time
+/// (a peer's agent may be starting), up to this.
+const UNANSWERED_RETRY: Duration = Duration::from_secs(30);
+
+/// The addresses to measure, and the largest MTU worth trying (this node's own
+/// interface's).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Targets {
+    pub addresses: BTreeSet<IpAddr>,
+    pub max: u16,
+}
+
+/// One path's latest measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Measurement {
+    /// `None`: the peer answered no probe (no agent listening, or the port is filtered).
+    pub mtu: Option<u16>,
+    pub at: SystemTime,
+}
+
+/// What the prober tells the control loop: the MTU of each path that answered, and the
+/// paths whose latest measurement went unanswered (a change of either wakes a pass, which
+/// puts it in `weft status`, `/metrics` and `weft doctor`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    pub mtus: BTreeMap<IpAddr, u32>,
+    pub unanswered: BTreeSet<IpAddr>,
+}
+
+/// What the control loop holds of the prober.
+pub struct Handle {
+    pub targets: watch::Sender<Targets>,
+    /// The measured MTU of each path that answered, and which went silent.
+    pub mtus: watch::Receiver<Published>,
+    /// Every path's latest measurement, for `weft status`, `/metrics` and `weft doctor`.
+    pub measurements: Arc<Mutex<BTreeMap<IpAddr, Measurement>>>,
+}
+
+impl Handle {
+    /// A handle on nothing: path MTU discovery is off (`--path-mtu-port=0`).
+    pub fn off() -> Handle {
+        Handle {
+            targets: watch::channel(Targets::default()).0,
+            mtus: watch::channel(Published::default()).1,
+            measurements: Arc::default(),
+        }
+    }
+}
+
+/// A probe sent and not yet answered: to whom, and at what size.
+struct Pending {
+    to: IpAddr,
+    size: u16,
+    acked: bool,
+}
+
+struct Prober {
+    v4: Option<Arc<UdpSocket>>,
+    v6: Option<Arc<UdpSocket>>,
+    pending: Mutex<HashMap<Nonce, Pending>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Binds the probe port on each family this host has and starts the responder and the
+/// prober. Fails only if IPv4 and IPv6 both cannot bind.
+pub fn spawn(port: u16, check: Duration) -> std::io::Result<Handle> {
+    let v4 = bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)));
+    let v6 = bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)));
+    let (v4, v6) = match (v4, v6) {
+        (Err(e), Err(_)) => return Err(e),
+        (v4, v6) => (v4.ok().map(Arc::new), v6.ok().map(Arc::new)),
+    };
+    let prober = Arc::new(Prober {
+        v4,
+        v6,
+        pending: Mutex::new(HashMap::new()),
+    });
+    for socket in [&prober.v4, &prober.v6].into_iter().flatten() {
+        tokio::spawn(answer(prober.clone(), socket.clone()));
+    }
+    let (targets, targets_rx) = watch::channel(Targets::default());
+    let (mtus_tx, mtus) = watch::channel(Published::default());
+    let measurements: Arc<Mutex<BTreeMap<IpAddr, Measurement>>> = Arc::default();
+    tokio::spawn(manage(
+        prober,
+        targets_rx,
+        mtus_tx,
+        measurements.clone(),
+        check,
+    ));
+    info!(
+        port,
+        "path MTU discovery: answering and probing on UDP port"
+    );
+    Ok(Handle {
+        targets,
+        mtus,
+        measurements,
+    })
+}
+
+/// A UDP socket on `addr` whose datagrams carry the don't-fragment bit and ignore the
+/// kernel's path MTU cache (`IP_PMTUDISC_PROBE`): a probe either crosses whole or is lost.
+/// The IPv6 socket is IPv6 only, so it and the IPv4 one share the port.
+fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let fd = socket.as_raw_fd();
+    if addr.is_ipv4() {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_PROBE,
+        )?;
+    } else {
+        socket.set_only_v6(true)?;
+        setsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_PROBE,
+        )?;
+        // IPv6 fragments at the source unless told not to; a probe must not be.
+        setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
+fn setsockopt(fd: i32, level: i32, option: i32, value: i32) -> std::io::Result<()> {
+    // SAFETY: an int option of the length given, on a socket this process owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            option,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Answers probes and records acks, for as long as the socket works.
+async fn answer(prober: Arc<Prober>, socket: Arc<UdpSocket>) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let (n, from) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(e) => {
+                debug!(error = %e, "path MTU socket: receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let from = SocketAddr::new(from.ip().to_canonical(), from.port());
+        match wire::decode(&buf[..n], from.ip()) {
+            Some(Message::Probe { nonce, size }) => {
+                let _ = socket.send_to(&wire::ack(nonce, size), from).await;
+            }
+            Some(Message::Ack { nonce, size }) => {
+                if let Some(p) = lock(&prober.pending).get_mut(&nonce) {
+                    // Only from the address probed, for the size sent.
+                    if p.to == from.ip() && p.size == size {
+                        p.acked = true;
+                    }
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+impl Prober {
+    /// Sends one probe of each size to `to` at once and returns the sizes acknowledged
+    /// within `ROUND_WAIT`.
+    async fn round(&self, to: SocketAddr, sizes: &[u16]) -> Vec<u16> {
+        let socket = if to.is_ipv4() { &self.v4 } else { &self.v6 };
+        let Some(socket) = socket else {
+            return Vec::new();
+        };
+        let mut nonces = Vec::new();
+        for &size in sizes {
+            let Ok(nonce) = weft_crypto::random_bytes::<16>() else {
+                continue;
+            };
+            let Some(probe) = wire::probe(nonce, size, to.ip()) else {
+                continue;
+            };
+            lock(&self.pending).insert(
+                nonce,
+                Pending {
+                    to: to.ip(),
+                    size,
+                    acked: false,
+                },
+            );
+            nonces.push(nonce);
+            // Too large for this node's own interface (EMSGSIZE): as good as lost.
+            let _ = socket.send_to(&probe, to).await;
+        }
+        tokio::time::sleep(ROUND_WAIT).await;
+        let mut pending = lock(&self.pending);
+        nonces
+            .iter()
+            .filter_map(|n| pending.remove(n))
+            .filter(|p| p.acked)
+            .map(|p| p.size)
+            .collect()
+    }
+
+    /// The path MTU to `to`, searched from scratch; `None` if nothing was answered.
+    async fn measure(&self, to: SocketAddr, max: u16) -> Option<u16> {
+        let mut sizes = search::first_round(max);
+        let mut bounds = None;
+        for _ in 0..MAX_ROUNDS {
+            let acked = self.round(to, &sizes).await;
+            bounds = search::update(bounds, &sizes, &acked);
+            sizes = search::next_round(bounds?);
+            if sizes.is_empty() {
+                break;
+            }
+        }
+        bounds.map(|b| b.acked)
+    }
+
+    /// Whether the path to `to` still has MTU `mtu` (a probe at it crosses, one just above
+    /// does not), with one retry for a lost probe.
+    async fn unchanged(&self, to: SocketAddr, mtu: u16, max: u16) -> bool {
+        let above = (mtu < max).then(|| (mtu + search::RESOLUTION).min(max));
+        let sizes: Vec<u16> = std::iter::once(mtu).chain(above).collect();
+        let mut acked = self.round(to, &sizes).await;
+        if !acked.contains(&mtu) {
+            acked = self.round(to, &[mtu]).await;
+        }
+        acked.contains(&mtu) && above.is_none_or(|a| !acked.contains(&a))
+    }
+}
+
+/// One path's state in the manager.
+struct Path {
+    last: Measurement,
+    /// The MTU the peer last answered at: its routes keep it while a later measurement
+    /// goes unanswered (a lost probe or two never undoes what was measured).
+    answered: Option<u16>,
+    /// An unanswered path's next try.
+    retry_at: Instant,
+    /// Measurements in a row that nothing answered.
+    misses: u32,
+}
+
+/// Keeps every target's measurement current and publishes the results.
+async fn manage(
+    prober: Arc<Prober>,
+    mut targets: watch::Receiver<Targets>,
+    mtus: watch::Sender<Published>,
+    shared: Arc<Mutex<BTreeMap<IpAddr, Measurement>>>,
+    check: Duration,
+) {
+    let mut paths: BTreeMap<IpAddr, Path> = BTreeMap::new();
+    let mut tick = tokio::time::interval(check);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let retry = paths
+            .values()
+            .filter(|p| p.last.mtu.is_none())
+            .map(|p| p.retry_at)
+            .min();
+        tokio::select! {
+            changed = targets.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+            () = sleep_until(retry) => {}
+        }
+        let want = targets.borrow_and_update().clone();
+        paths.retain(|addr, _| want.addresses.contains(addr));
+        let now = Instant::now();
+        let work = want.addresses.iter().filter_map(|&addr| {
+            let to = SocketAddr::new(addr, prober_port(&prober, addr)?);
+            let path = paths.get(&addr);
+            let prober = prober.clone();
+            let max = want.max.max(search::FLOOR);
+            let due = match path {
+                None => true,
+                Some(p) if p.last.mtu.is_none() => now >= p.retry_at,
+                Some(_) => true,
+            };
+            let known = path.and_then(|p| p.answered);
+            due.then_some(async move {
+                if let Some(mtu) = known {
+                    if mtu <= max && prober.unchanged(to, mtu, max).await {
+                        // Confirmed: measured again, now.
+                        return (addr, Some(mtu));
+                    }
+                }
+                (addr, prober.measure(to, max).await)
+            })
+        });
+        let results = futures::future::join_all(work).await;
+        for (addr, mtu) in results {
+            let before = paths.get(&addr);
+            let answered = mtu.or(before.and_then(|p| p.answered));
+            let misses = match mtu {
+                Some(_) => 0,
+                None => before.map_or(0, |p| p.misses) + 1,
+            };
+            match (mtu, before.and_then(|p| p.last.mtu)) {
+                (Some(m), b) if Some(m) != b => {
+                    info!(%addr, path_mtu = m, before = ?b, "path MTU measured")
+                }
+                // Said once a peer has had a few seconds to start answering.
+                (None, _) if misses == 3 => warn!(
+                    %addr,
+                    last_answered = ?answered,
+                    "path MTU: the peer answers no probe (is its agent older, or UDP to the \
+                     probe port filtered?); its routes keep the MTU it last answered at, or \
+                     the pod MTU"
+                ),
+                _ => {}
+            }
+            let retry = Duration::from_secs(1 << misses.saturating_sub(1).min(5));
+            paths.insert(
+                addr,
+                Path {
+                    last: Measurement {
+                        mtu,
+                        at: SystemTime::now(),
+                    },
+                    retry_at: Instant::now() + retry.min(UNANSWERED_RETRY),
+                    answered,
+                    misses,
+                },
+            );
+        }
+        *lock(&shared) = paths.iter().map(|(a, p)| (*a, p.last)).collect();
+        let published = Published {
+            mtus: paths
+                .iter()
+                .filter_map(|(a, p)| Some((*a, u32::from(p.answered?))))
+                .collect(),
+            unanswered: paths
+                .iter()
+                .filter(|(_, p)| p.last.mtu.is_none())
+                .map(|(a, _)| *a)
+                .collect(),
+        };
+        mtus.send_if_modified(|m| {
+            let changed = *m != published;
+            *m = published;
+            changed
+        });
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The peer's probe port: the same as ours (every node runs the same DaemonSet).
+fn prober_port(prober: &Prober, addr: IpAddr) -> Option<u16> {
+    let socket = if addr.is_ipv4() {
+        &prober.v4
+    } else {
+        &prober.v6
+    };
+    socket.as_ref()?.local_addr().ok().map(|a| a.port())
+}
