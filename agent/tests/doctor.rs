@@ -218,10 +218,14 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     assert_healthy(&lab, 0);
 }
 
+/// The router's link into the second segment shrinks to 1300 bytes while path MTU
+/// discovery is off (`--path-mtu-port=0`): nothing sizes the routes to node 3, and the
+/// doctor fails, naming the path and the fixes.
 #[test]
 fn doctor_finds_a_path_that_cannot_carry_the_tunnels_packets() {
     let mut cfg = LabConfig::wireguard(3, WEFT);
     cfg.routed = vec![2];
+    cfg.extra_args.push("--path-mtu-port=0".into());
     let lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     assert_healthy(&lab, 0);
@@ -236,6 +240,52 @@ fn doctor_finds_a_path_that_cannot_carry_the_tunnels_packets() {
         "the path to 203.0.113.3 carries at most 1300-byte packets",
     );
     assert!(out.contains("set Backend.MTU to 1300"), "{out}");
+    assert!(out.contains("--path-mtu-port"), "{out}");
+}
+
+/// The same narrow path with discovery on: the agent measures it and sizes node 3's routes
+/// (1300 less 60, to a multiple of 16), and the doctor passes, naming the path and what
+/// was done. Once node 3 stops answering probes, the doctor warns and names it, and the
+/// routes keep what was measured.
+#[test]
+fn doctor_names_a_narrow_path_the_agent_sized_and_a_peer_that_stops_answering() {
+    let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.routed = vec![2];
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    in_ns(&format!("{}-rt", lab.tag), "ip link set eth1 mtu 1300").unwrap();
+    let sized = |out: &str| {
+        let line = verdict(out, "path MTU");
+        // The probes find the path within 4 bytes: 1297-1300 all give the routes 1232.
+        line.starts_with("PASS") && line.contains("its routes carry MTU 1232")
+    };
+    let mut last = String::new();
+    wait_for(&lab, "the doctor to name the sized path", || {
+        last = doctor(&lab, 0).1;
+        sized(&last)
+    });
+    println!("weft doctor, the narrow path sized:\n{last}");
+    lab.on_node(
+        2,
+        "nft add table inet probes && nft add chain inet probes in '{ type filter hook input priority 0; }' && nft add rule inet probes in udp dport 51822 drop",
+    )
+    .unwrap();
+    wait_for(&lab, "the doctor to warn of the silent peer", || {
+        last = doctor(&lab, 0).1;
+        let line = verdict(&last, "path MTU");
+        line.starts_with("WARN") && line.contains("answers no path MTU probe")
+    });
+    println!("weft doctor, node 3 silent:\n{last}");
+    let route = lab
+        .on_node(
+            0,
+            &format!("ip route show {}", lab.nodes[2].subnet.unwrap()),
+        )
+        .unwrap();
+    assert!(
+        route.contains("mtu 1232"),
+        "the measured MTU stays: {route}"
+    );
 }
 
 #[test]

@@ -5,11 +5,12 @@
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
 //! kernel devices, two VPCs and a NAT, `weft cleanup`, the Kubernetes lab, a mixed mesh of
-//! kernel and userspace nodes, and the ipip and ipsec backends (kernel ESP). Any scenario failing in the VM fails this test, with the
+//! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), and a narrow path
+//! between two sites measured and used on kernel WireGuard. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
 //! `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the words;
 //! CI runs the kernel-only steps (devices, mesh, mixed mesh, membership, dual stack, ipip,
-//! ipsec); `WEFT_VM_MORE=1` adds status, doctor, heal, port taken, kill loop, NAT, cleanup
+//! ipsec, path MTU); `WEFT_VM_MORE=1` adds status, doctor, heal, port taken, kill loop, NAT, cleanup
 //! and the Kubernetes lab on kernel devices, and key rotation (one node, all nodes, the
 //! PSK) on kernel devices, which does not yet hold the lab's bound under emulation.
 
@@ -65,7 +66,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (rotation, nat) = (sibling_test("rotation"), sibling_test("nat"));
     let (cleanup, kube_lab) = (sibling_test("cleanup"), sibling_test("kube_lab"));
     let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
-    let ipsec = sibling_test("ipsec");
+    let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -121,6 +122,14 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "wireguard_carries_both_families",
         ),
         ("ipip", kernel, &ipip, "--include-ignored"),
+        // Kernel WireGuard sends IPv4 without DF: the narrow path is measured by the
+        // agent's probes and used on the peer's routes all the same.
+        (
+            "path MTU: kernel",
+            kernel,
+            &path_mtu,
+            "bulk_tcp_crosses_a_narrow_path_whose_routers_drop_icmp a_path_that_narrows",
+        ),
         (
             "ipsec",
             kernel,
@@ -140,6 +149,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         "dual stack",
         "ipip",
         "ipsec",
+        "path MTU",
     ];
     let mut steps: Vec<_> = steps
         .into_iter()
@@ -187,6 +197,9 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
                 "epoch",
                 "rp_filter",
                 "RekeyAfter",
+                "route mtu",
+                "narrowed",
+                "widened",
             ]
             .iter()
             .any(|m| l.contains(m))

@@ -118,6 +118,43 @@ fn status_and_metrics_describe_the_mesh() {
         m.contains(&format!("endpoint=\"{}:51820\"", lab.nodes[1].ip)),
         "{m}"
     );
+    // Each peer's path, as the agent measured it (every link here is 1500), with its time.
+    let path = format!("{{node=\"{}\",address=\"{}\"}}", name(1), lab.nodes[1].ip);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = metrics(&lab, 0);
+        if m.contains(&format!("weft_peer_path_mtu_bytes{path}")) || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        value(&m, &format!("weft_peer_path_mtu_bytes{path}")),
+        Some(1500.0),
+        "{m}"
+    );
+    assert!(
+        value(
+            &m,
+            &format!("weft_peer_path_mtu_measured_timestamp_seconds{path}")
+        )
+        .unwrap()
+            > 1.7e9,
+        "{m}"
+    );
+    assert!(
+        !m.contains("weft_peer_route_mtu_bytes{"),
+        "no path is narrow here: {m}"
+    );
+    let table = lab.on_node(0, &format!("{WEFT} status")).unwrap();
+    assert!(
+        table.contains(&format!(
+            "{} ({}): path MTU 1500, measured",
+            name(1),
+            lab.nodes[1].ip
+        )),
+        "{table}"
+    );
     assert_eq!(
         value(&m, &format!("weft_peer_key_generation{n1}")),
         Some(1.0)

@@ -69,6 +69,12 @@ pub struct LabConfig {
     pub ipv6: bool,
     /// IPv4 pod subnets (all but an IPv6-only lab, `LabConfig::ipv6_only`).
     pub ipv4: bool,
+    /// The routed nodes sit behind two routers joined by a narrower link
+    /// (`narrow::Narrow`), not behind one router.
+    pub narrow: Option<super::narrow::Narrow>,
+    /// Nodes (by index) whose own link to the fabric has this MTU (both ends of it), below
+    /// everyone else's 1500: a node whose own link is the narrow one.
+    pub link_mtu: Vec<(usize, u32)>,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
@@ -107,6 +113,8 @@ impl LabConfig {
             agent_env: Vec::new(),
             ipv6: false,
             ipv4: true,
+            narrow: None,
+            link_mtu: Vec::new(),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod cni;
 mod config;
 mod fabric;
 pub mod forge;
+pub mod narrow;
 pub mod nat;
 mod operator;
 mod pods;
@@ -129,22 +130,7 @@ impl Lab {
         }
         in_ns(&format!("{tag}-ext"), "sysctl -qw net.ipv4.ip_forward=1")?;
         if !cfg.routed.is_empty() {
-            // The second segment and the router joining it to the first.
-            in_ns(&fabric, "ip link add br1 type bridge && ip link set br1 up")?;
-            let rt = format!("{tag}-rt");
-            namespaces.add(&rt)?;
-            attach_to(&fabric, "br0", &rt, "rt", "eth0", ROUTER_IP)?;
-            attach_to(&fabric, "br1", &rt, "rt2", "eth1", ROUTER_IP2)?;
-            in_ns(
-                &rt,
-                &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
-            )?;
-            for name in ["ext", "etcd"] {
-                in_ns(
-                    &format!("{tag}-{name}"),
-                    &format!("ip route add 203.0.113.0/24 via {ROUTER_IP}"),
-                )?;
-            }
+            narrow::build(&tag, &fabric, &mut namespaces, cfg.narrow)?;
         }
         if !cfg.natted.is_empty() {
             nat::build(&tag, &fabric, &mut namespaces)?;
@@ -281,6 +267,10 @@ impl Lab {
             &ns,
             &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
+        if let Some((_, mtu)) = self.cfg.link_mtu.iter().find(|(n, _)| *n == i - 1) {
+            in_ns(&ns, &format!("ip link set eth0 mtu {mtu}"))?;
+            in_ns(&self.fabric(), &format!("ip link set n{i} mtu {mtu}"))?;
+        }
         if self.cfg.ipv6 {
             in_ns(
                 &ns,
