@@ -3,7 +3,8 @@
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
-//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--kernel | --vm]` and `weft-lab bench rotation
+//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--kernel | --vm]`, `weft-lab bench path-mtu
+//!   [--runs 3]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
 //!   benchmarks of BENCHMARKS.md.
 //! - `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…]`: every parser of outside data
@@ -156,6 +157,11 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{table}");
             Ok(())
         }
+        Some("path-mtu") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            print!("{}", weft_lab::bench::path_mtu::run(&weft, runs)?);
+            Ok(())
+        }
         Some("rotation") => {
             let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
@@ -172,7 +178,9 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             Ok(())
         }
         _ => {
-            anyhow::bail!("usage: weft-lab bench control-plane|data-plane|rotation|soak [options]")
+            anyhow::bail!(
+                "usage: weft-lab bench control-plane|data-plane|path-mtu|rotation|soak [options]"
+            )
         }
     }
 }
