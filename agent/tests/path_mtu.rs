@@ -6,7 +6,7 @@
 //! narrow link; a path that narrows and widens again is followed; and without path MTU
 //! discovery the floor holds (outer IPv4 without DF: fragmented, never lost); and a node
 //! whose own link is the narrow one, with a smaller pod MTU than its peers, is reached at
-//! the path MTU and reaches them at its own.
+//! the path MTU and reaches them at its own; vxlan's routes are sized by the same probes.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -212,4 +212,31 @@ fn a_node_whose_own_link_is_narrow_mixes_pod_mtus() {
     for (from, to) in [(0, 2), (2, 0), (2, 1)] {
         transfer_within(&lab, from, to, Duration::from_secs(30));
     }
+}
+
+/// vxlan over the same narrow path: the same probes size the routes to node 3, less
+/// vxlan's 50 bytes (1350), and bulk TCP crosses both ways with nothing fragmented.
+#[test]
+fn vxlan_routes_carry_the_narrow_paths_mtu() {
+    let mut cfg = LabConfig::backend(3, WEFT, "vxlan", false);
+    cfg.routed = vec![2];
+    cfg.narrow = Some(Narrow {
+        mtu: 1400,
+        drop_icmp: true,
+    });
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    for (i, peer) in [(0, 2), (2, 0)] {
+        wait_route_mtu(&lab, i, peer, Some(1350), Duration::from_secs(10));
+    }
+    assert_eq!(
+        route_mtu(&lab, 0, 1),
+        None,
+        "the wide path keeps the pod MTU"
+    );
+    narrow::count_fragments(&lab.tag).unwrap();
+    for (from, to) in [(0, 2), (2, 0)] {
+        transfer_within(&lab, from, to, Duration::from_secs(30));
+    }
+    assert_eq!(narrow::fragments(&lab.tag).unwrap(), 0);
 }
