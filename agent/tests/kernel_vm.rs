@@ -128,7 +128,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "path MTU: kernel",
             kernel,
             &path_mtu,
-            "bulk_tcp_crosses_a_narrow_path_whose_routers_drop_icmp a_path_that_narrows",
+            "bulk_tcp_crosses_a_narrow_path_whose_routers_drop_icmp a_path_that_narrows an_ipv6_underlay",
         ),
         (
             "ipsec",

@@ -8,12 +8,13 @@
 //! whose own link is the narrow one, with a smaller pod MTU than its peers, is reached at
 //! the path MTU and reaches them at its own; vxlan's routes are sized by the same probes.
 
+use std::net::IpAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use weft_lab::lab::narrow::{self, Narrow};
 use weft_lab::lab::{Lab, LabConfig};
-use weft_lab::live_demo::transfer;
+use weft_lab::live_demo::transfer_to;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const BULK: u64 = 8 << 20;
@@ -37,14 +38,19 @@ struct Transfer {
 }
 
 fn start_transfer(lab: &Lab, from: usize, to: usize) -> Transfer {
+    start_transfer_to(lab, from, to, lab.nodes[to].pods[0].ip.into())
+}
+
+/// A transfer to node `to`'s first pod at its address `ip` (either family).
+fn start_transfer_to(lab: &Lab, from: usize, to: usize, ip: IpAddr) -> Transfer {
     let (a, b) = (&lab.nodes[from].pods[0], &lab.nodes[to].pods[0]);
-    let (ns_a, ns_b, ip_b) = (a.ns.clone(), b.ns.clone(), b.ip);
+    let (ns_a, ns_b) = (a.ns.clone(), b.ns.clone());
     let (done, result) = mpsc::channel();
     std::thread::spawn(move || {
-        let _ = done.send(transfer(&ns_a, &ns_b, ip_b, BULK));
+        let _ = done.send(transfer_to(&ns_a, &ns_b, ip, BULK));
     });
     Transfer {
-        what: format!("node {} -> node {}", from + 1, to + 1),
+        what: format!("node {} -> node {} ({ip})", from + 1, to + 1),
         result,
     }
 }
@@ -237,6 +243,58 @@ fn vxlan_routes_carry_the_narrow_paths_mtu() {
     narrow::count_fragments(&lab.tag).unwrap();
     for (from, to) in [(0, 2), (2, 0)] {
         transfer_within(&lab, from, to, Duration::from_secs(30));
+    }
+    assert_eq!(narrow::fragments(&lab.tag).unwrap(), 0);
+}
+
+/// The MTU on node `i`'s route to node `peer`'s IPv6 pod subnet.
+fn route_mtu_v6(lab: &Lab, i: usize, peer: usize) -> Option<u32> {
+    let subnet = lab.nodes[peer].subnet_v6.unwrap();
+    let route = lab
+        .on_node(i, &format!("ip -6 route show {subnet}"))
+        .unwrap();
+    let words: Vec<&str> = route.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "mtu")?;
+    words.get(at + 1)?.parse().ok()
+}
+
+/// A dual-stack lab over the same narrow path, ICMP errors dropped: the IPv6 underlay
+/// (WireGuard's `separate` mode: IPv6 pod traffic over IPv6) is measured too, node 1's route
+/// to node 3's IPv6 subnet carries 1400 less 80 (IPv6, UDP, WireGuard) down to 16 (1312)
+/// and its IPv4 route 1328, and bulk TCP between IPv6 pod addresses crosses both ways with
+/// nothing fragmented.
+#[test]
+fn an_ipv6_underlay_is_measured_and_used_too() {
+    let mut cfg = LabConfig::wireguard(3, WEFT).dual_stack();
+    cfg.routed = vec![2];
+    cfg.narrow = Some(Narrow {
+        mtu: 1400,
+        drop_icmp: true,
+    });
+    let lab = Lab::start(cfg).unwrap();
+    lab.assert_all_pairs();
+    wait_route_mtu(&lab, 0, 2, Some(NARROW_ROUTE_MTU), Duration::from_secs(10));
+    let start = Instant::now();
+    while route_mtu_v6(&lab, 0, 2) != Some(1312) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "node 1's IPv6 route to node 3: {:?}\n{}",
+            route_mtu_v6(&lab, 0, 2),
+            lab.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        route_mtu_v6(&lab, 0, 1),
+        None,
+        "the wide path keeps the pod MTU"
+    );
+    narrow::count_fragments(&lab.tag).unwrap();
+    for (from, to) in [(0, 2), (2, 0)] {
+        let to_ip = lab.nodes[to].pods[0]
+            .ip6
+            .expect("a dual-stack pod has an IPv6 address");
+        start_transfer_to(&lab, from, to, to_ip.into()).finish(&lab, Duration::from_secs(30));
     }
     assert_eq!(narrow::fragments(&lab.tag).unwrap(), 0);
 }

@@ -41,15 +41,30 @@ pub fn median_rtt_ms(from: &str, to: Ipv4Addr, count: u32, interval: &str) -> Op
 
 /// Streams `bytes` from pod `from` to pod `to`; returns (MiB/s, digests match).
 pub fn transfer(from: &str, to_ns: &str, to: Ipv4Addr, bytes: u64) -> anyhow::Result<(f64, bool)> {
+    transfer_to(from, to_ns, to.into(), bytes)
+}
+
+/// `transfer` to an address of either family.
+pub fn transfer_to(
+    from: &str,
+    to_ns: &str,
+    to: std::net::IpAddr,
+    bytes: u64,
+) -> anyhow::Result<(f64, bool)> {
     let (listening, ready) = std::sync::mpsc::channel();
+    let at: std::net::IpAddr = if to.is_ipv6() {
+        std::net::Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    };
     let sink = in_named_netns(to_ns, move || {
-        tcp::sink_then(5201, move || {
+        tcp::sink_on(at, 5201, move || {
             let _ = listening.send(());
         })
     });
     // Until the sink listens (or has failed: then its error comes from the join below).
     let _ = ready.recv_timeout(Duration::from_secs(10));
-    let target = format!("{to}:5201");
+    let target = std::net::SocketAddr::new(to, 5201).to_string();
     let sent = in_named_netns(from, move || tcp::source(&target, bytes))
         .join()
         .map_err(|_| anyhow::anyhow!("the source thread panicked"))???;

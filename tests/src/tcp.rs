@@ -21,8 +21,17 @@ pub fn sink(port: u16) -> anyhow::Result<String> {
 
 /// `sink`, calling `listening` once the port accepts connections.
 pub fn sink_then(port: u16, listening: impl FnOnce()) -> anyhow::Result<String> {
-    let listener = TcpListener::bind(("0.0.0.0", port))
-        .with_context(|| format!("listening on port {port}"))?;
+    sink_on(std::net::Ipv4Addr::UNSPECIFIED.into(), port, listening)
+}
+
+/// `sink_then` on address `at` (`::` takes both families).
+pub fn sink_on(
+    at: std::net::IpAddr,
+    port: u16,
+    listening: impl FnOnce(),
+) -> anyhow::Result<String> {
+    let listener =
+        TcpListener::bind((at, port)).with_context(|| format!("listening on port {port}"))?;
     listening();
     let (mut conn, _) = listener.accept().context("accepting")?;
     let mut sha = Sha::new(&SHA256);

@@ -48,16 +48,21 @@ fn encapsulation(backend: &Backend, role: &RouteRole, address: IpAddr) -> (u32, 
     }
 }
 
-/// The underlay address `node`'s traffic to `route_family` pod addresses goes to.
+/// The underlay address `node`'s traffic to `route_family` pod addresses, routed into
+/// `device`, goes to: the endpoint of the node's peer on that tunnel device (in WireGuard's
+/// `separate` mode, IPv6 pod traffic goes over IPv6 to another endpoint), else the address
+/// the node publishes for that family.
 fn address_of(
     state: &DesiredState,
     input: &PlanInput<'_>,
     node: &str,
+    device: &str,
     family: Family,
 ) -> Option<IpAddr> {
     let tunnel_peer = state
         .tunnels
         .iter()
+        .filter(|t| t.device == device)
         .flat_map(|t| t.peers.iter())
         .find(|p| p.node == node);
     if let Some(peer) = tunnel_peer {
@@ -82,7 +87,8 @@ pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
         let (RouteRole::Peer(node) | RouteRole::Direct(node)) = &route.role else {
             continue;
         };
-        let Some(address) = address_of(state, input, node, Family::of(&route.dst)) else {
+        let Some(address) = address_of(state, input, node, &route.device, Family::of(&route.dst))
+        else {
             continue;
         };
         let (overhead, pad) = encapsulation(&input.config.backend, &route.role, address);
@@ -95,9 +101,13 @@ pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
             Family::Ipv4 => MIN_ROUTE_MTU_V4,
             Family::Ipv6 => MIN_ROUTE_MTU_V6,
         };
+        // A path that carries the pod MTU whole leaves the route alone (padding stops at
+        // the device's MTU); a narrower one gets what fits, down to the padding multiple so
+        // padding never makes a packet too large for it.
         route.mtu = path_mtu
-            .map(|p| (p.saturating_sub(overhead) / pad * pad).max(floor))
-            .filter(|inner| *inner < limit);
+            .map(|p| p.saturating_sub(overhead))
+            .filter(|inner| *inner < limit)
+            .map(|inner| (inner / pad * pad).max(floor));
         if !paths
             .iter()
             .any(|p| p.node == *node && p.address == address)
@@ -176,6 +186,15 @@ mod tests {
             None,
             "a wide path keeps the pod MTU"
         );
+        // 1480 less 60 is exactly the pod MTU (1420): it fits whole, padding included.
+        let exact = plan_with(wg, &[(2, 1480)]);
+        assert_eq!(
+            mtu_to(&exact, "10.244.2.0/24"),
+            None,
+            "a path carrying the pod MTU"
+        );
+        let one_less = plan_with(wg, &[(2, 1479)]);
+        assert_eq!(mtu_to(&one_less, "10.244.2.0/24"), Some(1408), "down to 16");
         assert_eq!(state.paths.len(), 2);
         assert_eq!(state.paths[1].path_mtu, Some(1400));
         assert_eq!(state.paths[1].route_mtu, Some(1328));
@@ -205,5 +224,34 @@ mod tests {
             let state = plan_with(&config, &[(3, 1400)]);
             assert_eq!(mtu_to(&state, "10.244.3.0/24"), want, "{backend}");
         }
+    }
+
+    #[test]
+    fn ipsec_and_vxlan_take_their_headers_off_per_family() {
+        use super::encapsulation;
+        use crate::model::RouteRole;
+        let peer = RouteRole::Peer("node-b".into());
+        let (v4, v6) = (ip(2).into(), "2001:db8::2".parse().unwrap());
+        let backend = |conf: &str| {
+            crate::netconf::parse(&format!(
+                r#"{{"Network": "10.244.0.0/16", "Backend": {conf}}}"#
+            ))
+            .unwrap()
+            .backend
+        };
+        let ipsec = backend(r#"{"Type": "ipsec"}"#);
+        let encap = backend(r#"{"Type": "ipsec", "UDPEncap": true}"#);
+        let vxlan = backend(r#"{"Type": "vxlan"}"#);
+        assert_eq!(encapsulation(&ipsec, &peer, v4), (60, 4));
+        assert_eq!(encapsulation(&ipsec, &peer, v6), (80, 4));
+        assert_eq!(encapsulation(&encap, &peer, v4), (68, 4));
+        assert_eq!(encapsulation(&vxlan, &peer, v4), (50, 1));
+        assert_eq!(encapsulation(&vxlan, &peer, v6), (70, 1));
+        let direct = RouteRole::Direct("node-b".into());
+        assert_eq!(
+            encapsulation(&vxlan, &direct, v4),
+            (0, 1),
+            "DirectRouting: no tunnel"
+        );
     }
 }

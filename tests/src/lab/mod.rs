@@ -130,7 +130,7 @@ impl Lab {
         }
         in_ns(&format!("{tag}-ext"), "sysctl -qw net.ipv4.ip_forward=1")?;
         if !cfg.routed.is_empty() {
-            narrow::build(&tag, &fabric, &mut namespaces, cfg.narrow)?;
+            narrow::build(&tag, &fabric, &mut namespaces, cfg.narrow, cfg.ipv6)?;
         }
         if !cfg.natted.is_empty() {
             nat::build(&tag, &fabric, &mut namespaces)?;
@@ -272,11 +272,28 @@ impl Lab {
             in_ns(&self.fabric(), &format!("ip link set n{i} mtu {mtu}"))?;
         }
         if self.cfg.ipv6 {
+            // On the second segment: its own prefix, routed by the router(s).
+            let (address, route) = if routed {
+                (
+                    narrow::routed_ipv6(i),
+                    format!(" && ip -6 route add default via {}", narrow::ROUTER_IP6_2),
+                )
+            } else if !self.cfg.routed.is_empty() {
+                (
+                    ipv6_underlay(i),
+                    format!(
+                        " && ip -6 route add {} via {}",
+                        narrow::SECOND_SEGMENT_V6,
+                        narrow::ROUTER_IP6
+                    ),
+                )
+            } else {
+                (ipv6_underlay(i), String::new())
+            };
             in_ns(
                 &ns,
                 &format!(
-                    "sysctl -qw net.ipv6.conf.all.forwarding=1 && ip -6 addr add {} dev eth0 nodad",
-                    ipv6_underlay(i)
+                    "sysctl -qw net.ipv6.conf.all.forwarding=1 && ip -6 addr add {address} dev eth0 nodad{route}"
                 ),
             )?;
         }

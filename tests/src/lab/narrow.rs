@@ -2,10 +2,22 @@
 //! or — with `LabConfig::narrow` — two routers joined by a narrower link (a site-to-site
 //! VPN, a provider network at 1400), optionally dropping the ICMP "fragmentation needed" /
 //! "packet too big" they would send (as security groups that block ICMP do). Every node's
-//! own interface stays at 1500: only the path between the segments is narrow.
+//! own interface stays at 1500: only the path between the segments is narrow. In a
+//! dual-stack lab the second segment has an IPv6 prefix of its own (`SECOND_SEGMENT_V6`),
+//! routed the same way.
 
 use super::config::{EXT_IP, ROUTER_IP, ROUTER_IP2};
 use super::fabric::{attach_to, in_ns, Namespaces};
+
+/// The second segment's IPv6 prefix, and the routers' IPv6 addresses on each segment.
+pub const SECOND_SEGMENT_V6: &str = "fd78::/64";
+pub const ROUTER_IP6: &str = "fd77::fe";
+pub const ROUTER_IP6_2: &str = "fd78::fe";
+
+/// Node `i`'s (1-based) IPv6 underlay address on the second segment, with its prefix.
+pub fn routed_ipv6(i: usize) -> String {
+    format!("fd78::{i:x}/64")
+}
 
 /// The narrow link between the two routers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +43,7 @@ pub(super) fn build(
     fabric: &str,
     namespaces: &mut Namespaces,
     narrow: Option<Narrow>,
+    ipv6: bool,
 ) -> anyhow::Result<()> {
     in_ns(fabric, "ip link add br1 type bridge && ip link set br1 up")?;
     let rt = router_ns(tag);
@@ -40,6 +53,14 @@ pub(super) fn build(
         &rt,
         &format!("sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP}"),
     )?;
+    if ipv6 {
+        in_ns(
+            &rt,
+            &format!(
+                "sysctl -qw net.ipv6.conf.all.forwarding=1 && ip -6 addr add {ROUTER_IP6}/64 dev eth0 nodad"
+            ),
+        )?;
+    }
     for name in ["ext", "etcd"] {
         in_ns(
             &format!("{tag}-{name}"),
@@ -48,6 +69,12 @@ pub(super) fn build(
     }
     let Some(narrow) = narrow else {
         attach_to(fabric, "br1", &rt, "rt2", "eth1", ROUTER_IP2)?;
+        if ipv6 {
+            in_ns(
+                &rt,
+                &format!("ip -6 addr add {ROUTER_IP6_2}/64 dev eth1 nodad"),
+            )?;
+        }
         return Ok(());
     };
     let far = far_router_ns(tag);
@@ -71,6 +98,24 @@ pub(super) fn build(
             mtu = narrow.mtu
         ),
     )?;
+    if ipv6 {
+        in_ns(
+            &rt,
+            &format!(
+                "ip -6 addr add fd79::1/64 dev site nodad \
+                 && ip -6 route add {SECOND_SEGMENT_V6} via fd79::2"
+            ),
+        )?;
+        in_ns(
+            &far,
+            &format!(
+                "sysctl -qw net.ipv6.conf.all.forwarding=1 \
+                 && ip -6 addr add fd79::2/64 dev site nodad \
+                 && ip -6 addr add {ROUTER_IP6_2}/64 dev eth1 nodad \
+                 && ip -6 route add default via fd79::1"
+            ),
+        )?;
+    }
     if narrow.drop_icmp {
         for ns in [&rt, &far] {
             drop_icmp_errors(ns)?;
@@ -106,18 +151,28 @@ pub fn count_fragments(tag: &str) -> anyhow::Result<()> {
         &router_ns(tag),
         "nft add table ip lab_frag \
          && nft add chain ip lab_frag fragcount '{ type filter hook forward priority 0; }' \
-         && nft add rule ip lab_frag fragcount 'ip frag-off & 0x3fff != 0' counter",
+         && nft add rule ip lab_frag fragcount 'ip frag-off & 0x3fff != 0' counter \
+         && nft add table ip6 lab_frag \
+         && nft add chain ip6 lab_frag fragcount '{ type filter hook forward priority 0; }' \
+         && nft add rule ip6 lab_frag fragcount 'exthdr frag exists' counter",
     )?;
     Ok(())
 }
 
-/// The fragments counted since `count_fragments`.
+/// The fragments counted since `count_fragments` (IPv4 and IPv6).
 pub fn fragments(tag: &str) -> anyhow::Result<u64> {
-    let out = in_ns(&router_ns(tag), "nft list table ip lab_frag")?;
-    let packets = out
-        .split_whitespace()
-        .skip_while(|w| *w != "packets")
-        .nth(1)
-        .and_then(|n| n.parse().ok());
-    packets.ok_or_else(|| anyhow::anyhow!("no fragment counter in: {out}"))
+    let mut total = 0;
+    for family in ["ip", "ip6"] {
+        let out = in_ns(
+            &router_ns(tag),
+            &format!("nft list table {family} lab_frag"),
+        )?;
+        let packets: Option<u64> = out
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok());
+        total += packets.ok_or_else(|| anyhow::anyhow!("no fragment counter in: {out}"))?;
+    }
+    Ok(total)
 }
