@@ -129,3 +129,23 @@ fn the_fuzzer_reports_panics_echoes_and_unbounded_allocation() {
         not_by_size.problem
     );
 }
+
+/// The coverage-guided corpus of the agent's parsers (`scripts/fuzz --only
+/// agent_parsers`), replayed: every input judged as libFuzzer judged it.
+#[test]
+fn the_agent_parsers_corpus_replays_clean() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/agent_parsers");
+    let all = targets();
+    let mut inputs = weft_lab::fuzz::picked_seeds(&all);
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.unwrap().path();
+        inputs.push(std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    }
+    assert!(inputs.len() > all.len() * 2, "only {} inputs", inputs.len());
+    for input in &inputs {
+        if let Err(problem) = weft_lab::fuzz::judge_picked(&all, input) {
+            panic!("{problem} (input: {:?})", String::from_utf8_lossy(input));
+        }
+    }
+}

@@ -128,6 +128,40 @@ pub fn run(target: &Target, cases: u64, seed: u64, out: &Path) -> Result<Report,
     })
 }
 
+/// One input of the coverage-guided fuzzer (`fuzz/fuzz_targets/agent_parsers.rs`) or of
+/// its corpus replay: the first byte picks the target (modulo their number), the rest is
+/// the target's input. An error must name its field and stay short, as in `run`; a panic
+/// is left to propagate, for libFuzzer to catch and save. Empty input: nothing to do.
+pub fn judge_picked(targets: &[Target], data: &[u8]) -> Result<(), String> {
+    let Some((&pick, input)) = data.split_first() else {
+        return Ok(());
+    };
+    let Some(target) = targets.get(usize::from(pick) % targets.len().max(1)) else {
+        return Ok(());
+    };
+    match (target.parse)(input) {
+        Verdict::Accepted => Ok(()),
+        Verdict::Refused(e) => {
+            check_error(target, &e, false).map_err(|problem| format!("{}: {problem}", target.name))
+        }
+    }
+}
+
+/// The seeds of every target as inputs of `judge_picked` (its index byte first): the
+/// starting corpus of the coverage-guided run.
+pub fn picked_seeds(targets: &[Target]) -> Vec<Vec<u8>> {
+    let mut all = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        let Ok(pick) = u8::try_from(i) else { break };
+        for seed in (t.seeds)() {
+            let mut input = vec![pick];
+            input.extend_from_slice(&seed);
+            all.push(input);
+        }
+    }
+    all
+}
+
 fn check_error(target: &Target, e: &str, oversized: bool) -> Result<(), String> {
     let shown: String = e.chars().take(300).collect();
     // A message may list several problems, a line each (net-conf.json's do).
@@ -154,6 +188,17 @@ fn check_error(target: &Target, e: &str, oversized: bool) -> Result<(), String> 
             "a 1 MB value refused, but not by its size: {shown}"
         ));
     }
+    Ok(())
+}
+
+fn write_seeds(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let seeds = picked_seeds(&targets());
+    for input in &seeds {
+        let path = dir.join(format!("seed-{:016x}", fnv_bytes(input)));
+        std::fs::write(&path, input).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("fuzz: {} seeds written to {}", seeds.len(), dir.display());
     Ok(())
 }
 
@@ -184,7 +229,14 @@ fn fnv_bytes(b: &[u8]) -> u64 {
 
 /// `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…] [--out DIR]`: every target (or
 /// the named ones), a line per target; fails at the first finding.
+/// `weft-lab fuzz --write-seeds DIR`: writes `picked_seeds` into DIR (the coverage-guided
+/// target's starting corpus) and does nothing else.
 pub fn command(args: &[String]) -> anyhow::Result<()> {
+    if let [flag, dir] = args {
+        if flag == "--write-seeds" {
+            return write_seeds(Path::new(dir));
+        }
+    }
     let mut cases = 1_000_000u64;
     let mut seed = 1u64;
     let mut only: Vec<String> = Vec::new();
