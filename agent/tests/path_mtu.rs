@@ -23,9 +23,14 @@ const NARROW_ROUTE_MTU: u32 = 1328;
 
 fn narrow_lab(mtu: u32, drop_icmp: bool, extra: &[&str]) -> Lab {
     let mut cfg = LabConfig::wireguard(3, WEFT);
+    cfg.extra_args.extend(extra.iter().map(|s| s.to_string()));
+    behind_a_narrow_path(cfg, mtu, drop_icmp)
+}
+
+/// `cfg`'s lab with node 3 behind the narrow path, started and meshed.
+fn behind_a_narrow_path(mut cfg: LabConfig, mtu: u32, drop_icmp: bool) -> Lab {
     cfg.routed = vec![2];
     cfg.narrow = Some(Narrow { mtu, drop_icmp });
-    cfg.extra_args.extend(extra.iter().map(|s| s.to_string()));
     let lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
     lab
@@ -81,7 +86,20 @@ fn transfer_within(lab: &Lab, from: usize, to: usize, within: Duration) {
 /// The MTU on node `i`'s route to node `peer`'s subnet (`None`: no MTU on it).
 fn route_mtu(lab: &Lab, i: usize, peer: usize) -> Option<u32> {
     let subnet = lab.nodes[peer].subnet.unwrap();
-    let route = lab.on_node(i, &format!("ip route show {subnet}")).unwrap();
+    mtu_of(&lab.on_node(i, &format!("ip route show {subnet}")).unwrap())
+}
+
+/// The same for node `peer`'s IPv6 pod subnet.
+fn route_mtu_v6(lab: &Lab, i: usize, peer: usize) -> Option<u32> {
+    let subnet = lab.nodes[peer].subnet_v6.unwrap();
+    mtu_of(
+        &lab.on_node(i, &format!("ip -6 route show {subnet}"))
+            .unwrap(),
+    )
+}
+
+/// The `mtu N` of a route as `ip route` prints it.
+fn mtu_of(route: &str) -> Option<u32> {
     let words: Vec<&str> = route.split_whitespace().collect();
     let at = words.iter().position(|w| *w == "mtu")?;
     words.get(at + 1)?.parse().ok()
@@ -95,14 +113,30 @@ fn wait_route_mtu(
     want: Option<u32>,
     within: Duration,
 ) -> Duration {
+    wait_mtu(
+        lab,
+        want,
+        within,
+        || route_mtu(lab, i, peer),
+        || format!("node {}'s route to node {}", i + 1, peer + 1),
+    )
+}
+
+/// Waits until `read` gives `want`; returns how long it took.
+fn wait_mtu(
+    lab: &Lab,
+    want: Option<u32>,
+    within: Duration,
+    read: impl Fn() -> Option<u32>,
+    what: impl Fn() -> String,
+) -> Duration {
     let start = Instant::now();
-    while route_mtu(lab, i, peer) != want {
+    while read() != want {
         assert!(
             start.elapsed() < within,
-            "node {}'s route to node {}: mtu {:?}, not {want:?} after {within:?}\n{}",
-            i + 1,
-            peer + 1,
-            route_mtu(lab, i, peer),
+            "{}: mtu {:?}, not {want:?} after {within:?}\n{}",
+            what(),
+            read(),
             lab.logs()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -224,14 +258,7 @@ fn a_node_whose_own_link_is_narrow_mixes_pod_mtus() {
 /// vxlan's 50 bytes (1350), and bulk TCP crosses both ways with nothing fragmented.
 #[test]
 fn vxlan_routes_carry_the_narrow_paths_mtu() {
-    let mut cfg = LabConfig::backend(3, WEFT, "vxlan", false);
-    cfg.routed = vec![2];
-    cfg.narrow = Some(Narrow {
-        mtu: 1400,
-        drop_icmp: true,
-    });
-    let lab = Lab::start(cfg).unwrap();
-    lab.assert_all_pairs();
+    let lab = behind_a_narrow_path(LabConfig::backend(3, WEFT, "vxlan", false), 1400, true);
     for (i, peer) in [(0, 2), (2, 0)] {
         wait_route_mtu(&lab, i, peer, Some(1350), Duration::from_secs(10));
     }
@@ -247,17 +274,6 @@ fn vxlan_routes_carry_the_narrow_paths_mtu() {
     assert_eq!(narrow::fragments(&lab.tag).unwrap(), 0);
 }
 
-/// The MTU on node `i`'s route to node `peer`'s IPv6 pod subnet.
-fn route_mtu_v6(lab: &Lab, i: usize, peer: usize) -> Option<u32> {
-    let subnet = lab.nodes[peer].subnet_v6.unwrap();
-    let route = lab
-        .on_node(i, &format!("ip -6 route show {subnet}"))
-        .unwrap();
-    let words: Vec<&str> = route.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "mtu")?;
-    words.get(at + 1)?.parse().ok()
-}
-
 /// A dual-stack lab over the same narrow path, ICMP errors dropped: the IPv6 underlay
 /// (WireGuard's `separate` mode: IPv6 pod traffic over IPv6) is measured too, node 1's route
 /// to node 3's IPv6 subnet carries 1400 less 80 (IPv6, UDP, WireGuard) down to 16 (1312)
@@ -265,25 +281,15 @@ fn route_mtu_v6(lab: &Lab, i: usize, peer: usize) -> Option<u32> {
 /// nothing fragmented.
 #[test]
 fn an_ipv6_underlay_is_measured_and_used_too() {
-    let mut cfg = LabConfig::wireguard(3, WEFT).dual_stack();
-    cfg.routed = vec![2];
-    cfg.narrow = Some(Narrow {
-        mtu: 1400,
-        drop_icmp: true,
-    });
-    let lab = Lab::start(cfg).unwrap();
-    lab.assert_all_pairs();
+    let lab = behind_a_narrow_path(LabConfig::wireguard(3, WEFT).dual_stack(), 1400, true);
     wait_route_mtu(&lab, 0, 2, Some(NARROW_ROUTE_MTU), Duration::from_secs(10));
-    let start = Instant::now();
-    while route_mtu_v6(&lab, 0, 2) != Some(1312) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "node 1's IPv6 route to node 3: {:?}\n{}",
-            route_mtu_v6(&lab, 0, 2),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_mtu(
+        &lab,
+        Some(1312),
+        Duration::from_secs(10),
+        || route_mtu_v6(&lab, 0, 2),
+        || "node 1's IPv6 route to node 3".into(),
+    );
     assert_eq!(
         route_mtu_v6(&lab, 0, 1),
         None,
