@@ -175,10 +175,22 @@ fn across_the_narrow_path(drop_icmp: bool) {
         0,
         "IP fragments crossed the narrow link at steady state"
     );
-    let status = lab
-        .on_node(0, &format!("{WEFT} status"))
-        .unwrap_or_else(|e| format!("weft status failed: {e:#}"));
-    assert!(status.contains("path MTU 1400"), "{status}");
+    // `weft status` names the narrow path (once its snapshot has it; an answer that fails
+    // is asked again, and the last one shown).
+    let status = std::cell::RefCell::new(String::new());
+    weft_lab::wait::until_or(
+        "weft status to name the path MTU",
+        Duration::from_secs(10),
+        || {
+            let now = lab
+                .on_node(0, &format!("{WEFT} status"))
+                .unwrap_or_else(|e| format!("weft status failed: {e:#}"));
+            let named = now.contains("path MTU 1400");
+            *status.borrow_mut() = now;
+            named
+        },
+        || status.borrow().clone(),
+    );
 }
 
 #[test]

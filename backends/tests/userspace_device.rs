@@ -4,8 +4,8 @@
 //! tunnel is answered by the kernel behind the device, encrypted; a packet whose inner
 //! source is outside the peer's AllowedIPs never reaches the interface; a PSK change keeps
 //! the session until a handshake with the new PSK replaces it, and a keepalive change
-//! loses no ping; a new device starts at MTU 1420 and pads what it encrypts to 16 bytes,
-//! never past its MTU.
+//! loses no ping; an endpoint or AllowedIPs change keeps the session (no new handshake);
+//! a new device starts at MTU 1420 and pads what it encrypts to 16 bytes, never past its MTU.
 
 mod userspace_client;
 
@@ -169,6 +169,83 @@ fn a_psk_change_keeps_the_session_until_a_handshake_with_the_new_psk() {
             !ping(&mut old, &client, seq, Duration::from_millis(300)).answered
         });
         assert!(ping(&mut new, &client, 101, Duration::from_secs(5)).answered);
+    });
+}
+
+/// The peer's endpoint set to another address (`wg set … endpoint`) keeps the session: what
+/// the device sends next goes to the new endpoint as a data message of the session it has,
+/// which the client decrypts with no handshake in between.
+#[test]
+fn an_endpoint_change_keeps_the_session() {
+    in_new_netns(|| async {
+        let dev = "wgt-ep";
+        let Setup { mut us, client } = device_with_client(dev, None).await;
+        let mut tunn = client_tunn(None, 1);
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+        let moved = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let change = format!(
+            "set=1\npublic_key={}\nendpoint={}\n\n",
+            hex(PublicKey::from(&client_key()).as_bytes()),
+            moved.local_addr().unwrap()
+        );
+        us.set(dev, &[change]).await.unwrap();
+        assert_eq!(
+            the_peer(&mut us, dev).await.endpoint,
+            Some(moved.local_addr().unwrap())
+        );
+        // The kernel behind the device pings the client's inner address: one echo request.
+        sh("ping -c 1 -W 1 10.77.1.2 >/dev/null 2>&1 || true");
+        let (mut out, mut buf) = (vec![0u8; 2048], vec![0u8; 2048]);
+        let n = receive_before(&moved, Instant::now() + Duration::from_secs(5), &mut buf)
+            .expect("the device sends to the new endpoint");
+        assert_eq!(buf[0], 4, "a data message, not a handshake initiation");
+        match tunn.decapsulate(None, &buf[..n], &mut out) {
+            TunnResult::WriteToTunnelV4(p, src) => {
+                assert_eq!(src, std::net::Ipv4Addr::new(10, 77, 0, 1));
+                assert_eq!(p[20], 8, "the kernel's echo request");
+            }
+            other => panic!("the old session does not decrypt it: {other:?}"),
+        }
+    });
+}
+
+/// AllowedIPs replaced (`replace_allowed_ips`, one more subnet) keeps the session: a request
+/// from the newly allowed subnet, sent on the session made before the change, is answered
+/// on it, with no handshake from the device.
+#[test]
+fn an_allowed_ips_change_keeps_the_session() {
+    in_new_netns(|| async {
+        let dev = "wgt-aip";
+        let Setup { mut us, client } = device_with_client(dev, None).await;
+        let mut tunn = client_tunn(None, 1);
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+        let change = format!(
+            "set=1\npublic_key={}\nreplace_allowed_ips=true\nallowed_ip=10.77.1.0/24\nallowed_ip=10.77.2.0/24\n\n",
+            hex(PublicKey::from(&client_key()).as_bytes())
+        );
+        us.set(dev, &[change]).await.unwrap();
+        sh(&format!("ip route add 10.77.2.0/24 dev {dev}"));
+        let (mut out, mut buf) = (vec![0u8; 2048], vec![0u8; 2048]);
+        if let TunnResult::WriteToNetwork(p) =
+            tunn.encapsulate(&echo_request_of(7, [10, 77, 2, 5], 60), &mut out)
+        {
+            assert_eq!(p[0], 4, "sent on the session made before the change");
+            client.send_to(p, DEVICE).unwrap();
+        }
+        let n = receive_before(&client, Instant::now() + Duration::from_secs(5), &mut buf)
+            .expect("the request from the newly allowed subnet is answered");
+        assert_eq!(buf[0], 4, "a data message, not a handshake initiation");
+        match tunn.decapsulate(None, &buf[..n], &mut out) {
+            TunnResult::WriteToTunnelV4(p, _) => {
+                assert_eq!(
+                    &p[16..20],
+                    &[10, 77, 2, 5],
+                    "the reply goes to the new subnet"
+                );
+                assert_eq!(&p[26..28], &7u16.to_be_bytes());
+            }
+            other => panic!("the old session does not decrypt the reply: {other:?}"),
+        }
     });
 }
 
