@@ -8,9 +8,10 @@
 //! be fragmented by a narrow path and answered as if it fit. One prober serves every
 //! backend, WireGuard (kernel or userspace), vxlan, ipip, ipsec and host-gw alike.
 //!
-//! When: a new underlay address at once; every `check` period, each measured path is
-//! probed at its MTU and just above it (two datagrams): a path that narrowed or widened is
-//! measured again at once. A path that answers nothing is tried again after 1 s, then
+//! When: a new underlay address at once; every `check` period (longer with many peers:
+//! `check_period`), each measured path is probed at its MTU and just above it (two
+//! datagrams): a path that narrowed or widened is measured again at once. At most
+//! `MAX_CONCURRENT` paths are probed at a time. A path that answers nothing is tried again after 1 s, then
 //! less and less often (up to `UNANSWERED_RETRY`), its routes keeping the MTU it last
 //! answered at (the pod MTU if it never did) meanwhile. The results go to the plan
 //! (`plan::path_mtu` makes each peer route's MTU of them) through a watch channel.
@@ -24,6 +25,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::StreamExt;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -34,6 +36,14 @@ use wire::{Message, Nonce};
 const ROUND_WAIT: Duration = Duration::from_millis(400);
 /// A full search takes at most this many rounds.
 const MAX_ROUNDS: usize = 5;
+/// Paths measured or checked at once, at most: a node with thousands of peers paces its
+/// probes instead of sending them all in one burst (a burst lost in a socket buffer would
+/// read as narrow paths).
+const MAX_CONCURRENT: usize = 32;
+/// Each measured path costs the periodic check this much of its period: with many peers
+/// the period stretches (2 s up to 500 peers, 20 s at 5,000), so the probes stay near one
+/// datagram per 4 ms however large the cluster.
+const CHECK_PER_PATH: Duration = Duration::from_millis(4);
 /// A path that answered nothing is tried again after 1 s, then twice as long each time
 /// (a peer's agent may be starting), up to this.
 const UNANSWERED_RETRY: Duration = Duration::from_secs(30);
@@ -308,44 +318,55 @@ async fn manage(
     check: Duration,
 ) {
     let mut paths: BTreeMap<IpAddr, Path> = BTreeMap::new();
-    let mut tick = tokio::time::interval(check);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_check = Instant::now() + check;
     loop {
         let retry = paths
             .values()
             .filter(|p| p.last.mtu.is_none())
             .map(|p| p.retry_at)
             .min();
-        tokio::select! {
-            changed = targets.changed() => if changed.is_err() { return },
-            _ = tick.tick() => {}
-            () = sleep_until(retry) => {}
+        // Only the periodic check probes the paths already measured; a new target list
+        // (a pass) or a retry measures only what is new or unanswered.
+        let periodic = tokio::select! {
+            changed = targets.changed() => if changed.is_err() { return } else { false },
+            () = tokio::time::sleep_until(next_check.into()) => true,
+            () = sleep_until(retry) => false,
+        };
+        if periodic {
+            next_check = Instant::now() + check_period(check, paths.len());
         }
         let want = targets.borrow_and_update().clone();
         paths.retain(|addr, _| want.addresses.contains(addr));
         let now = Instant::now();
-        let work = want.addresses.iter().filter_map(|&addr| {
-            let to = SocketAddr::new(addr, prober_port(&prober, addr)?);
-            let path = paths.get(&addr);
-            let prober = prober.clone();
-            let max = want.max.max(search::FLOOR);
-            let due = match path {
-                None => true,
-                Some(p) if p.last.mtu.is_none() => now >= p.retry_at,
-                Some(_) => true,
-            };
-            let known = path.and_then(|p| p.answered);
-            due.then_some(async move {
-                if let Some(mtu) = known {
-                    if mtu <= max && prober.unchanged(to, mtu, max).await {
-                        // Confirmed: measured again, now.
-                        return (addr, Some(mtu));
+        let work: Vec<_> = want
+            .addresses
+            .iter()
+            .filter_map(|&addr| {
+                let to = SocketAddr::new(addr, prober_port(&prober, addr)?);
+                let path = paths.get(&addr);
+                let prober = prober.clone();
+                let max = want.max.max(search::FLOOR);
+                let due = match path {
+                    None => true,
+                    Some(p) if p.last.mtu.is_none() => now >= p.retry_at,
+                    Some(_) => periodic,
+                };
+                let known = path.and_then(|p| p.answered);
+                due.then_some(async move {
+                    if let Some(mtu) = known {
+                        if mtu <= max && prober.unchanged(to, mtu, max).await {
+                            // Confirmed: measured again, now.
+                            return (addr, Some(mtu));
+                        }
                     }
-                }
-                (addr, prober.measure(to, max).await)
+                    (addr, prober.measure(to, max).await)
+                })
             })
-        });
-        let results = futures::future::join_all(work).await;
+            .collect();
+        let results: Vec<_> = futures::stream::iter(work)
+            .buffer_unordered(MAX_CONCURRENT)
+            .collect()
+            .await;
         for (addr, mtu) in results {
             let before = paths.get(&addr);
             let answered = mtu.or(before.and_then(|p| p.answered));
@@ -401,6 +422,12 @@ async fn manage(
     }
 }
 
+/// The periodic check's period for `paths` measured paths: `check`, or longer with many.
+fn check_period(check: Duration, paths: usize) -> Duration {
+    let per_path = CHECK_PER_PATH.saturating_mul(u32::try_from(paths).unwrap_or(u32::MAX));
+    check.max(per_path)
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -416,4 +443,19 @@ fn prober_port(prober: &Prober, addr: IpAddr) -> Option<u16> {
         &prober.v6
     };
     socket.as_ref()?.local_addr().ok().map(|a| a.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_period_stretches_with_the_number_of_paths() {
+        let check = Duration::from_secs(2);
+        assert_eq!(check_period(check, 0), check);
+        assert_eq!(check_period(check, 500), check);
+        assert_eq!(check_period(check, 1000), Duration::from_secs(4));
+        assert_eq!(check_period(check, 5000), Duration::from_secs(20));
+        assert_eq!(check_period(check, usize::MAX), CHECK_PER_PATH * u32::MAX);
+    }
 }
