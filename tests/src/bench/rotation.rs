@@ -3,7 +3,8 @@
 //! and a 100 pps ping from a pod on node 1 to a pod on node 2 (`crate::traffic`), and
 //! rotates: node 1's key through its agent (`weft keys rotate`), every node's key through
 //! the registry (`weft keys rotate --all`), and the PSK (`<prefix>/weft/psk`). Reported:
-//! medians and worst cases of the stream's longest stall and of the pings lost.
+//! medians and worst cases of the stream's longest stall and of the pings lost. The PSK
+//! row counts only if every device carries the new PSK afterwards.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -59,9 +60,30 @@ fn one_run(weft: &Path) -> anyhow::Result<Vec<Disruption>> {
         lab.etcd()
             .etcdctl(&["put", "/coreos.com/network/weft/psk", &value])?;
         std::thread::sleep(Duration::from_secs(4));
-        Ok(())
+        psk_in_use(&lab, &next)
     })?);
     Ok(out)
+}
+
+/// Fails unless every peer on every node's device carries `psk` (base64): the PSK row
+/// measures a rotation that happened. The keys themselves are never printed.
+fn psk_in_use(lab: &Lab, psk: &str) -> anyhow::Result<()> {
+    for i in 0..lab.nodes.len() {
+        let shown = lab.on_node(i, "wg show flannel-wg preshared-keys")?;
+        let keys: Vec<&str> = shown
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .collect();
+        let with_new = keys.iter().filter(|k| **k == psk).count();
+        if keys.is_empty() || with_new != keys.len() {
+            anyhow::bail!(
+                "node {}: {with_new} of {} peers carry the new PSK after its moment",
+                i + 1,
+                keys.len()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `runs` runs; the table of BENCHMARKS.md.
