@@ -128,15 +128,8 @@ fn config_check_lists_every_problem_and_exits_1() {
     );
 }
 
-fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out after {secs}s waiting for {what}");
+fn wait_for(what: &str, secs: u64, ok: impl FnMut() -> bool) {
+    weft_lab::wait::until(what, Duration::from_secs(secs), ok);
 }
 
 /// Userspace device processes in this thread's network namespace (still running).
@@ -258,8 +251,12 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
         );
 
         // The node's data plane: the device with its key, the fail-closed routes, the rules.
+        // The blackhole goes in first, the device's routes after it: wait for both (waiting
+        // for the blackhole alone passed only while the poll was slow enough).
         wait_for("the data plane", 10, || {
-            weft_lab::netns::sh("ip -4 route show proto 87").contains("blackhole 10.244.0.0/16")
+            let routes = weft_lab::netns::sh("ip -4 route show proto 87");
+            routes.contains("blackhole 10.244.0.0/16")
+                && routes.contains("10.244.0.0/16 dev flannel-wg")
         });
         let routes = weft_lab::netns::sh("ip -4 route show proto 87");
         assert!(routes.contains("10.244.0.0/16 dev flannel-wg"), "{routes}");

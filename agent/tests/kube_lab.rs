@@ -6,7 +6,7 @@
 //! device, and only API calls the ClusterRole allows.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft::registry::kube::API_CALLS;
 use weft_lab::lab::{Lab, LabConfig};
@@ -16,12 +16,8 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PREFIX: &str = "flannel.alpha.coreos.com";
 const HEALTHZ_PORT: u16 = 10267;
 
-fn wait_for(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(what: &str, within: Duration, ok: impl FnMut() -> bool) {
+    weft_lab::wait::until(what, within, ok);
 }
 
 #[test]

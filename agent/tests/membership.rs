@@ -115,12 +115,7 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         .unwrap_or_default()
         .to_string();
     eprintln!("20 pps across SIGKILL + restart of node 2's agent: {summary}");
-    let received: u32 = summary
-        .split(", ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let received = weft_lab::traffic::ping_summary(&text).map_or(0, |(_, r)| r);
     assert_eq!(
         received,
         200,

@@ -135,19 +135,9 @@ impl Probe {
             .status();
         let out = self.ping.wait_with_output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        // "N packets transmitted, M received, …"
-        let summary = text
-            .lines()
-            .find(|l| l.contains("packets transmitted"))
+        let (sent, received) = ping_summary(&text)
             .ok_or_else(|| anyhow::anyhow!("ping printed no summary: {text:?}"))?;
-        let number = |word: &str| -> u64 {
-            summary
-                .split(',')
-                .find(|p| p.contains(word))
-                .and_then(|p| p.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        let (sent, received) = (number("transmitted"), number("received"));
+        let (sent, received) = (sent as u64, received as u64);
         let send_error = match self.sender.join() {
             Ok(Ok(Ok(e))) => e,
             Ok(Ok(Err(e))) | Ok(Err(e)) => Some(e.to_string()),
@@ -165,5 +155,28 @@ impl Probe {
             pings_sent: sent,
             pings_lost: sent.saturating_sub(received),
         })
+    }
+}
+
+/// `(transmitted, received)` from ping's summary line ("N packets transmitted, M received,
+/// …"); `None` without one.
+pub fn ping_summary(text: &str) -> Option<(usize, usize)> {
+    let line = text.lines().find(|l| l.contains("packets transmitted"))?;
+    let mut numbers = line
+        .split(',')
+        .filter_map(|part| part.split_whitespace().next()?.parse::<usize>().ok());
+    Some((numbers.next()?, numbers.next()?))
+}
+
+#[cfg(test)]
+mod summary_tests {
+    #[test]
+    fn ping_summaries_are_read() {
+        let text = "64 bytes from 10.244.2.2\n\n--- 10.244.2.2 ping statistics ---\n\
+                    41 packets transmitted, 39 received, 4.87805% packet loss, time 2003ms\n";
+        assert_eq!(super::ping_summary(text), Some((41, 39)));
+        let errors = "5 packets transmitted, 3 received, +2 errors, 40% packet loss, time 4004ms";
+        assert_eq!(super::ping_summary(errors), Some((5, 3)));
+        assert_eq!(super::ping_summary("no summary"), None);
     }
 }

@@ -13,6 +13,7 @@ use anyhow::{bail, Context};
 
 use super::capture::{leaks, wireguard_packets, UnderlayCapture};
 use super::{run, Lab};
+use crate::traffic::ping_summary;
 
 /// The payload pattern of the watch's pings (`ping -p`): 16 bytes that encrypted traffic
 /// shows with probability 2^-128.
@@ -135,25 +136,5 @@ impl Drop for ClearWatch {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-}
-
-/// `(transmitted, received)` from ping's summary line.
-fn ping_summary(text: &str) -> Option<(usize, usize)> {
-    let line = text.lines().find(|l| l.contains("packets transmitted"))?;
-    let mut numbers = line
-        .split(',')
-        .filter_map(|part| part.split_whitespace().next()?.parse::<usize>().ok());
-    Some((numbers.next()?, numbers.next()?))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ping_summaries_are_read() {
-        let text = "64 bytes from 10.244.2.2\n\n--- 10.244.2.2 ping statistics ---\n\
-                    41 packets transmitted, 39 received, 4.87805% packet loss, time 2003ms\n";
-        assert_eq!(super::ping_summary(text), Some((41, 39)));
-        assert_eq!(super::ping_summary("no summary"), None);
     }
 }
