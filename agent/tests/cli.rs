@@ -128,6 +128,18 @@ fn config_check_lists_every_problem_and_exits_1() {
     );
 }
 
+/// A command's stdout in this thread's namespace, or nothing if it failed (what is not
+/// there yet).
+fn quiet_sh(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 fn wait_for(what: &str, secs: u64, ok: impl FnMut() -> bool) {
     weft_lab::wait::until(what, Duration::from_secs(secs), ok);
 }
@@ -251,12 +263,16 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
         );
 
         // The node's data plane: the device with its key, the fail-closed routes, the rules.
-        // The blackhole goes in first, the device's routes after it: wait for both (waiting
-        // for the blackhole alone passed only while the poll was slow enough).
+        // The pass puts in the blackhole first, then the device, its routes, its
+        // configuration and the rules: wait until all of it is there (waiting for the
+        // blackhole alone passed only while the poll was slow enough), then check each.
         wait_for("the data plane", 10, || {
-            let routes = weft_lab::netns::sh("ip -4 route show proto 87");
+            let routes = quiet_sh("ip -4 route show proto 87");
             routes.contains("blackhole 10.244.0.0/16")
                 && routes.contains("10.244.0.0/16 dev flannel-wg")
+                && quiet_sh("ip -o link show flannel-wg").contains(",UP")
+                && quiet_sh("wg show flannel-wg listen-port").trim() == "51820"
+                && quiet_sh("nft list table ip flannel-ipv4").contains("masquerade")
         });
         let routes = weft_lab::netns::sh("ip -4 route show proto 87");
         assert!(routes.contains("10.244.0.0/16 dev flannel-wg"), "{routes}");
