@@ -92,6 +92,18 @@ fn a_deleted_device_and_a_flushed_rule_set_come_back_without_a_restart() {
         || in_ns(&a.ns, &format!("ping -c 1 -W 1 -q {}", b.ip)).is_ok(),
     );
     eprintln!("device deleted -> back with peers and routes in {back:?}; pod traffic flowing again {traffic:?} after that");
+    // The window ends once every watch stream has had an answer (each pings at 20 a
+    // second; one into the recreated device may have sent only into the outage so far).
+    until(
+        "every watch stream answered",
+        Duration::from_secs(5),
+        || {
+            (1..=lab.nodes.len()).all(|n| {
+                std::fs::read_to_string(lab.dir().join(format!("watch-{n}-0.ping")))
+                    .is_ok_and(|t| t.contains("bytes from"))
+            })
+        },
+    );
     let watched = watch.finish().unwrap();
     eprintln!("device deleted and recreated: {watched:?}, nothing in clear");
 

@@ -80,15 +80,20 @@ pub struct Handle {
     pub mtus: watch::Receiver<Published>,
     /// Every path's latest measurement, for `weft status`, `/metrics` and `weft doctor`.
     pub measurements: Arc<Mutex<BTreeMap<IpAddr, Measurement>>>,
+    /// With discovery off, the sender `mtus` waits on: kept, so that it never reports a
+    /// change (a dropped sender would wake the control loop without pause).
+    _silent: Option<watch::Sender<Published>>,
 }
 
 impl Handle {
     /// A handle on nothing: path MTU discovery is off (`--path-mtu-port=0`).
     pub fn off() -> Handle {
+        let (silent, mtus) = watch::channel(Published::default());
         Handle {
             targets: watch::channel(Targets::default()).0,
-            mtus: watch::channel(Published::default()).1,
+            mtus,
             measurements: Arc::default(),
+            _silent: Some(silent),
         }
     }
 }
@@ -145,6 +150,7 @@ pub fn spawn(port: u16, check: Duration) -> std::io::Result<Handle> {
         targets,
         mtus,
         measurements,
+        _silent: None,
     })
 }
 
@@ -457,5 +463,12 @@ mod tests {
         assert_eq!(check_period(check, 1000), Duration::from_secs(4));
         assert_eq!(check_period(check, 5000), Duration::from_secs(20));
         assert_eq!(check_period(check, usize::MAX), CHECK_PER_PATH * u32::MAX);
+    }
+
+    #[tokio::test]
+    async fn with_discovery_off_the_loop_is_never_woken() {
+        let mut off = Handle::off();
+        let woke = tokio::time::timeout(Duration::from_millis(50), off.mtus.changed()).await;
+        assert!(woke.is_err(), "changed() must stay pending: {woke:?}");
     }
 }
