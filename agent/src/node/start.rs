@@ -463,19 +463,7 @@ async fn serve<R: Registry>(
         registry: handle.psk.clone(),
         state: None,
     };
-    let path_mtu = match args.path_mtu_port {
-        0 => crate::pathmtu::Handle::off(),
-        // A taken port costs the measurement, never the mesh: every peer route keeps the
-        // pod MTU, as with discovery off.
-        port => crate::pathmtu::spawn(port, args.path_mtu_check).unwrap_or_else(|e| {
-            tracing::warn!(
-                port,
-                error = %e,
-                "path MTU discovery is off: its UDP port (--path-mtu-port) cannot be bound;                  every peer route keeps the pod MTU"
-            );
-            crate::pathmtu::Handle::off()
-        }),
-    };
+    let path_mtu = path_mtu_prober(args);
     let inputs = LoopInputs {
         path_mtu,
         psk,
@@ -509,4 +497,21 @@ async fn serve<R: Registry>(
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)
+}
+
+/// The path MTU prober `--path-mtu-port` asks for, or none (port 0). A taken port costs
+/// the measurement, never the mesh: every peer route keeps the pod MTU, as with it off.
+fn path_mtu_prober(args: &AgentArgs) -> crate::pathmtu::Handle {
+    match args.path_mtu_port {
+        0 => crate::pathmtu::Handle::off(),
+        port => crate::pathmtu::spawn(port, args.path_mtu_check).unwrap_or_else(|e| {
+            tracing::warn!(
+                port,
+                error = %e,
+                "path MTU discovery is off: its UDP port (--path-mtu-port) cannot be bound; \
+                 every peer route keeps the pod MTU"
+            );
+            crate::pathmtu::Handle::off()
+        }),
+    }
 }

@@ -315,6 +315,67 @@ struct Path {
     misses: u32,
 }
 
+impl Path {
+    /// The path after a measurement that gave `mtu` (`None`: nothing answered), following
+    /// `before`; logs what changed.
+    fn after(before: Option<&Path>, addr: IpAddr, mtu: Option<u16>) -> Path {
+        let answered = mtu.or(before.and_then(|p| p.answered));
+        let misses = match mtu {
+            Some(_) => 0,
+            None => before.map_or(0, |p| p.misses) + 1,
+        };
+        match (mtu, before.and_then(|p| p.last.mtu)) {
+            (Some(m), b) if Some(m) != b => {
+                info!(%addr, path_mtu = m, before = ?b, "path MTU measured")
+            }
+            // Said once a peer has had a few seconds to start answering.
+            (None, _) if misses == 3 => warn!(
+                %addr,
+                last_answered = ?answered,
+                "path MTU: the peer answers no probe (is its agent older, or UDP to the \
+                 probe port filtered?); its routes keep the MTU it last answered at, or \
+                 the pod MTU"
+            ),
+            _ => {}
+        }
+        let retry = Duration::from_secs(1 << misses.saturating_sub(1).min(5));
+        Path {
+            last: Measurement {
+                mtu,
+                at: SystemTime::now(),
+            },
+            retry_at: Instant::now() + retry.min(UNANSWERED_RETRY),
+            answered,
+            misses,
+        }
+    }
+}
+
+/// Shares every path's latest measurement and tells the control loop of a change.
+fn publish(
+    paths: &BTreeMap<IpAddr, Path>,
+    shared: &Mutex<BTreeMap<IpAddr, Measurement>>,
+    mtus: &watch::Sender<Published>,
+) {
+    *lock(shared) = paths.iter().map(|(a, p)| (*a, p.last)).collect();
+    let published = Published {
+        mtus: paths
+            .iter()
+            .filter_map(|(a, p)| Some((*a, u32::from(p.answered?))))
+            .collect(),
+        unanswered: paths
+            .iter()
+            .filter(|(_, p)| p.last.mtu.is_none())
+            .map(|(a, _)| *a)
+            .collect(),
+    };
+    mtus.send_if_modified(|m| {
+        let changed = *m != published;
+        *m = published;
+        changed
+    });
+}
+
 /// Keeps every target's measurement current and publishes the results.
 async fn manage(
     prober: Arc<Prober>,
@@ -374,57 +435,10 @@ async fn manage(
             .collect()
             .await;
         for (addr, mtu) in results {
-            let before = paths.get(&addr);
-            let answered = mtu.or(before.and_then(|p| p.answered));
-            let misses = match mtu {
-                Some(_) => 0,
-                None => before.map_or(0, |p| p.misses) + 1,
-            };
-            match (mtu, before.and_then(|p| p.last.mtu)) {
-                (Some(m), b) if Some(m) != b => {
-                    info!(%addr, path_mtu = m, before = ?b, "path MTU measured")
-                }
-                // Said once a peer has had a few seconds to start answering.
-                (None, _) if misses == 3 => warn!(
-                    %addr,
-                    last_answered = ?answered,
-                    "path MTU: the peer answers no probe (is its agent older, or UDP to the \
-                     probe port filtered?); its routes keep the MTU it last answered at, or \
-                     the pod MTU"
-                ),
-                _ => {}
-            }
-            let retry = Duration::from_secs(1 << misses.saturating_sub(1).min(5));
-            paths.insert(
-                addr,
-                Path {
-                    last: Measurement {
-                        mtu,
-                        at: SystemTime::now(),
-                    },
-                    retry_at: Instant::now() + retry.min(UNANSWERED_RETRY),
-                    answered,
-                    misses,
-                },
-            );
+            let next = Path::after(paths.get(&addr), addr, mtu);
+            paths.insert(addr, next);
         }
-        *lock(&shared) = paths.iter().map(|(a, p)| (*a, p.last)).collect();
-        let published = Published {
-            mtus: paths
-                .iter()
-                .filter_map(|(a, p)| Some((*a, u32::from(p.answered?))))
-                .collect(),
-            unanswered: paths
-                .iter()
-                .filter(|(_, p)| p.last.mtu.is_none())
-                .map(|(a, _)| *a)
-                .collect(),
-        };
-        mtus.send_if_modified(|m| {
-            let changed = *m != published;
-            *m = published;
-            changed
-        });
+        publish(&paths, &shared, &mtus);
     }
 }
 
