@@ -4,4 +4,5 @@
 
 pub mod psk;
 pub mod rotation;
+pub mod switch_watch;
 pub mod switchover;

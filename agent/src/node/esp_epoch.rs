@@ -91,6 +91,91 @@ impl Controller<'_> {
     }
 }
 
+/// How often the inbound states' counters are read while a peer's evidence of holding
+/// this node's next epoch is awaited (`DesiredState::esp_watch`). Until it comes this
+/// node sends with the epoch being left, which the peer still receives on: the wait loses
+/// nothing, it only delays the switch.
+const ESP_POLL: Duration = Duration::from_millis(20);
+
+impl Controller<'_> {
+    /// How long until the counters are read, while the last plan awaits evidence.
+    pub(super) fn esp_poll(&self) -> Option<Duration> {
+        if !self.last.as_ref().is_some_and(|s| s.esp_watch) {
+            return None;
+        }
+        Some(
+            self.esp_read
+                .map_or(Duration::ZERO, |t| ESP_POLL.saturating_sub(t.elapsed())),
+        )
+    }
+
+    /// Reads which inbound states have carried packets; true if one newly has (the plan
+    /// may then switch a peer to this node's next epoch).
+    pub(super) async fn esp_newly_heard(&mut self) -> bool {
+        self.esp_read = Some(std::time::Instant::now());
+        let Some(state) = self.last.as_ref() else {
+            return false;
+        };
+        match self.dataplane.esp_heard(state) {
+            Ok(heard) => {
+                let new = heard.difference(&self.esp_heard).count();
+                self.esp_heard = heard;
+                if new > 0 {
+                    info!(
+                        states = new,
+                        "ipsec: inbound states newly carry packets while peers' evidence of this node's next epoch is awaited"
+                    );
+                }
+                new > 0
+            }
+            Err(e) => {
+                warn!(error = %e, "ipsec: reading the inbound states' counters");
+                false
+            }
+        }
+    }
+}
+
+impl Controller<'_> {
+    /// Logs each ipsec peer that `state` starts sending to with a newer epoch of this node
+    /// than the last plan did: why (the peer's evidence, or the end of the wait) and how
+    /// long after this node's announced moment.
+    pub(super) fn log_esp_switches(&self, state: &weft_backends::model::DesiredState) {
+        let (Some(new), Some(old)) = (
+            state.ipsec.as_ref(),
+            self.last.as_ref().and_then(|s| s.ipsec.as_ref()),
+        ) else {
+            return;
+        };
+        let moment = self.esp_rotation.map(|r| r.next.switch_at);
+        for p in &new.peers {
+            let Some(before) = old.peers.iter().find(|o| o.node == p.node) else {
+                continue;
+            };
+            if p.outbound.local_epoch.number <= before.outbound.local_epoch.number {
+                continue;
+            }
+            let evidence = p.inbound.iter().any(|sa| {
+                sa.local_epoch == p.outbound.local_epoch && self.esp_heard.contains(&sa.spi)
+            });
+            let after_moment_ms = moment
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .map(|d| d.as_millis() as u64);
+            info!(
+                node = %p.node,
+                epoch = p.outbound.local_epoch.number,
+                cause = match (moment, evidence) {
+                    (None, _) => "a new epoch",
+                    (Some(_), true) => "evidence",
+                    (Some(_), false) => "the wait's end",
+                },
+                after_moment_ms,
+                "ipsec: sending to the peer with this node's next epoch"
+            );
+        }
+    }
+}
+
 /// How long a `RekeyAfter` rotation that could not start waits before it is tried again.
 const REKEY_RETRY: Duration = Duration::from_secs(60);
 

@@ -46,6 +46,7 @@ impl Controller<'_> {
         };
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
         report_plan(self.last.as_ref(), &state);
+        self.log_esp_switches(&state);
         self.write_subnet_file(&state);
         self.passes += 1;
         let pass = self.passes;
@@ -79,6 +80,15 @@ impl Controller<'_> {
         }
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
+        }
+        if !state.esp_watch {
+            // Read afresh when evidence is awaited next: an old reading is no evidence.
+            self.esp_heard.clear();
+            self.esp_read = None;
+        }
+        // The staged entries are on the device now: the watcher looks for their handshakes.
+        if let Some(watcher) = &self.switch_watch {
+            watcher.follow(state.key_watch.as_ref());
         }
         self.last = Some(state);
     }
@@ -124,6 +134,7 @@ impl Controller<'_> {
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
         let observed = Observed {
             peers: self.roaming.observed(device),
+            esp_heard: self.esp_heard.clone(),
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();

@@ -19,6 +19,7 @@ use super::error_policy::log_report;
 use crate::cli::AgentArgs;
 use crate::keys::psk::PskSources;
 use crate::keys::rotation::{KeyState, RotateRequest};
+use crate::keys::switch_watch;
 use crate::keys::switchover::Switchover;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
@@ -73,6 +74,8 @@ pub(super) struct Controller<'a> {
     pub(super) raw_view: Arc<ClusterView>,
     pub(super) me: Lease,
     pub(super) switchover: Switchover,
+    /// The key-switch watcher (WireGuard only).
+    pub(super) switch_watch: Option<switch_watch::Handle>,
     pub(super) roaming: super::roaming::Roaming,
     /// The moment the last plan was made for (what PSK was in force then).
     pub(super) planned_at: SystemTime,
@@ -87,6 +90,9 @@ pub(super) struct Controller<'a> {
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
     /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
     pub(super) rekey_not_before: Option<SystemTime>,
+    /// ipsec: the inbound SPIs that have carried packets, and when they were last read.
+    pub(super) esp_heard: std::collections::BTreeSet<u32>,
+    pub(super) esp_read: Option<Instant>,
 }
 
 /// What woke the loop, when it needs a pass.
@@ -112,6 +118,14 @@ fn interval(period: Duration) -> tokio::time::Interval {
 async fn next_event(events: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option<()> {
     match events {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The key-switch watcher's next report; only polled while there is a watcher.
+async fn switched(watcher: &mut Option<switch_watch::Handle>) -> Option<()> {
+    match watcher {
+        Some(h) => h.switched.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -142,6 +156,21 @@ pub(crate) async fn control_loop(
     inputs: LoopInputs,
 ) {
     let me = inputs.local.borrow().clone();
+    let switched = switch_watch::Switched::default();
+    let switch_watch = match dataplane.another_wg_handle() {
+        Some(Ok(wg)) => match switch_watch::spawn(wg, switched.clone()) {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                warn!(error = %e, "cannot start the key-switch watcher: peers' new keys switch by the clock");
+                None
+            }
+        },
+        Some(Err(e)) => {
+            warn!(error = %e, "cannot open the key-switch watcher's device handle: peers' new keys switch by the clock");
+            None
+        }
+        None => None,
+    };
     let mut node = Controller {
         args,
         net,
@@ -154,7 +183,8 @@ pub(crate) async fn control_loop(
         seen_view: Arc::new(ClusterView::default()),
         raw_view: Arc::new(ClusterView::default()),
         me,
-        switchover: Switchover::default(),
+        switchover: Switchover::new(switched),
+        switch_watch,
         roaming: Default::default(),
         planned_at: SystemTime::UNIX_EPOCH,
         resync: interval(args.resync_period),
@@ -164,6 +194,8 @@ pub(crate) async fn control_loop(
         nft_listed: Instant::now(),
         esp_rotation: None,
         rekey_not_before: None,
+        esp_heard: Default::default(),
+        esp_read: None,
     };
     node.inputs.psk.refresh();
     if !node.first_listing().await {
@@ -218,10 +250,9 @@ impl Controller<'_> {
                 .state
                 .as_ref()
                 .and_then(|p| p.next_switch(self.planned_at));
-            let watch = self.last.as_ref().and_then(|s| s.key_watch.as_ref());
-            let peer_switch_poll = self.switchover.poll_at(watch, SystemTime::now());
             let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
             let nft_deferred = self.nft_deferred();
+            let esp_poll = self.esp_poll();
             let rekey = self.rekey_due();
             // In order: an operator's request and the announced moments are never kept
             // waiting behind the periodic checks (`tokio::select!` alone starts at a random
@@ -250,13 +281,19 @@ impl Controller<'_> {
                 // The announced PSK takes over.
                 () = sleep_until(psk_switch) => return Wake::Pass { full: false },
                 // A peer's announced switch, at the latest: its new key takes over now.
-                () = sleep_until(peer_switch) => return Wake::Pass { full: false },
-                // A peer's announced switch is near: is its next key in use yet?
-                () = sleep_until(peer_switch_poll) => {
-                    if self.peer_key_in_use().await {
+                () = sleep_until(peer_switch) => {
+                    info!(cause = "clock", "a peer's announced key reached its grace: switching to it");
+                    return Wake::Pass { full: false };
+                }
+                // ipsec: has the peer that this node waits for sent on its next epoch?
+                () = sleep_for(esp_poll) => {
+                    if self.esp_newly_heard().await {
                         return Wake::Pass { full: false };
                     }
                 }
+                // The key-switch watcher moved a peer to its next key: the pass removes
+                // the entry it left.
+                Some(()) = switched(&mut self.switch_watch) => return Wake::Pass { full: false },
                 _ = self.inputs.views.changed() => return Wake::Pass { full: false },
                 // A path's MTU was measured, or changed, or went silent: its routes and
                 // the snapshot follow.
@@ -369,23 +406,6 @@ impl Controller<'_> {
             }
             let pending = self.keys.rotation.pending().cloned();
             self.inputs.snapshot.update(|s| s.rotating = pending);
-        }
-    }
-
-    /// Whether a watched announced key has handshaken (then the plan switches to it).
-    async fn peer_key_in_use(&mut self) -> bool {
-        let Some(state) = self.last.as_ref() else {
-            return false;
-        };
-        let (Some(watch), Some(tunnel)) = (state.key_watch.as_ref(), state.tunnels.first()) else {
-            return false;
-        };
-        match self.dataplane.handshakes(&tunnel.device).await {
-            Ok(h) => self.switchover.observe(watch, &h, SystemTime::now()),
-            Err(e) => {
-                warn!(error = %e, "reading handshakes for a key switch");
-                false
-            }
         }
     }
 }

@@ -86,6 +86,13 @@ impl Dataplane {
         Ok((Dataplane::new(nl, NftCli::default(), wg), why))
     }
 
+    /// A second, independent handle on this node's WireGuard devices (its own socket), for
+    /// a task that must not wait for the control loop: the key-switch watcher. `None`
+    /// without WireGuard.
+    pub fn another_wg_handle(&self) -> Option<Result<WgImpl, ApplyError>> {
+        self.wg.as_ref().map(WgImpl::another)
+    }
+
     /// The external interface: the link holding `ip` (see `RtNetlink::underlay_of`).
     pub async fn underlay_of(
         &mut self,
@@ -114,24 +121,6 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             nft_seen: None,
             fresh: Default::default(),
         }
-    }
-
-    /// The last handshake of every peer on WireGuard device `device` (read now), for the
-    /// key-rotation switch: a peer's announced key that has handshaken is in use.
-    pub async fn handshakes(
-        &mut self,
-        device: &str,
-    ) -> Result<std::collections::HashMap<weft_crypto::PublicKey, std::time::Duration>, ApplyError>
-    {
-        let Some(wg) = self.wg.as_mut() else {
-            return Ok(Default::default());
-        };
-        let observed = wg.get(device).await?;
-        Ok(observed
-            .peers
-            .into_iter()
-            .filter_map(|(k, p)| Some((k, p.last_handshake.filter(|t| !t.is_zero())?)))
-            .collect())
     }
 
     /// The peers of this node's WireGuard devices, for the plan (`Observed`: endpoint and

@@ -73,6 +73,25 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         self.ipsec.as_mut().map(|p| p.book.advance())
     }
 
+    /// The SPIs of the inbound states of `state`'s ipsec peers that have carried packets,
+    /// read now (`Observed::esp_heard`); empty without ipsec.
+    pub fn esp_heard(
+        &mut self,
+        state: &DesiredState,
+    ) -> Result<std::collections::BTreeSet<u32>, super::ApplyError> {
+        let (Some(plane), Some(spec)) = (self.ipsec.as_mut(), state.ipsec.as_ref()) else {
+            return Ok(Default::default());
+        };
+        let heard = plane
+            .xfrm
+            .states(spec.if_id)?
+            .into_iter()
+            .filter(|o| o.spec.dst == spec.local && o.packets > 0)
+            .map(|o| o.spec.spi)
+            .collect();
+        Ok(heard)
+    }
+
     /// Each planned ipsec peer's states as the last pass read them, by public key.
     pub fn esp_counters(
         &self,

@@ -35,6 +35,10 @@ pub struct DesiredState {
     pub next_switch: Option<std::time::SystemTime>,
     /// Announced keys whose first handshake the agent watches for (see `Observed`).
     pub key_watch: Option<super::KeyWatch>,
+    /// ipsec: a peer's evidence of holding this node's next epoch is awaited, so the agent
+    /// reads its inbound states' counters (`Observed::esp_heard`) until it comes or
+    /// `next_switch`.
+    pub esp_watch: bool,
     /// The endpoint the registry gives each WireGuard peer, before a roamed one is kept:
     /// the agent remembers it (`PeerObserved::planned_before`).
     pub planned_endpoints: std::collections::BTreeMap<super::DevicePeer, SocketAddr>,

@@ -20,7 +20,7 @@ pub use desired::{
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use net::PodNetwork;
 pub use observed::{
-    DevicePeer, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,
+    DevicePeer, KeyMove, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,
     WATCH_BEFORE,
 };
 

@@ -12,8 +12,9 @@ use weft_crypto::PublicKey;
 /// How long after a peer's announced moment its next key takes over even if it has not
 /// handshaken (the rotating node is late, or down: it switches when it returns).
 pub const SWITCH_GRACE: Duration = Duration::from_secs(2);
-/// How often the device is read while a switch is near.
-pub const HANDSHAKE_POLL: Duration = Duration::from_millis(20);
+/// How often the device is read while a switch is near (by the agent's switch watcher, a
+/// task of its own: the control loop's passes never delay it).
+pub const HANDSHAKE_POLL: Duration = Duration::from_millis(5);
 /// How long before an announced moment the watching starts.
 pub const WATCH_BEFORE: Duration = Duration::from_millis(300);
 /// An announced moment is taken as no earlier than this long after this node first saw
@@ -34,6 +35,9 @@ pub struct Observed {
     /// separate` one node is a peer of both devices, under the same key): what the device
     /// holds, and what this agent did to it.
     pub peers: BTreeMap<DevicePeer, PeerObserved>,
+    /// ipsec: the SPIs of this node's inbound states that have carried packets, as last
+    /// read (a peer sending on a state shows it holds the state's keys).
+    pub esp_heard: BTreeSet<u32>,
 }
 
 /// One peer of one WireGuard device: the device's name and the peer's key.
@@ -56,12 +60,28 @@ pub struct PeerObserved {
 
 /// When the agent should read its device for announced keys' first handshakes: every
 /// `HANDSHAKE_POLL` from `from` until `until`, looking for `keys` (after `until` the
-/// clock switches them anyway).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// clock switches them anyway), and what to change on the device when one has handshaken
+/// (`moves`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct KeyWatch {
     pub keys: Vec<PublicKey>,
     pub from: SystemTime,
     pub until: SystemTime,
+    pub moves: Vec<KeyMove>,
+}
+
+/// The switch to a peer's next key on one device, as one device update: the next key's
+/// staged entry takes the current entry's AllowedIPs (a WireGuard device gives an address
+/// to one entry only, so they leave the current entry in the same step).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyMove {
+    pub device: String,
+    /// The peer's staged entry, as it is once switched (its AllowedIPs included).
+    pub next: crate::model::PeerSpec,
+    /// The key being left.
+    pub current: PublicKey,
+    /// The moment the rotating node announced (for the log: how long the switch took).
+    pub announced: SystemTime,
 }
 
 impl KeyWatch {
@@ -82,7 +102,7 @@ impl KeyWatch {
     /// announcement reached this node, and a handshake on its next key is proof enough.
     pub(crate) fn merge(
         watch: &mut Option<KeyWatch>,
-        key: PublicKey,
+        moved: KeyMove,
         announced: SystemTime,
         until: SystemTime,
         now: SystemTime,
@@ -91,26 +111,41 @@ impl KeyWatch {
             return;
         }
         let from = announced.checked_sub(WATCH_BEFORE).unwrap_or(announced);
-        match watch {
-            Some(w) => {
-                w.keys.push(key);
-                w.from = w.from.min(from);
-                w.until = w.until.max(until);
-            }
-            None => {
-                *watch = Some(KeyWatch {
-                    keys: vec![key],
-                    from,
-                    until,
-                })
-            }
+        let key = moved.next.public_key;
+        let w = watch.get_or_insert_with(|| KeyWatch {
+            keys: Vec::new(),
+            from,
+            until,
+            moves: Vec::new(),
+        });
+        if !w.keys.contains(&key) {
+            w.keys.push(key);
         }
+        w.from = w.from.min(from);
+        w.until = w.until.max(until);
+        w.moves.push(moved);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn moved(key: PublicKey) -> KeyMove {
+        KeyMove {
+            device: "flannel-wg".into(),
+            next: crate::model::PeerSpec {
+                node: "n2".into(),
+                public_key: key,
+                endpoint: "192.0.2.2:51820".parse().unwrap(),
+                allowed_ips: vec!["10.5.2.0/24".parse().unwrap()],
+                keepalive: 0,
+                psk: None,
+            },
+            current: weft_crypto::PrivateKey::from_bytes([8; 32]).public_key(),
+            announced: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),
+        }
+    }
 
     #[test]
     fn a_watch_polls_from_its_start_every_poll_until_its_end() {
@@ -119,7 +154,7 @@ mod tests {
         let mut w = None;
         KeyWatch::merge(
             &mut w,
-            key,
+            moved(key),
             t,
             t + SWITCH_GRACE,
             t - Duration::from_secs(10),
@@ -127,13 +162,17 @@ mod tests {
         let w = w.unwrap();
         assert_eq!((w.from, w.until), (t - WATCH_BEFORE, t + SWITCH_GRACE));
         assert_eq!(
+            (w.keys.clone(), w.moves.clone()),
+            (vec![key], vec![moved(key)])
+        );
+        assert_eq!(
             w.next_poll(None, t - Duration::from_secs(10)),
             Some(t - WATCH_BEFORE)
         );
         assert_eq!(w.next_poll(Some(t), t), Some(t + HANDSHAKE_POLL));
         assert_eq!(w.next_poll(Some(t), t + SWITCH_GRACE), None);
         let mut over = None;
-        KeyWatch::merge(&mut over, key, t, t + SWITCH_GRACE, t + SWITCH_GRACE);
+        KeyWatch::merge(&mut over, moved(key), t, t + SWITCH_GRACE, t + SWITCH_GRACE);
         assert_eq!(over, None, "past the grace: the clock decides");
     }
 }

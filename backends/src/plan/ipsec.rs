@@ -273,6 +273,7 @@ pub(crate) fn plan(
         network,
         local,
         now,
+        heard: &input.observed.esp_heard,
     };
     state.next_switch = own.upcoming(now);
     holders.keys = contested_keys(&candidates);
@@ -281,10 +282,14 @@ pub(crate) fn plan(
             Ok((p, upcoming)) => {
                 holders.keys.insert(p.public_key, &c.lease.node);
                 holders.ips.insert(p.remote, &c.lease.node);
-                peers.push(p);
                 if let Some(t) = upcoming {
                     state.next_switch = Some(state.next_switch.map_or(t, |n| n.min(t)));
                 }
+                if p.outbound.local_epoch != own.effective(now) {
+                    // Waiting for the peer's evidence: the agent reads the counters.
+                    state.esp_watch = true;
+                }
+                peers.push(p);
             }
             Err(reason) => left_out.push(LeftOut {
                 node: c.lease.node.clone(),
@@ -325,11 +330,13 @@ fn contested_keys<'a>(candidates: &[Candidate<'a>]) -> BTreeMap<PublicKey, &'a s
 }
 
 /// This node's side of every pair.
-struct Ends {
+struct Ends<'a> {
     subnet: IpNet,
     network: IpNet,
     local: Ipv4Addr,
     now: SystemTime,
+    /// Inbound SPIs that have carried packets (`Observed::esp_heard`).
+    heard: &'a std::collections::BTreeSet<u32>,
 }
 
 /// The public keys and public IPs of the peers kept so far, and their nodes.
@@ -345,7 +352,7 @@ struct Holders<'a> {
 fn peer(
     c: &Candidate<'_>,
     own: &IpsecData,
-    ends: &Ends,
+    ends: &Ends<'_>,
     holders: &Holders<'_>,
 ) -> Result<(IpsecPeer, Option<SystemTime>), LeaveReason> {
     let lease = c.lease;
@@ -387,12 +394,6 @@ fn peer(
         subnet: peer_subnet,
         network: ends.network,
     };
-    let (mine, theirs) = (own.effective(ends.now), data.effective(ends.now));
-    let outbound = EspSa {
-        spi: spi(ends.network, ends.subnet, generation(&mine, &theirs)).ok_or_else(outside)?,
-        local_epoch: mine,
-        peer_epoch: theirs,
-    };
     let mut inbound = Vec::new();
     for p in data.epochs(ends.now) {
         for m in own.epochs(ends.now) {
@@ -404,6 +405,13 @@ fn peer(
             });
         }
     }
+    let (mine, waiting) = sending_epoch(own, &inbound, ends);
+    let theirs = data.effective(ends.now);
+    let outbound = EspSa {
+        spi: spi(ends.network, ends.subnet, generation(&mine, &theirs)).ok_or_else(outside)?,
+        local_epoch: mine,
+        peer_epoch: theirs,
+    };
     let mut spis: Vec<u32> = inbound.iter().map(|sa| sa.spi).collect();
     spis.sort_unstable();
     if let Some(w) = spis.windows(2).find(|w| w[0] == w[1]) {
@@ -417,7 +425,36 @@ fn peer(
         outbound,
         inbound,
     };
-    Ok((p, data.upcoming(ends.now)))
+    Ok((p, data.upcoming(ends.now).or(waiting)))
+}
+
+/// How long after this node's announced moment it waits at most for a peer's evidence
+/// (`sending_epoch`) before sending to it with the next epoch anyway (a peer that sends
+/// nothing gives none). Well inside `SETTLE`, while the peer still receives on the epoch
+/// left.
+pub const CONFIRM_GRACE: Duration = Duration::from_secs(2);
+
+/// The epoch this node sends to a peer with: from its announced moment on, the next one —
+/// once the peer has shown it holds the next epoch's states, by sending on one of them
+/// (a packet counted on an inbound state of the next epoch: the peer installs its inbound
+/// states for an epoch in the pass that starts its sending with it, or earlier). Until
+/// then, and at most `CONFIRM_GRACE`, the epoch being left, which the peer still receives
+/// on while the announcement stands; the grace's end is returned (the plan changes then).
+/// So a peer that learned of the rotation late, or whose agent is slow, loses nothing.
+fn sending_epoch(own: &IpsecData, inbound: &[EspSa], ends: &Ends) -> (Epoch, Option<SystemTime>) {
+    let effective = own.effective(ends.now);
+    let Some(next) = own.next.filter(|n| n.epoch == effective) else {
+        return (effective, None);
+    };
+    let until = next.switch_at + CONFIRM_GRACE;
+    let heard = inbound
+        .iter()
+        .any(|sa| sa.local_epoch == next.epoch && ends.heard.contains(&sa.spi));
+    if heard || ends.now >= until {
+        (next.epoch, None)
+    } else {
+        (own.epoch, Some(until))
+    }
 }
 
 /// A route per peer subnet into `flannel-ipsec`, the covering route for the pod network,

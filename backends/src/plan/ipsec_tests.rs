@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 use super::ipsec::{
     backend_data, generation, rotating_backend_data, spi, IpsecData, NextEpoch, IF_ID,
 };
-use super::unencrypted_tests::{lease, run_on, run_on_at};
-use crate::model::{BackendDataError, LeaveReason, RouteRole};
+use super::unencrypted_tests::{lease, run_observed_at, run_on, run_on_at};
+use crate::model::{BackendDataError, LeaveReason, Observed, RouteRole};
 
 const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec"}}"#;
 
@@ -247,19 +247,46 @@ fn a_rotation_stages_the_next_epochs_inbound_states_and_switches_at_the_moment()
     assert_eq!(at_2.outbound.local_epoch, epoch(1));
     let staged: Vec<u64> = at_2.inbound.iter().map(|s| s.local_epoch.number).collect();
     assert_eq!(staged, [1, 2]);
-    // From the moment on both send with epoch 2, on the SPIs staged for it.
+    // From the moment on node 1 sends with epoch 2, on the SPI node 2 staged for it.
     let (_, after_1) = plan_at(node(1, &a, 1), rotating(2, &b, 1, 2, 5_000), 5);
-    let (none, after_2) = plan_at(rotating(2, &b, 1, 2, 5_000), node(1, &a, 1), 5);
-    assert_eq!(none, None);
     assert_eq!(after_1.outbound.peer_epoch, epoch(2));
     assert_eq!(
         after_1.outbound.spi, at_2.inbound[1].spi,
         "node 2 staged it"
     );
+    // Node 2 sends with epoch 2 once node 1 has shown it holds the epoch's states (a packet
+    // counted on node 2's inbound state of epoch 2), or 2 s after the moment without it;
+    // until then with epoch 1, which node 1 still receives on, and it watches the counters.
+    let plan_seen = |secs: u64, heard: &[u32]| {
+        let observed = Observed {
+            esp_heard: heard.iter().copied().collect(),
+            ..Observed::default()
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        let me = rotating(2, &b, 1, 2, 5_000);
+        let state = run_observed_at(CONF, me, vec![node(1, &a, 1)], &[], now, &observed).unwrap();
+        let peer = state.ipsec.as_ref().unwrap().peers[0].clone();
+        (state.next_switch, state.esp_watch, peer.outbound)
+    };
+    let grace_end = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
+    let (switch, watching, unconfirmed) = plan_seen(5, &[]);
+    assert_eq!((switch, watching), (Some(grace_end), true));
     assert_eq!(
-        after_2.outbound.spi, at_1.inbound[1].spi,
-        "node 1 staged it"
+        unconfirmed.spi, at_1.inbound[0].spi,
+        "node 1 receives on it"
     );
+    // Traffic on another state is no evidence.
+    assert_eq!(plan_seen(5, &[at_2.inbound[0].spi]).2, unconfirmed);
+    let next_spi = at_1.inbound[1].spi;
+    for (what, secs, heard) in [
+        ("evidence", 5, vec![at_2.inbound[1].spi]),
+        ("the grace is over", 7, vec![]),
+    ] {
+        let (switch, watching, outbound) = plan_seen(secs, &heard);
+        assert_eq!((switch, watching), (None, false), "{what}");
+        assert_eq!(outbound.local_epoch, epoch(2), "{what}");
+        assert_eq!(outbound.spi, next_spi, "{what}: node 1 staged it");
+    }
     // While the announcement stands, node 1 still receives on the epoch node 2 left (a
     // node that learns of the moment late still sends with it); once node 2 publishes
     // epoch 2 alone, on that only.
@@ -277,13 +304,14 @@ fn a_rotation_stages_the_next_epochs_inbound_states_and_switches_at_the_moment()
 #[test]
 fn a_peers_epoch_learned_after_this_nodes_moment_is_heard_with_the_epoch_it_left() {
     // Both nodes rotate at once (`--all`): node 1's moment is at 5 s, node 2's at 6 s, and
-    // node 2 plans at 7 s, past both. Node 1 may not have learned of node 2's moment yet
-    // and send with (its epoch 2, node 2's epoch 1): node 2 must hold that state too.
+    // node 2 plans at 8 s, past both (and past its wait for node 1's evidence). Node 1 may
+    // not have learned of node 2's moment yet and send with (its epoch 2, node 2's epoch
+    // 1): node 2 must hold that state too.
     let (a, b) = (
         PrivateKey::generate().unwrap(),
         PrivateKey::generate().unwrap(),
     );
-    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(7);
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(8);
     let me = rotating(2, &b, 1, 2, 6_000);
     let state = run_on_at(CONF, me, vec![rotating(1, &a, 1, 2, 5_000)], &[], now).unwrap();
     let peer = &state.ipsec.unwrap().peers[0];

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use super::tests::{good_peer, key, local, run_observing, CONF, NOW};
 use super::DesiredState;
-use crate::model::{KeyWatch, Lease, Observed, SWITCH_GRACE, WATCH_BEFORE};
+use crate::model::{KeyMove, Lease, Observed, PeerSpec, SWITCH_GRACE, WATCH_BEFORE};
 
 fn run_observed(peers: Vec<Lease>, observed: &Observed) -> DesiredState {
     run_observing(local(), CONF, peers, false, observed).unwrap()
@@ -105,15 +105,38 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
         let switch = moment(at(offset)) + SWITCH_GRACE;
         if watching {
             assert_eq!(state.next_switch, Some(switch), "{what}");
+            let w = state.key_watch.as_ref().expect("a watch");
             assert_eq!(
-                state.key_watch,
-                Some(KeyWatch {
-                    keys: vec![key(22)],
-                    from: moment(at(offset)) - WATCH_BEFORE,
-                    until: switch,
-                }),
+                (&w.keys, w.from, w.until),
+                (&vec![key(22)], moment(at(offset)) - WATCH_BEFORE, switch),
                 "{what}"
             );
+            // Once the key handshakes, its staged entry takes the current one's
+            // AllowedIPs on the device where both are.
+            let staged = state.tunnels[0]
+                .peers
+                .iter()
+                .find(|p| p.public_key == key(22))
+                .expect("the staged entry");
+            let current = state.tunnels[0]
+                .peers
+                .iter()
+                .find(|p| p.public_key == key(2))
+                .expect("the current entry");
+            assert_eq!(
+                w.moves,
+                vec![KeyMove {
+                    device: state.tunnels[0].device.clone(),
+                    next: PeerSpec {
+                        public_key: key(22),
+                        ..current.clone()
+                    },
+                    current: key(2),
+                    announced: moment(at(offset)),
+                }],
+                "{what}"
+            );
+            assert!(staged.allowed_ips.is_empty(), "{what}");
         } else {
             assert_eq!((state.next_switch, state.key_watch), (None, None), "{what}");
         }
@@ -182,12 +205,13 @@ fn a_late_announcement_is_watched_from_the_announced_moment() {
     assert_eq!(peer_keys(&state), vec![(key(22), 0), (key(2), 1)]);
     let until = now + crate::model::SEEN_LEAD + SWITCH_GRACE;
     assert_eq!(state.next_switch, Some(until));
+    let w = state.key_watch.expect("a watch");
     assert_eq!(
-        state.key_watch,
-        Some(KeyWatch {
-            keys: vec![key(22)],
-            from: SystemTime::UNIX_EPOCH + Duration::from_millis(at(1_000)) - WATCH_BEFORE,
-            until,
-        })
+        (w.keys, w.from, w.until),
+        (
+            vec![key(22)],
+            SystemTime::UNIX_EPOCH + Duration::from_millis(at(1_000)) - WATCH_BEFORE,
+            until
+        )
     );
 }

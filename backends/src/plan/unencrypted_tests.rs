@@ -67,6 +67,18 @@ pub(super) fn run_on_at(
     networks: &[&str],
     now: SystemTime,
 ) -> Result<DesiredState, PlanError> {
+    run_observed_at(conf, me, peers, networks, now, &Default::default())
+}
+
+/// As `run_on_at`, with what the devices reported.
+pub(super) fn run_observed_at(
+    conf: &str,
+    me: Lease,
+    peers: Vec<Lease>,
+    networks: &[&str],
+    now: SystemTime,
+    observed: &crate::model::Observed,
+) -> Result<DesiredState, PlanError> {
     let config = parse(conf).unwrap();
     let mut view = ClusterView::default();
     view.insert(me.clone());
@@ -81,7 +93,7 @@ pub(super) fn run_on_at(
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
-        observed: &Default::default(),
+        observed,
         local: &me,
         view: &view,
         config: &config,

@@ -13,8 +13,8 @@ use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::backend_data;
 use crate::model::{
-    BackendDataError, DesiredState, Family, KeyWatch, Lease, LeaveReason, LeftOut, PeerSpec,
-    RouteRole, RouteSpec, TunnelSpec, SEEN_LEAD, SWITCH_GRACE,
+    BackendDataError, DesiredState, Family, KeyMove, KeyWatch, Lease, LeaveReason, LeftOut,
+    PeerSpec, RouteRole, RouteSpec, TunnelSpec, SEEN_LEAD, SWITCH_GRACE,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -185,13 +185,16 @@ pub(crate) fn plan(
                         // The clock switches it at `at` at the latest; its first handshake
                         // switches it earlier, so the agent watches for that.
                         state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
-                        KeyWatch::merge(
-                            &mut state.key_watch,
-                            entry.public_key,
+                        let moved = KeyMove {
+                            device: dev.name.to_string(),
+                            next: PeerSpec {
+                                public_key: entry.public_key,
+                                ..p.clone()
+                            },
+                            current: p.public_key,
                             announced,
-                            at,
-                            input.now,
-                        );
+                        };
+                        KeyWatch::merge(&mut state.key_watch, moved, announced, at, input.now);
                         peers.push(entry);
                     }
                     peers.push(p);

@@ -3,13 +3,17 @@
 //! same name, take the same per-peer changes and read back the same `WgDevice`; the
 //! data plane does not care which one runs.
 
-use weft_crypto::PrivateKey;
+use std::collections::HashMap;
+use std::time::Duration;
 
-use super::diff::DeviceChange;
+use weft_crypto::{PrivateKey, PublicKey};
+
+use super::diff::{DeviceChange, PeerChange, PeerFields};
 use super::kernel::{self, Kernel};
 use super::process::UserspaceProcess;
 use super::{WgDevice, WgDevices};
 use crate::apply::{ApplyError, ObservedLink, RtNetlink};
+use crate::model::KeyMove;
 use crate::netconf::Implementation;
 
 /// The implementation a node runs, chosen once at start.
@@ -58,6 +62,50 @@ impl WgImpl {
                 )),
             }),
         }
+    }
+}
+
+impl WgImpl {
+    /// Another handle on the same implementation's devices, with connections of its own
+    /// (it starts no device processes: it reads and changes devices that exist).
+    pub fn another(&self) -> Result<WgImpl, ApplyError> {
+        Ok(match self {
+            WgImpl::Kernel(_) => WgImpl::Kernel(Kernel::open()?),
+            WgImpl::Userspace(u) => WgImpl::Userspace(u.another()),
+        })
+    }
+
+    /// The last handshake of every peer of `device` that has handshaken, read now.
+    pub async fn handshakes(
+        &mut self,
+        device: &str,
+    ) -> Result<HashMap<PublicKey, Duration>, ApplyError> {
+        let observed = self.get(device).await?;
+        Ok(observed
+            .peers
+            .into_iter()
+            .filter_map(|(k, p)| Some((k, p.last_handshake.filter(|t| !t.is_zero())?)))
+            .collect())
+    }
+
+    /// Switches a peer to its next key (`KeyMove`) in one device update: the next key's
+    /// entry takes the AllowedIPs, which leave the current entry as they arrive (the
+    /// current entry itself goes in the next pass). Nothing else of either entry changes.
+    pub async fn move_to_next_key(&mut self, moved: &KeyMove) -> Result<(), ApplyError> {
+        let change = DeviceChange {
+            set_private_key: false,
+            listen_port: None,
+            peers: vec![PeerChange::Update {
+                spec: moved.next.clone(),
+                fields: PeerFields {
+                    allowed_ips: Some(moved.next.allowed_ips.clone()),
+                    ..PeerFields::default()
+                },
+            }],
+        };
+        // The change does not set the device's key, so no key is sent.
+        let unused = PrivateKey::from_bytes([0; 32]);
+        self.apply(&moved.device, &change, &unused).await
     }
 }
 

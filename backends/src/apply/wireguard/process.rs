@@ -165,6 +165,11 @@ impl UserspaceProcess {
         }
     }
 
+    /// A handle on the same devices that started none of them.
+    pub fn another(&self) -> Self {
+        UserspaceProcess::new(self.command.clone())
+    }
+
     async fn client(&self, device: &str) -> Result<UapiClient, ApplyError> {
         UapiClient::connect(device).await.map_err(err(format!(
             "connecting to userspace WireGuard device {device} at {}",

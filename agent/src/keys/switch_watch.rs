@@ -1,0 +1,184 @@
+//! The key-switch watcher: a thread of its own that, while a peer's announced key is near
+//! its moment (the plan's `KeyWatch`), reads the device every `HANDSHAKE_POLL` and, as
+//! soon as the next key has handshaken, moves the peer's AllowedIPs to it in one device
+//! update (`WgImpl::move_to_next_key`). Until then the rotating node's packets arrive on
+//! an entry that may not carry them, so every millisecond here is traffic lost; the
+//! control loop's passes, `nft` runs and a slow registry never delay it, because it runs
+//! beside the loop on its own device connection and reads nothing else.
+//!
+//! What it switched is shared with the loop (`Switched`): the key is recorded before the
+//! device is changed, and a pass reads the devices before it reads the record, so a pass
+//! that sees the moved AllowedIPs also plans with the next key and never moves them back.
+//! The loop is then woken, and its pass removes the entry of the key being left.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+use weft_backends::apply::wireguard::devices::WgImpl;
+use weft_backends::model::{KeyMove, KeyWatch, HANDSHAKE_POLL};
+use weft_crypto::PublicKey;
+
+/// Peers' next keys the watcher has switched to, shared with the control loop.
+#[derive(Clone, Default)]
+pub struct Switched(Arc<Mutex<BTreeSet<PublicKey>>>);
+
+impl Switched {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<PublicKey>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `key` as switched to; false if it already was.
+    pub fn insert(&self, key: PublicKey) -> bool {
+        self.lock().insert(key)
+    }
+
+    pub fn contains(&self, key: &PublicKey) -> bool {
+        self.lock().contains(key)
+    }
+
+    /// Forgets every key not in `announced` (a rotation that ended), and returns the rest.
+    pub fn keep_only(&self, announced: &[PublicKey]) -> BTreeSet<PublicKey> {
+        let mut keys = self.lock();
+        keys.retain(|k| announced.contains(k));
+        keys.clone()
+    }
+}
+
+/// The loop's end of the watcher.
+pub struct Handle {
+    /// The last plan's watch.
+    pub watch: watch::Sender<Option<KeyWatch>>,
+    /// Told after each switch.
+    pub switched: mpsc::Receiver<()>,
+}
+
+impl Handle {
+    /// Hands the watcher the plan's watch (if it changed).
+    pub fn follow(&self, watch: Option<&KeyWatch>) {
+        self.watch.send_if_modified(|w| {
+            let changed = w.as_ref() != watch;
+            if changed {
+                *w = watch.cloned();
+            }
+            changed
+        });
+    }
+}
+
+/// Starts the watcher on a thread of its own, on device handle `wg` (see
+/// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
+pub fn spawn(wg: WgImpl, switched: Switched) -> std::io::Result<Handle> {
+    let (watch_tx, watch_rx) = watch::channel(None);
+    let (done_tx, done_rx) = mpsc::channel(16);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("key-switch".into())
+        .spawn(move || runtime.block_on(run(wg, watch_rx, switched, done_tx)))?;
+    Ok(Handle {
+        watch: watch_tx,
+        switched: done_rx,
+    })
+}
+
+async fn run(
+    mut wg: WgImpl,
+    mut plan: watch::Receiver<Option<KeyWatch>>,
+    switched: Switched,
+    tell: mpsc::Sender<()>,
+) {
+    loop {
+        let current = plan.borrow_and_update().clone();
+        let now = SystemTime::now();
+        let wait = match &current {
+            Some(w) if now < w.from => Some(w.from.duration_since(now).unwrap_or_default()),
+            Some(w) if now < w.until => {
+                if poll(&mut wg, w, &switched).await {
+                    let _ = tell.try_send(());
+                }
+                Some(HANDSHAKE_POLL)
+            }
+            _ => None,
+        };
+        tokio::select! {
+            changed = plan.changed() => if changed.is_err() {
+                return;
+            },
+            () = sleep_for(wait) => {}
+        }
+    }
+}
+
+async fn sleep_for(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One read of each device with a pending switch; switches every next key found
+/// handshaken. True if one was.
+async fn poll(wg: &mut WgImpl, watch: &KeyWatch, switched: &Switched) -> bool {
+    let pending: Vec<&KeyMove> = watch
+        .moves
+        .iter()
+        .filter(|m| !switched.contains(&m.next.public_key))
+        .collect();
+    let devices: BTreeSet<&str> = pending.iter().map(|m| m.device.as_str()).collect();
+    let mut any = false;
+    for device in devices {
+        let handshakes = match wg.handshakes(device).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!(error = %e, device, "reading handshakes for a key switch");
+                continue;
+            }
+        };
+        for moved in pending.iter().filter(|m| m.device == device) {
+            if let Some(at) = handshakes.get(&moved.next.public_key) {
+                switch(wg, moved, *at, switched).await;
+                any = true;
+            }
+        }
+    }
+    any
+}
+
+async fn switch(wg: &mut WgImpl, moved: &KeyMove, handshake: Duration, switched: &Switched) {
+    // Recorded first: a pass reading the device after the change plans with the key.
+    switched.insert(moved.next.public_key);
+    let started = Instant::now();
+    let result = wg.move_to_next_key(moved).await;
+    let now = SystemTime::now();
+    // Signed: a clock behind the rotating node's sees the handshake before the moment.
+    let since = |t: SystemTime| match now.duration_since(t) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    };
+    let handshake_at = SystemTime::UNIX_EPOCH + handshake;
+    let (node, key) = (&moved.next.node, moved.next.public_key);
+    match result {
+        Ok(()) => info!(
+            node = %node,
+            device = %moved.device,
+            key = %key,
+            cause = "handshake",
+            since_handshake_ms = since(handshake_at),
+            since_moment_ms = since(moved.announced),
+            update_ms = started.elapsed().as_millis(),
+            "switched to a peer's next key"
+        ),
+        Err(e) => warn!(
+            node = %node,
+            key = %key,
+            error = %e,
+            "switching to a peer's next key on its handshake failed; the next pass does it"
+        ),
+    }
+}
