@@ -47,13 +47,6 @@ fn name(lab: &Lab, i: usize) -> String {
     format!("{}-{}", s.network(), s.prefix_len())
 }
 
-fn wg_key(lab: &Lab, i: usize) -> String {
-    lab.on_node(i, "wg show flannel-wg public-key")
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
 /// Waits up to 20 s; on a timeout the failure shows the end of node 1's agent log.
 fn wait_for(lab: &Lab, what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -120,7 +113,7 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
         .unwrap();
 
     // A peer missing.
-    let key1 = wg_key(&lab, 1);
+    let key1 = lab.wg_public_key(1).unwrap();
     lab.on_node(0, &format!("wg set flannel-wg peer {key1} remove"))
         .unwrap();
     let (_, out) = doctor(&lab, 0);

@@ -16,12 +16,7 @@ const PORT: u16 = 10267;
 
 /// Node `i`'s published lease value.
 fn published(lab: &Lab, i: usize) -> serde_json::Value {
-    let key = lab.lease_key(i).unwrap();
-    let value = lab
-        .etcd()
-        .etcdctl(&["get", "--print-value-only", &key])
-        .unwrap();
-    serde_json::from_str(value.trim()).unwrap()
+    lab.published_lease(i).expect("the node's lease")
 }
 
 fn put(lab: &Lab, name: &str, value: &serde_json::Value) {

@@ -45,10 +45,8 @@ fn a_kube_cluster_meshes_through_weft_cni() {
         let data: serde_json::Value =
             serde_json::from_str(ann[format!("{PREFIX}/backend-data")].as_str().unwrap()).unwrap();
         assert_eq!(data["Port"], 51820);
-        let key = lab
-            .on_node(node.index - 1, "wg show flannel-wg public-key")
-            .unwrap();
-        assert_eq!(data["PublicKey"], key.trim());
+        let key = lab.wg_public_key(node.index - 1).unwrap();
+        assert_eq!(data["PublicKey"], key);
         wait_for("NetworkUnavailable=False", Duration::from_secs(10), || {
             api.node(&name).unwrap()["status"]["conditions"]
                 .as_array()

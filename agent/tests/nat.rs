@@ -27,15 +27,8 @@ fn endpoints(lab: &Lab, i: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-fn key_of(lab: &Lab, i: usize) -> String {
-    lab.on_node(i, "wg show flannel-wg public-key")
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
 fn endpoint_of(lab: &Lab, on: usize, peer: usize) -> String {
-    let key = key_of(lab, peer);
+    let key = lab.wg_public_key(peer).unwrap();
     endpoints(lab, on)
         .into_iter()
         .find(|(k, _)| *k == key)

@@ -19,13 +19,7 @@ fn lab() -> Lab {
 }
 
 fn published_ip(lab: &Lab) -> String {
-    let key = lab.lease_key(0).unwrap();
-    let value = lab
-        .etcd()
-        .etcdctl(&["get", "--print-value-only", &key])
-        .unwrap_or_default();
-    serde_json::from_str::<serde_json::Value>(value.trim())
-        .ok()
+    lab.published_lease(0)
         .and_then(|v| v["PublicIP"].as_str().map(str::to_string))
         .unwrap_or_default()
 }
@@ -43,11 +37,7 @@ fn endpoint_on(lab: &Lab, i: usize, key: &str) -> String {
 #[test]
 fn a_node_whose_address_changes_publishes_the_new_one_and_peers_follow() {
     let lab = lab();
-    let key = lab
-        .on_node(0, "wg show flannel-wg public-key")
-        .unwrap()
-        .trim()
-        .to_string();
+    let key = lab.wg_public_key(0).unwrap();
     assert_eq!(published_ip(&lab), "198.51.100.1");
     let watch = ClearWatch::start(&lab).unwrap();
 

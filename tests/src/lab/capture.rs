@@ -3,9 +3,10 @@
 //! any interface of the lab.
 
 use std::fs;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 
@@ -15,6 +16,8 @@ pub struct UnderlayCapture {
     child: Child,
     file: PathBuf,
     log: PathBuf,
+    /// When tcpdump was listening.
+    pub started: SystemTime,
 }
 
 impl UnderlayCapture {
@@ -42,7 +45,12 @@ impl UnderlayCapture {
             .stderr(fs::File::create(&log)?)
             .spawn()
             .context("starting tcpdump")?;
-        let mut capture = UnderlayCapture { child, file, log };
+        let mut capture = UnderlayCapture {
+            child,
+            file,
+            log,
+            started: SystemTime::now(),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !capture.log_text().contains("listening on") {
             if let Some(status) = capture.child.try_wait()? {
@@ -56,6 +64,7 @@ impl UnderlayCapture {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        capture.started = SystemTime::now();
         Ok(capture)
     }
 
@@ -130,4 +139,99 @@ pub fn esp_packets(text: &str) -> (usize, usize) {
     let esp = text.lines().filter(|l| l.contains("ESP(spi="));
     let in_udp = esp.clone().filter(|l| l.contains("UDP-encap")).count();
     (esp.count() - in_udp, in_udp)
+}
+
+/// One packet of a capture file: when it was captured, and its bytes from the link layer on.
+pub struct Record<'a> {
+    pub at: SystemTime,
+    pub frame: &'a [u8],
+}
+
+/// The packets of a pcap file (as tcpdump writes it: either byte order, micro- or
+/// nanosecond timestamps).
+pub fn records(pcap: &[u8]) -> anyhow::Result<Vec<Record<'_>>> {
+    let word = |b: &[u8], big: bool| {
+        let b: [u8; 4] = b.try_into().unwrap_or_default();
+        if big {
+            u32::from_be_bytes(b)
+        } else {
+            u32::from_le_bytes(b)
+        }
+    };
+    let Some(magic) = pcap.get(..4) else {
+        bail!("a capture file of {} bytes has no header", pcap.len());
+    };
+    let (big, nanos) = match word(magic, false) {
+        0xa1b2_c3d4 => (false, false),
+        0xa1b2_3c4d => (false, true),
+        _ => match word(magic, true) {
+            0xa1b2_c3d4 => (true, false),
+            0xa1b2_3c4d => (true, true),
+            m => bail!("not a pcap file (magic {m:#x})"),
+        },
+    };
+    let mut out = Vec::new();
+    let mut at = 24;
+    while let Some(header) = pcap.get(at..at + 16) {
+        let secs = u64::from(word(&header[0..4], big));
+        let frac = u64::from(word(&header[4..8], big));
+        let len = word(&header[8..12], big) as usize;
+        let Some(frame) = pcap.get(at + 16..at + 16 + len) else {
+            break; // the last packet, cut short when tcpdump stopped
+        };
+        let since = Duration::from_secs(secs)
+            + if nanos {
+                Duration::from_nanos(frac)
+            } else {
+                Duration::from_micros(frac)
+            };
+        out.push(Record {
+            at: SystemTime::UNIX_EPOCH + since,
+            frame,
+        });
+        at += 16 + len;
+    }
+    Ok(out)
+}
+
+/// The source address of an Ethernet frame carrying IPv4 or IPv6.
+pub fn ip_source(frame: &[u8]) -> Option<IpAddr> {
+    let ethertype = u16::from_be_bytes(frame.get(12..14)?.try_into().ok()?);
+    match ethertype {
+        0x0800 => Some(IpAddr::from(<[u8; 4]>::try_from(frame.get(26..30)?).ok()?)),
+        0x86dd => Some(IpAddr::from(<[u8; 16]>::try_from(frame.get(22..38)?).ok()?)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_and_sources_are_read_from_a_pcap_file() {
+        let mut pcap = vec![0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0];
+        pcap.extend([0u8; 16]);
+        let mut frame = vec![0u8; 12];
+        frame.extend([0x08, 0x00]);
+        frame.extend([0x45; 12]);
+        frame.extend([10, 244, 3, 2, 10, 244, 1, 2]);
+        for (secs, micros) in [(1_000u32, 5u32), (1_001, 7)] {
+            pcap.extend(secs.to_le_bytes());
+            pcap.extend(micros.to_le_bytes());
+            pcap.extend((frame.len() as u32).to_le_bytes());
+            pcap.extend((frame.len() as u32).to_le_bytes());
+            pcap.extend(&frame);
+        }
+        // A last record cut short is left out.
+        pcap.extend([1, 2, 3]);
+        let got = records(&pcap).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[1].at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_001) + Duration::from_micros(7)
+        );
+        assert_eq!(ip_source(got[0].frame), Some("10.244.3.2".parse().unwrap()));
+        assert!(records(b"not a capture").is_err());
+    }
 }

@@ -6,12 +6,15 @@
 //! bytes of the capture.
 
 use std::fs;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::SystemTime;
 
 use anyhow::{bail, Context};
+use ipnet::IpNet;
 
-use super::capture::{leaks, wireguard_packets, UnderlayCapture};
+use super::capture::{ip_source, leaks, records, wireguard_packets, UnderlayCapture};
 use super::{run, Lab};
 use crate::traffic::ping_summary;
 
@@ -24,6 +27,8 @@ pub struct ClearWatch {
     /// Taken by `finish`.
     capture: Option<UnderlayCapture>,
     streams: Vec<(String, Child, PathBuf)>,
+    /// When the capture was listening.
+    started: SystemTime,
 }
 
 /// What a watch saw: every stream's sent and answered echoes, and the tunnel packets.
@@ -47,6 +52,7 @@ impl ClearWatch {
     /// Starts the pod streams under a capture already running (one started before the
     /// lab's agents, to watch the lab's start).
     pub fn with_capture(lab: &Lab, capture: UnderlayCapture) -> anyhow::Result<ClearWatch> {
+        let started = capture.started;
         let pattern: String = MARKER.iter().map(|b| format!("{b:02x}")).collect();
         let mut streams = Vec::new();
         let count = lab.nodes.len();
@@ -79,13 +85,32 @@ impl ClearWatch {
         Ok(ClearWatch {
             capture: Some(capture),
             streams,
+            started,
         })
     }
 
     /// Stops the streams and the capture. Fails if the marker or a pod address was seen
     /// in clear, or if the window was not watched: no stream got an answer, or no
     /// WireGuard packet crossed the wire.
-    pub fn finish(mut self) -> anyhow::Result<Watched> {
+    pub fn finish(self) -> anyhow::Result<Watched> {
+        self.judge(None)
+    }
+
+    /// As `finish`, for a window in which nodes move onto an encrypting backend from one
+    /// that is not: a node's pods' packets (by source address, each node's pod subnets in
+    /// `seals`) count as a leak from the moment that node sealed its pod networks on, not
+    /// before (until then it ran the unencrypted backend, in clear by design). The watch
+    /// must have started before the first seal.
+    pub fn finish_from_seals(self, seals: &[(IpNet, SystemTime)]) -> anyhow::Result<Watched> {
+        self.judge(Some(seals))
+    }
+
+    /// When the capture was listening.
+    pub fn started(&self) -> SystemTime {
+        self.started
+    }
+
+    fn judge(mut self, seals: Option<&[(IpNet, SystemTime)]>) -> anyhow::Result<Watched> {
         let mut sent = 0;
         let mut answered = 0;
         let mut silent = Vec::new();
@@ -103,8 +128,13 @@ impl ClearWatch {
         }
         let capture = self.capture.take().context("the watch's capture")?;
         let (text, bytes) = capture.finish_with_bytes()?;
-        let in_clear = bytes.windows(MARKER.len()).filter(|w| w == MARKER).count();
-        let leaked = leaks(&text);
+        let (in_clear, leaked) = match seals {
+            None => (
+                bytes.windows(MARKER.len()).filter(|w| w == MARKER).count(),
+                leaks(&text).into_iter().map(str::to_string).collect(),
+            ),
+            Some(seals) => self.leaks_after(&bytes, seals)?,
+        };
         if in_clear > 0 || !leaked.is_empty() {
             bail!(
                 "clear pod traffic on the underlay: the marker {in_clear} times; packets with a pod address:\n{}",
@@ -128,6 +158,52 @@ impl ClearWatch {
         })
     }
 }
+
+impl ClearWatch {
+    /// The marker's count and the pod-addressed packets in clear, each counted only from
+    /// its node's seal on.
+    fn leaks_after(
+        &self,
+        pcap: &[u8],
+        seals: &[(IpNet, SystemTime)],
+    ) -> anyhow::Result<(usize, Vec<String>)> {
+        let first = seals.iter().map(|s| s.1).min().context("no seals")?;
+        if self.started > first {
+            bail!("the watch started after a node sealed: the window was not watched whole");
+        }
+        let last = seals.iter().map(|s| s.1).max().unwrap_or(first);
+        let pod = |ip: &IpAddr| POD_NETWORKS.iter().any(|n| n.contains(ip));
+        let (mut markers, mut leaked) = (0, Vec::new());
+        for r in records(pcap)? {
+            let source = ip_source(r.frame);
+            let marked = r.frame.windows(MARKER.len()).any(|w| w == MARKER);
+            if !marked && !source.as_ref().is_some_and(pod) {
+                continue;
+            }
+            let sealed = source
+                .and_then(|ip| seals.iter().find(|(net, _)| net.contains(&ip)))
+                .map_or(last, |s| s.1);
+            if r.at >= sealed {
+                markers += usize::from(marked);
+                let after = r.at.duration_since(sealed).unwrap_or_default();
+                leaked.push(format!("from {source:?}, {after:?} after its node sealed"));
+            }
+        }
+        Ok((markers, leaked))
+    }
+}
+
+/// The lab's pod networks, both families.
+const POD_NETWORKS: [IpNet; 2] = [
+    IpNet::V4(ipnet::Ipv4Net::new_assert(
+        std::net::Ipv4Addr::new(10, 244, 0, 0),
+        16,
+    )),
+    IpNet::V6(ipnet::Ipv6Net::new_assert(
+        std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0),
+        48,
+    )),
+];
 
 impl Drop for ClearWatch {
     /// A watch not finished (its test failed first) leaves no ping running.

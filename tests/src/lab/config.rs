@@ -77,9 +77,11 @@ pub struct LabConfig {
     pub link_mtu: Vec<(usize, u32)>,
 }
 
-/// Chooses the WireGuard implementation of the lab's nodes: `auto` (the default),
-/// `kernel`, `userspace`, or `mixed` (kernel on odd-numbered nodes, userspace on the
-/// others). The VM runner sets it to run the same scenarios on kernel WireGuard.
+/// Chooses the WireGuard implementation of the lab's nodes: `userspace` (the default),
+/// `kernel`, `auto` (the agent's own choice), or `mixed` (kernel on odd-numbered nodes,
+/// userspace on the others). The VM runner sets it to run the same scenarios on kernel
+/// WireGuard. The lab checks that each node runs the implementation asked for, so a host
+/// whose kernel gains WireGuard does not silently move the host lab onto it.
 pub const IMPLEMENTATION_ENV: &str = "WEFT_LAB_IMPLEMENTATION";
 
 impl LabConfig {
@@ -87,7 +89,8 @@ impl LabConfig {
         let chosen = std::env::var(IMPLEMENTATION_ENV).unwrap_or_default();
         let implementations = match chosen.as_str() {
             "mixed" => vec!["kernel".into(), "userspace".into()],
-            "" | "auto" => vec![],
+            "" => vec!["userspace".into()],
+            "auto" => vec![],
             one => vec![one.to_string()],
         };
         LabConfig {

@@ -14,6 +14,7 @@
 //! first removes those of processes that no longer exist (a crashed earlier run). Test
 //! traffic never leaves the namespaces the lab made.
 
+mod agent_log;
 pub mod capture;
 pub mod clear_watch;
 pub mod cni;
@@ -23,18 +24,20 @@ pub mod forge;
 pub mod narrow;
 pub mod nat;
 mod operator;
+pub use operator::SwitchWatch;
 mod pods;
+mod reach;
+mod read;
 mod secrets;
 mod turn;
 pub mod xfrm_record;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -185,44 +188,6 @@ impl Lab {
         self.start_watch.take()
     }
 
-    /// The WireGuard implementation node `i` was asked to run, if the lab chose one.
-    pub fn implementation(&self, i: usize) -> Option<&str> {
-        let all = &self.cfg.implementations;
-        all.get(i % all.len().max(1)).map(String::as_str)
-    }
-
-    /// Fails unless node `i`'s `flannel-wg` is of the kind its implementation makes (a
-    /// `wireguard` link for kernel, a `tun` for userspace): a lab asked for kernel
-    /// WireGuard must not pass on userspace.
-    fn check_implementation(&self, i: usize) -> anyhow::Result<()> {
-        let Some(which) = self.implementation(i) else {
-            return Ok(());
-        };
-        let kind = match which {
-            "kernel" => "wireguard",
-            "userspace" => "tun",
-            _ => return Ok(()),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let link = loop {
-            match in_ns(&self.nodes[i].ns, "ip -d -o link show flannel-wg") {
-                Ok(link) => break link,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(e.context(format!("node {} has no flannel-wg", i + 1)))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        };
-        if !link.split_whitespace().any(|w| w == kind) {
-            bail!(
-                "node {} should run {which} WireGuard, but flannel-wg is: {link}\n{}",
-                i + 1,
-                fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
-            );
-        }
-        Ok(())
-    }
-
     /// The namespace and underlay address of a new node; no agent yet.
     fn create_node(&mut self) -> anyhow::Result<usize> {
         let i = self.nodes.len() + 1;
@@ -345,22 +310,6 @@ impl Lab {
         Ok(i)
     }
 
-    /// The etcd key of node `i`'s lease (flannel's dual-stack form in a dual-stack lab).
-    pub fn lease_key(&self, i: usize) -> Option<String> {
-        let node = &self.nodes[i];
-        let s = node.subnet?;
-        let v6 = node
-            .subnet_v6
-            .map(|s6| format!("&{}-{}", s6.network(), s6.prefix_len()))
-            .unwrap_or_default();
-        Some(format!(
-            "{}/subnets/{}-{}{v6}",
-            self.cfg.etcd_prefix,
-            s.network(),
-            s.prefix_len()
-        ))
-    }
-
     /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`, or
     /// through the node's launcher if the lab has one for it.
     pub fn start_agent(&mut self, i: usize) -> anyhow::Result<()> {
@@ -445,7 +394,7 @@ impl Lab {
 
     /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
     /// `/var/lib/weft` bound in a mount namespace of its own.
-    fn node_shell(&self, i: usize, script: &str) -> Command {
+    pub(crate) fn node_shell(&self, i: usize, script: &str) -> Command {
         let node = &self.nodes[i];
         let wrapped = format!(
             "mount --bind {} /run && mount --bind {} /var/lib/weft && {script}",
@@ -461,60 +410,6 @@ impl Lab {
     pub fn on_node(&self, i: usize, script: &str) -> anyhow::Result<String> {
         let out = run(&mut self.node_shell(i, script))?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Pings `to` from pod namespace `from` until one reply or `within` passes.
-    /// Pings every pod from every pod on another node (each address of each pod, in a
-    /// dual-stack lab); returns how many pairs were tried
-    /// and the ones that failed, as `from (node) -> to`.
-    pub fn all_pairs(&self, within: Duration) -> (usize, Vec<String>) {
-        let mut failures = Vec::new();
-        let mut pairs = 0;
-        for a in &self.nodes {
-            for b in self.nodes.iter().filter(|b| b.index != a.index) {
-                for pa in &a.pods {
-                    for pb in b.pods.iter() {
-                        if !pb.ip.is_unspecified() {
-                            pairs += 1;
-                            if !self.ping(&pa.ns, pb.ip, within) {
-                                failures.push(format!("{} ({}) -> {}", pa.ip, a.index, pb.ip));
-                            }
-                        }
-                        if let Some(to) = pb.ip6 {
-                            pairs += 1;
-                            if !self.ping(&pa.ns, to, within) {
-                                failures.push(format!("{} ({}) -> {to}", pa.ns, a.index));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        (pairs, failures)
-    }
-
-    /// `all_pairs` for tests: panics naming the unreachable pairs, with every agent's log.
-    /// Returns how many pairs were tried.
-    pub fn assert_all_pairs(&self) -> usize {
-        let (pairs, failures) = self.all_pairs(Duration::from_secs(10));
-        assert!(
-            failures.is_empty(),
-            "{} of {pairs} pod pairs unreachable: {failures:?}\n{}",
-            failures.len(),
-            self.logs()
-        );
-        pairs
-    }
-
-    pub fn ping(&self, from: &str, to: impl Into<IpAddr>, within: Duration) -> bool {
-        let to = to.into();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if in_ns(from, &format!("ping -c 1 -W 1 -q {to}")).is_ok() {
-                return true;
-            }
-        }
-        false
     }
 
     pub fn fabric(&self) -> String {

@@ -1,5 +1,7 @@
 //! The operator's tools run on a lab node, as an operator would run them there.
 
+use anyhow::Context;
+
 use super::Lab;
 
 impl Lab {
@@ -82,12 +84,9 @@ impl Lab {
 
     /// Switches every node to `backend` as an operator would: the agents stopped (TERM), the
     /// config in etcd rewritten (the lab's network, `Backend.Type` only), the agents
-    /// started. Onto wireguard, once every agent has sealed the pod network (until then a
-    /// node runs the backend it had), returns a clear-traffic watch started from there.
-    pub fn switch_backend(
-        &mut self,
-        backend: &str,
-    ) -> anyhow::Result<Option<super::clear_watch::ClearWatch>> {
+    /// started. Onto wireguard, a clear-traffic watch runs from before the agents start;
+    /// it returns once every agent has sealed the pod network, with each node's seal.
+    pub fn switch_backend(&mut self, backend: &str) -> anyhow::Result<Option<SwitchWatch>> {
         let count = self.nodes.len();
         for i in 0..count {
             self.stop_agent(i, "TERM")?;
@@ -97,22 +96,45 @@ impl Lab {
         );
         let key = format!("{}/config", self.cfg.etcd_prefix);
         self.etcd().etcdctl(&["put", &key, &conf])?;
+        let watch = match backend {
+            "wireguard" => Some(super::clear_watch::ClearWatch::start(self)?),
+            _ => None,
+        };
         for i in 0..count {
             self.start_agent(i)?;
         }
-        if backend != "wireguard" {
+        let Some(watch) = watch else {
             return Ok(None);
-        }
+        };
+        const SEALED: &str = "pod networks sealed";
+        let mut seals = Vec::new();
         for node in &self.nodes {
             crate::wait::until(
                 "the agent sealing the pod network",
                 std::time::Duration::from_secs(10),
-                || {
-                    std::fs::read_to_string(node.agent_log())
-                        .is_ok_and(|l| l.contains("pod networks sealed"))
-                },
+                || node.logged_at(SEALED).is_some_and(|t| t >= watch.started()),
             );
+            let at = node.logged_at(SEALED).context("the seal's log line")?;
+            let subnet = node.subnet.context("the node's subnet")?;
+            // A clear packet shows a pod's address, or (in an unencrypted tunnel such
+            // as ipip's) the node's own underlay address outside.
+            seals.push((ipnet::IpNet::V4(subnet), at));
+            seals.push((ipnet::IpNet::from(std::net::IpAddr::from(node.ip)), at));
         }
-        super::clear_watch::ClearWatch::start(self).map(Some)
+        Ok(Some(SwitchWatch { watch, seals }))
+    }
+}
+
+/// The clear-traffic watch over a switch onto an encrypting backend, and when each node
+/// sealed its pod network (`Lab::switch_backend`).
+pub struct SwitchWatch {
+    watch: super::clear_watch::ClearWatch,
+    seals: Vec<(ipnet::IpNet, std::time::SystemTime)>,
+}
+
+impl SwitchWatch {
+    /// Ends the watch: a node's pod packet in clear after its seal fails it.
+    pub fn finish(self) -> anyhow::Result<super::clear_watch::Watched> {
+        self.watch.finish_from_seals(&self.seals)
     }
 }

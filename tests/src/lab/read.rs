@@ -1,0 +1,84 @@
+//! What a lab node runs and publishes, read as a test checks it: the WireGuard
+//! implementation behind its device, its lease in etcd, its device's public key.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use super::{in_ns, Lab};
+
+impl Lab {
+    /// The WireGuard implementation node `i` was asked to run, if the lab chose one.
+    pub fn implementation(&self, i: usize) -> Option<&str> {
+        let all = &self.cfg.implementations;
+        all.get(i % all.len().max(1)).map(String::as_str)
+    }
+
+    /// Fails unless node `i`'s `flannel-wg` is of the kind its implementation makes (a
+    /// `wireguard` link for kernel, a `tun` for userspace): a lab asked for kernel
+    /// WireGuard must not pass on userspace.
+    pub(super) fn check_implementation(&self, i: usize) -> anyhow::Result<()> {
+        let Some(which) = self.implementation(i) else {
+            return Ok(());
+        };
+        let kind = match which {
+            "kernel" => "wireguard",
+            "userspace" => "tun",
+            _ => return Ok(()),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let link = loop {
+            match in_ns(&self.nodes[i].ns, "ip -d -o link show flannel-wg") {
+                Ok(link) => break link,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!("node {} has no flannel-wg", i + 1)))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        if !link.split_whitespace().any(|w| w == kind) {
+            bail!(
+                "node {} should run {which} WireGuard, but flannel-wg is: {link}\n{}",
+                i + 1,
+                fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    /// The etcd key of node `i`'s lease (flannel's dual-stack form in a dual-stack lab).
+    pub fn lease_key(&self, i: usize) -> Option<String> {
+        let node = &self.nodes[i];
+        let s = node.subnet?;
+        let v6 = node
+            .subnet_v6
+            .map(|s6| format!("&{}-{}", s6.network(), s6.prefix_len()))
+            .unwrap_or_default();
+        Some(format!(
+            "{}/subnets/{}-{}{v6}",
+            self.cfg.etcd_prefix,
+            s.network(),
+            s.prefix_len()
+        ))
+    }
+
+    /// Node `i`'s lease as etcd holds it now (its JSON value); `None` when it is absent or
+    /// unreadable.
+    pub fn published_lease(&self, i: usize) -> Option<serde_json::Value> {
+        let key = self.lease_key(i)?;
+        let value = self
+            .etcd()
+            .etcdctl(&["get", "--print-value-only", &key])
+            .ok()?;
+        serde_json::from_str(value.trim()).ok()
+    }
+
+    /// The public key node `i`'s `flannel-wg` holds.
+    pub fn wg_public_key(&self, i: usize) -> anyhow::Result<String> {
+        Ok(self
+            .on_node(i, "wg show flannel-wg public-key")?
+            .trim()
+            .to_string())
+    }
+}
