@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -46,6 +47,8 @@ fn fifty_kills_during_start_leak_no_process_device_socket_or_route() {
     lab.assert_all_pairs();
     let before = holdings(&lab, 0);
     println!("{before}");
+    // Watched from the first kill until the last agent has taken over: nothing in clear.
+    let watch = ClearWatch::start(&lab).unwrap();
     let started = Instant::now();
     for round in 0..50u64 {
         lab.stop_agent(0, "KILL").unwrap();
@@ -65,6 +68,8 @@ fn fifty_kills_during_start_leak_no_process_device_socket_or_route() {
         std::thread::sleep(Duration::from_millis(100));
     }
     lab.assert_all_pairs();
+    let watched = watch.finish().unwrap();
+    println!("50 kills: {watched:?}, nothing in clear");
     let after = holdings(&lab, 0);
     assert_eq!(after, before, "something leaked or went missing");
     assert!(after.contains("links: flannel-wg\n"), "one device: {after}");

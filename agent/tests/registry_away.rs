@@ -65,11 +65,7 @@ fn assert_no_writes_since(lab: &Lab, marks: &[usize]) -> usize {
 fn join_and_time(lab: &mut Lab) -> Duration {
     let started = Instant::now();
     let new = lab.add_node().unwrap();
-    let key = lab
-        .on_node(new, "wg show flannel-wg public-key")
-        .unwrap()
-        .trim()
-        .to_string();
+    let key = lab.wg_public_key(new).unwrap();
     for i in 0..new {
         until(
             "the new node as a peer everywhere",
@@ -142,6 +138,8 @@ fn etcd_wiped_and_restored_from_a_snapshot_keeps_every_subnet_once() {
     lab.assert_all_pairs();
     let subnets: Vec<_> = lab.nodes.iter().map(|n| n.subnet.unwrap()).collect();
 
+    // Watched from before the wipe until every lease is back: nothing in clear.
+    let watch = ClearWatch::start(&lab).unwrap();
     lab.etcd_mut().wipe_and_restore(&snapshot).unwrap();
     let leases = || {
         lab.etcd()
@@ -184,6 +182,8 @@ fn etcd_wiped_and_restored_from_a_snapshot_keeps_every_subnet_once() {
     let log = log(&lab, late);
     assert!(log.contains("claiming it again"), "{log}");
     lab.assert_all_pairs();
+    let watched = watch.finish().unwrap();
+    eprintln!("etcd wiped and restored: {watched:?}, nothing in clear");
     eprintln!("etcd restored from a snapshot without node {}'s lease: claimed again with the same subnet in {back:?}; 4 leases, all pairs", late + 1);
 }
 

@@ -1,7 +1,9 @@
 //! Key rotation in the lab, measured: a TCP stream and a 100 pps ping run between a pod on
 //! the rotating node and a pod on another node while the key changes. The stream must not
-//! reset nor stall for 300 ms or more, the ping must lose at most 15 packets (150 ms); the
-//! figures are printed. Afterwards: the node's device and published key agree, every other node
+//! reset nor stall for 200 ms or more, the ping must lose at most 6 packets (twice what
+//! docs/key-rotation.md claims); the figures are printed. Every rotation, and a crash in
+//! the middle of one, is watched for clear pod traffic from before it begins until after
+//! it ends. Afterwards: the node's device and published key agree, every other node
 //! holds exactly one peer for it (the new key) and no peer without AllowedIPs, and every
 //! pod reaches every other.
 
@@ -13,66 +15,78 @@ use weft_lab::traffic::{Disruption, Probe};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
-fn wg_key(lab: &Lab, i: usize) -> String {
-    lab.on_node(i, "wg show flannel-wg public-key")
-        .unwrap()
-        .trim()
-        .to_string()
+/// Whether every other node has each node's current key as its only entry for it, with
+/// no peer without AllowedIPs left anywhere; if not, what differs.
+fn one_peer_per_node(lab: &Lab) -> Result<(), String> {
+    for (j, node) in lab.nodes.iter().enumerate() {
+        let allowed = lab
+            .on_node(j, "wg show flannel-wg allowed-ips")
+            .map_err(|e| e.to_string())?;
+        let node = node.index;
+        if allowed.contains("(none)") || allowed.lines().count() != lab.nodes.len() - 1 {
+            return Err(format!("node {node}: {allowed}"));
+        }
+        for i in (0..lab.nodes.len()).filter(|i| *i != j) {
+            let key = lab.wg_public_key(i).unwrap();
+            if !allowed.contains(&key) {
+                return Err(format!(
+                    "node {node} lacks node {}'s key {key}: {allowed}",
+                    i + 1
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
-/// Every other node has `i`'s current key as its only entry for `i`, and no peer without
-/// AllowedIPs is left anywhere.
 pub fn assert_one_peer_per_node(lab: &Lab) {
-    for (j, node) in lab.nodes.iter().enumerate() {
-        let allowed = lab.on_node(j, "wg show flannel-wg allowed-ips").unwrap();
-        assert!(
-            !allowed.contains("(none)"),
-            "node {}: {allowed}",
-            node.index
-        );
-        assert_eq!(
-            allowed.lines().count(),
-            lab.nodes.len() - 1,
-            "node {}: {allowed}",
-            node.index
-        );
-        for (i, _) in lab.nodes.iter().enumerate().filter(|(i, _)| *i != j) {
-            let key = wg_key(lab, i);
-            assert!(
-                allowed.contains(&key),
-                "node {} lacks node {}'s key {key}: {allowed}",
-                node.index,
-                i + 1
-            );
-        }
+    if let Err(e) = one_peer_per_node(lab) {
+        panic!("{e}");
     }
 }
 
+/// Ends a measurement once the rotation is over on every node (each holds only the new
+/// keys) and the measured pair answers again.
+fn finish_when_switched(lab: &Lab, probe: Probe, from: usize, to: usize) -> Disruption {
+    weft_lab::wait::until_or(
+        "every node holding only the new keys",
+        Duration::from_secs(15),
+        || one_peer_per_node(lab).is_ok(),
+        || lab.logs(),
+    );
+    let (a, b) = (&lab.nodes[from].pods[0], &lab.nodes[to].pods[0]);
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
+        "{}",
+        lab.logs()
+    );
+    probe.finish().unwrap()
+}
+
+/// The bound next to the claim (docs/key-rotation.md: at most 3 pings lost at 100 pps, a
+/// longest TCP stall under 0.1 s): twice each.
 fn assert_bounded(lab: &Lab, what: &str, d: &Disruption) {
     println!("{what}: {d}");
-    // The benchmark measures 0–3 pings lost and stalls up to 52 ms (release build, one lab);
-    // these labs run debug builds (one lab at a time): at most 15 pings and 300 ms.
     let ok = d.stream_error.is_none()
         && d.stream_bytes > 0
         && d.pings_sent >= 100
-        && d.max_stall < Duration::from_millis(300)
-        && d.pings_lost <= 15;
+        && d.max_stall < Duration::from_millis(200)
+        && d.pings_lost <= 6;
     assert!(ok, "{what}: {d}\n{}", lab.logs());
 }
 
 /// Rotates node 0's key through its local agent while traffic runs to node 1.
 fn rotate_one_locally(lab: &Lab) -> Disruption {
-    let before = wg_key(lab, 0);
+    let before = lab.wg_public_key(0).unwrap();
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
     let watch = ClearWatch::start(lab).unwrap();
     let out = lab.on_node(0, &format!("{WEFT} keys rotate")).unwrap();
     println!("{out}");
-    std::thread::sleep(Duration::from_secs(2));
-    let d = probe.finish().unwrap();
+    let d = finish_when_switched(lab, probe, 0, 1);
     let watched = watch.finish().unwrap();
     eprintln!("one-node rotation: {watched:?}, nothing in clear");
-    let after = wg_key(lab, 0);
+    let after = lab.wg_public_key(0).unwrap();
     assert_ne!(before, after, "the key did not change");
     assert!(out.contains(&after), "{out}");
     d
@@ -97,7 +111,9 @@ fn one_node_rotates_its_key_through_the_local_agent_etcd() {
 /// node 2 (both rotate).
 fn rotate_all(lab: &Lab, registry_flags: &str) -> (String, Disruption) {
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
-    let before: Vec<String> = (0..lab.nodes.len()).map(|i| wg_key(lab, i)).collect();
+    let before: Vec<String> = (0..lab.nodes.len())
+        .map(|i| lab.wg_public_key(i).unwrap())
+        .collect();
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
     let watch = ClearWatch::start(lab).unwrap();
     let out = in_ns(
@@ -106,12 +122,16 @@ fn rotate_all(lab: &Lab, registry_flags: &str) -> (String, Disruption) {
     )
     .unwrap();
     println!("{out}");
-    std::thread::sleep(Duration::from_secs(1));
-    let d = probe.finish().unwrap();
+    let d = finish_when_switched(lab, probe, 0, 1);
     let watched = watch.finish().unwrap();
     eprintln!("all-node rotation: {watched:?}, nothing in clear");
     for (i, old) in before.iter().enumerate() {
-        assert_ne!(*old, wg_key(lab, i), "node {} kept its key", i + 1);
+        assert_ne!(
+            *old,
+            lab.wg_public_key(i).unwrap(),
+            "node {} kept its key",
+            i + 1
+        );
     }
     assert!(
         out.contains(&format!(
@@ -173,7 +193,7 @@ fn rotation_on_the_kubernetes_registry_one_node_then_all() {
         assert!(ann["weft.dev/next-key"].is_null(), "{ann}");
         let data: serde_json::Value =
             serde_json::from_str(ann[format!("{prefix}/backend-data")].as_str().unwrap()).unwrap();
-        assert_eq!(data["PublicKey"], wg_key(&lab, i));
+        assert_eq!(data["PublicKey"], lab.wg_public_key(i).unwrap());
     }
     lab.assert_all_pairs();
 }
@@ -182,17 +202,27 @@ fn rotation_on_the_kubernetes_registry_one_node_then_all() {
 fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_up() {
     let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
     lab.assert_all_pairs();
+    // Watched from before the crash until every node is back: nothing in clear.
+    let watch = ClearWatch::start(&lab).unwrap();
     // Node 3 is down while node 1 rotates: it misses the announcement.
     lab.stop_agent(2, "TERM").unwrap();
     // Node 1's agent dies right after announcing, before its moment.
-    let before = wg_key(&lab, 0);
+    let before = lab.wg_public_key(0).unwrap();
     lab.on_node(
         0,
-        &format!("{WEFT} keys rotate --timeout 1 >/dev/null 2>&1 & sleep 0.5"),
+        &format!("{WEFT} keys rotate --timeout 1 >/dev/null 2>&1 &"),
     )
     .unwrap();
-    let announced = lab.on_node(0, "cat /var/lib/weft/rotation.json").unwrap();
-    let next: serde_json::Value = serde_json::from_str(&announced).unwrap();
+    let announced = || {
+        let text = lab.on_node(0, "cat /var/lib/weft/rotation.json").ok()?;
+        serde_json::from_str::<serde_json::Value>(&text).ok()
+    };
+    weft_lab::wait::until(
+        "node 1 announcing its next key",
+        Duration::from_secs(5),
+        || announced().is_some(),
+    );
+    let next = announced().unwrap();
     lab.stop_agent(0, "KILL").unwrap();
     // Past the moment (and the grace a silent rotating node gets), the other nodes switch
     // to the announced key; node 1's device still has the old one, so node 2 cannot reach
@@ -213,7 +243,7 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(wg_key(&lab, 0), before);
+    assert_eq!(lab.wg_public_key(0).unwrap(), before);
     let (a, b) = (lab.nodes[1].pods[0].ns.clone(), lab.nodes[0].pods[0].ip);
     assert!(
         !lab.ping(&a, b, Duration::from_secs(2)),
@@ -230,7 +260,10 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
         "crash mid-rotation: node 1 reachable {:.2} s after its agent restarted",
         restarted.elapsed().as_secs_f64()
     );
-    assert_eq!(wg_key(&lab, 0), next["PublicKey"].as_str().unwrap());
+    assert_eq!(
+        lab.wg_public_key(0).unwrap(),
+        next["PublicKey"].as_str().unwrap()
+    );
     // Node 3 returns and learns node 1's key from the registry.
     lab.start_agent(2).unwrap();
     let back = std::time::Instant::now();
@@ -246,6 +279,8 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     );
     assert_one_peer_per_node(&lab);
     lab.assert_all_pairs();
+    let watched = watch.finish().unwrap();
+    eprintln!("crash mid-rotation: {watched:?}, nothing in clear");
 }
 
 fn psk_everywhere(lab: &Lab, psk: &str) -> bool {
@@ -293,17 +328,27 @@ fn genpsk() -> String {
 fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
     let next = genpsk();
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
+    let watch = ClearWatch::start(lab).unwrap();
     let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
-    // The moment is 5 s ahead; 2 s on, no device may have the new PSK yet.
-    announce(&next, now_ms() + 5000);
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        !psk_everywhere(lab, &next),
-        "the PSK changed before its moment"
-    );
+    // The moment is 5 s ahead: until a second before it, no device may have the new PSK.
+    let at = now_ms() + 5000;
+    announce(&next, at);
+    while now_ms() + 1000 < at {
+        assert!(
+            !psk_everywhere(lab, &next),
+            "the PSK changed before its moment"
+        );
+    }
     wait_psk(lab, &next);
-    std::thread::sleep(Duration::from_secs(1));
-    probe.finish().unwrap()
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
+        "{}",
+        lab.logs()
+    );
+    let d = probe.finish().unwrap();
+    let watched = watch.finish().unwrap();
+    eprintln!("PSK rotation: {watched:?}, nothing in clear");
+    d
 }
 
 #[test]
@@ -363,7 +408,7 @@ fn the_psk_rotates_without_restarts_from_a_mounted_secret() {
 fn a_reboot_keeps_the_key_and_only_a_rotation_changes_it() {
     let mut lab = Lab::start(LabConfig::wireguard(2, WEFT)).unwrap();
     lab.assert_all_pairs();
-    let before = wg_key(&lab, 0);
+    let before = lab.wg_public_key(0).unwrap();
     // A reboot: the agent and its device gone, a fresh /run; /var/lib/weft stays.
     lab.stop_agent(0, "TERM").unwrap();
     lab.on_node(0, "ip link del flannel-wg").unwrap();
@@ -377,6 +422,10 @@ fn a_reboot_keeps_the_key_and_only_a_rotation_changes_it() {
         "{}",
         lab.logs()
     );
-    assert_eq!(wg_key(&lab, 0), before, "a reboot changed the key");
+    assert_eq!(
+        lab.wg_public_key(0).unwrap(),
+        before,
+        "a reboot changed the key"
+    );
     assert_one_peer_per_node(&lab);
 }

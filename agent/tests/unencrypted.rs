@@ -14,12 +14,7 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 /// What node `i` published: (subnet network address, VTEP MAC, public IP).
 fn published(lab: &Lab, i: usize) -> (String, String, String) {
-    let key = lab.lease_key(i).unwrap();
-    let value = lab
-        .etcd()
-        .etcdctl(&["get", "--print-value-only", &key])
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_str(value.trim()).unwrap();
+    let v = lab.published_lease(i).expect("the node's lease");
     let subnet = lab.nodes[i].subnet.unwrap().network().to_string();
     (
         subnet,
