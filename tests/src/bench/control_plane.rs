@@ -173,11 +173,22 @@ pub(super) fn device_pid(pid: u32) -> Option<u32> {
 /// The lab of these benchmarks: one real agent (no pods), `nodes` synthetic nodes in
 /// `registry`.
 pub(super) fn start_lab(weft: &Path, registry: Registry, nodes: usize) -> anyhow::Result<Lab> {
+    start_lab_with(weft, registry, nodes, 1)
+}
+
+/// As `start_lab`, with `real` nodes running agents (node 0 is the one measured), each
+/// with a pod when there are several.
+pub(super) fn start_lab_with(
+    weft: &Path,
+    registry: Registry,
+    nodes: usize,
+    real: usize,
+) -> anyhow::Result<Lab> {
     let mut cfg = match registry {
-        Registry::Etcd => LabConfig::wireguard(1, weft),
-        Registry::Kube => LabConfig::kube(1, weft),
+        Registry::Etcd => LabConfig::wireguard(real, weft),
+        Registry::Kube => LabConfig::kube(real, weft),
     };
-    cfg.pods_per_node = 0;
+    cfg.pods_per_node = usize::from(real > 1);
     // The agent's own subnet comes from 10.200.0.0 up, apart from the synthetic nodes'
     // (10.1.0.0 up, `lease_key`): otherwise it could pick the subnet of a node the churn
     // adds later, and that add would overwrite the agent's own lease instead of adding a
