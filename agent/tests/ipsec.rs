@@ -19,8 +19,9 @@ use weft_lab::traffic::Probe;
 use weft_lab::wait::until_or;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
-/// Pings at 100 pps a rotation may lose: the bound the WireGuard rotation tests hold.
-const ROTATION_LOSS: u64 = 15;
+/// Pings at 100 pps a rotation may lose. docs/ipsec.md claims no ping lost; the last echo may still be in flight when the probe
+/// stops.
+const ROTATION_LOSS: u64 = 1;
 
 fn lab_config(nodes: usize, udp_encap: bool) -> LabConfig {
     let mut cfg = LabConfig::backend(nodes, WEFT, "ipsec", false);

@@ -104,7 +104,12 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         ("nat: kernel", kernel, &nat, ""),
         // Key rotation on kernel devices, and the same rotations on the userspace device
         // in this same VM as the control its loss is compared with.
-        ("rotation: kernel", kernel, &rotation, ROTATIONS),
+        (
+            "rotation: kernel",
+            kernel,
+            &rotation,
+            &format!("{ROTATIONS} a_rotation_interrupted_by_a_crash"),
+        ),
         (
             "rotation: userspace control",
             "WEFT_LAB_IMPLEMENTATION=userspace",

@@ -251,9 +251,10 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     );
     let restarted = std::time::Instant::now();
     lab.start_agent(0).unwrap();
+    // Twice the claim (docs/reliability.md: reachable within 0.5 s of the restart).
     assert!(
-        lab.ping(&a, b, Duration::from_secs(10)),
-        "node 1 unreachable after its restart\n{}",
+        lab.ping(&a, b, Duration::from_secs(1)),
+        "node 1 unreachable 1 s after its restart\n{}",
         lab.logs()
     );
     println!(

@@ -52,9 +52,11 @@ fn a_node_whose_address_changes_publishes_the_new_one_and_peers_follow() {
     )
     .unwrap();
     let changed = Instant::now();
+    // The bounds are twice what docs/reliability.md claims (8 s: 5 s of it the dead
+    // connection's request timeout).
     let published = until_or(
         "the new address published",
-        Duration::from_secs(30),
+        Duration::from_secs(16),
         || published_ip(&lab) == "198.51.100.31",
         || lab.logs(),
     );
@@ -67,10 +69,8 @@ fn a_node_whose_address_changes_publishes_the_new_one_and_peers_follow() {
         );
     }
     let followed = changed.elapsed();
-    // Every pod pair again. On the userspace device a peer whose endpoint changes is
-    // removed and added again (a boringtun limit), which can cost that pair a handshake
-    // round; the bound is that of WireGuard's handshake retries.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Every pod pair again (the device keeps a peer's session when its endpoint changes).
+    let deadline = changed + Duration::from_secs(16);
     let failed = loop {
         let (_, failed) = lab.all_pairs(Duration::from_secs(2));
         if failed.is_empty() || Instant::now() > deadline {

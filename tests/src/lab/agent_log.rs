@@ -14,6 +14,18 @@ impl Node {
             .find(|l| l.contains(needle))
             .and_then(|l| timestamp(l.split_whitespace().next()?))
     }
+
+    /// When this node's agent logged the first line containing `then` after the last line
+    /// containing `first` (say, the pass that applied a change it planned).
+    pub fn logged_after(&self, first: &str, then: &str) -> Option<SystemTime> {
+        let text = std::fs::read_to_string(self.agent_log()).ok()?;
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.iter().rposition(|l| l.contains(first))?;
+        lines[from..]
+            .iter()
+            .find(|l| l.contains(then))
+            .and_then(|l| timestamp(l.split_whitespace().next()?))
+    }
 }
 
 /// A tracing timestamp, `2026-11-26T09:40:01.123456Z` (UTC), as a moment.
