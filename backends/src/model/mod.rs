@@ -6,6 +6,7 @@ pub mod annotations;
 pub mod backend_data;
 mod desired;
 mod lease;
+mod left_out;
 pub mod net;
 mod observed;
 
@@ -13,11 +14,11 @@ pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
     format_mac, parse_mac, DesiredState, EspSa, Family, ForwardRule, GuardSpec, IpipSpec,
-    IpsecPeer, IpsecSpec, LeaveReason, LeftOut, MasqueradeTable, Match, NatRule, PeerPath,
-    PeerSpec, RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec,
-    FAIL_CLOSED_METRIC,
+    IpsecPeer, IpsecSpec, MasqueradeTable, Match, NatRule, PeerPath, PeerSpec, RouteRole,
+    RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
+pub use left_out::{LeaveReason, LeftOut};
 pub use net::PodNetwork;
 pub use observed::{
     DevicePeer, KeyMove, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,

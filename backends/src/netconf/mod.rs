@@ -7,6 +7,7 @@
 mod backend;
 mod error;
 mod fields;
+mod ipsec;
 mod network;
 
 use std::fmt;

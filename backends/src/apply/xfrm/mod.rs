@@ -3,6 +3,7 @@
 //! speaks XFRM netlink, the fake in `apply::fake` keeps them in memory. Only states and
 //! policies carrying weft's interface id are ever read back or removed.
 
+mod book;
 mod kernel;
 mod reconcile;
 
@@ -11,8 +12,9 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+pub use book::EspBook;
 pub use kernel::{EncapSocket, XfrmSocket};
-pub use reconcile::{reconcile_ipsec, EspBook, IpsecOutcome, StateMemory, RETIRE_GRACE};
+pub use reconcile::{reconcile_ipsec, IpsecOutcome, StateMemory, RETIRE_GRACE};
 
 use super::ApplyError;
 

@@ -9,91 +9,20 @@
 //! would reuse the key from sequence number 1. It is not installed: the outcome reports it
 //! lost, the agent bumps its epoch and publishes it, and the plan after that wants new keys.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
-use weft_crypto::esp::{
-    install_fingerprint, pair_keys, DeriveError, Epoch, EspStore, Loaded, PairKeys, Party,
-    StoreError,
-};
-use weft_crypto::{PrivateKey, PublicKey};
+use weft_crypto::esp::{install_fingerprint, Epoch};
+use weft_crypto::PrivateKey;
 
+use super::book::{EspBook, KeyCache};
 use super::{PolicyDir, PolicySpec, SaSpec, Xfrm};
 use crate::apply::dataplane_ipsec::IpsecPlane;
 use crate::apply::netlink::VxlanNetlink;
 use crate::apply::ApplyError;
 use crate::model::{EspSa, IpsecPeer, IpsecSpec};
-
-/// This node's epoch and the fingerprints of the states installed under it.
-#[derive(Debug)]
-pub struct EspBook {
-    /// `None`: kept in memory only (tests).
-    store: Option<EspStore>,
-    epoch: Epoch,
-    /// The epoch a rotation left: its keys may still be installed (the record covers it)
-    /// while the rotation settles. `None` after a bump or a restart.
-    previous: Option<Epoch>,
-    installed: HashSet<String>,
-}
-
-impl EspBook {
-    pub fn new(store: Option<EspStore>, loaded: Loaded) -> Self {
-        EspBook {
-            store,
-            epoch: loaded.epoch,
-            previous: None,
-            installed: loaded.installed,
-        }
-    }
-
-    pub fn epoch(&self) -> Epoch {
-        self.epoch
-    }
-
-    /// When this node's epoch began: the epoch file's last write (`None` in memory only).
-    pub fn epoch_since(&self) -> Option<std::time::SystemTime> {
-        let store = self.store.as_ref()?;
-        std::fs::metadata(store.epoch_path()).ok()?.modified().ok()
-    }
-
-    /// A new epoch (persisted first), with an empty record.
-    pub fn bump(&mut self) -> Result<Epoch, StoreError> {
-        self.epoch = match &self.store {
-            Some(store) => store.bump(&self.epoch)?,
-            None => self.epoch.next()?,
-        };
-        self.previous = None;
-        self.installed.clear();
-        Ok(self.epoch)
-    }
-
-    /// A rotation's next epoch (persisted first): the record goes on, and the keys of the
-    /// epoch left may still be installed (each at most once, as ever).
-    pub fn advance(&mut self) -> Result<Epoch, StoreError> {
-        let next = match &self.store {
-            Some(store) => store.advance(&self.epoch)?,
-            None => self.epoch.next()?,
-        };
-        self.previous = Some(self.epoch);
-        self.epoch = next;
-        Ok(next)
-    }
-
-    /// Whether keys of this node's `epoch` may be installed.
-    fn installs(&self, epoch: &Epoch) -> bool {
-        *epoch == self.epoch || Some(*epoch) == self.previous
-    }
-
-    fn record(&mut self, fingerprints: &[String]) -> Result<(), StoreError> {
-        if let Some(store) = &self.store {
-            store.record(&self.epoch, fingerprints)?;
-        }
-        self.installed.extend(fingerprints.iter().cloned());
-        Ok(())
-    }
-}
 
 /// What one ipsec pass found beyond its changes.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -246,81 +175,6 @@ pub async fn reconcile_ipsec<N: VxlanNetlink, X: Xfrm>(
     let lost = states(xfrm, book, memory, (if_id, spec.local), wanted, &mut log)?;
     self::policies(xfrm, if_id, &policies, &mut log)?;
     Ok(IpsecOutcome { created, lost })
-}
-
-/// Each pair's keys, derived once (an X25519 and two HKDFs a pair): a steady-state pass
-/// derives nothing. Entries a pass did not use are dropped.
-#[derive(Default)]
-pub struct KeyCache {
-    keys: HashMap<CacheKey, PairKeys>,
-    used: HashSet<CacheKey>,
-    /// A digest of the PSK the keys were derived with: another PSK empties the cache.
-    salt: Option<Vec<u8>>,
-}
-
-/// This node's public key, the peer's, both epochs and the algorithm.
-type CacheKey = (PublicKey, PublicKey, Epoch, Epoch, &'static str);
-
-impl std::fmt::Debug for KeyCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KeyCache({} pairs)", self.keys.len())
-    }
-}
-
-impl KeyCache {
-    fn pair(
-        &mut self,
-        own: &PrivateKey,
-        spec: &IpsecSpec,
-        peer: &PublicKey,
-        sa: &EspSa,
-    ) -> Result<PairKeys, DeriveError> {
-        let alg = spec.algorithm;
-        let id = (
-            own.public_key(),
-            *peer,
-            sa.local_epoch,
-            sa.peer_epoch,
-            alg.kernel_name(),
-        );
-        self.used.insert(id);
-        if let Some(k) = self.keys.get(&id) {
-            return Ok(k.clone());
-        }
-        let party = Party {
-            key: peer,
-            epoch: &sa.peer_epoch,
-        };
-        let psk = spec.psk.as_ref().map(|k| k.0.as_slice());
-        let keys = pair_keys(
-            own,
-            &sa.local_epoch,
-            party,
-            psk,
-            alg.kernel_name(),
-            alg.key_len(),
-        )?;
-        self.keys.insert(id, keys.clone());
-        Ok(keys)
-    }
-
-    /// Empties the cache when the PSK (every key's salt) is not the one it was filled with.
-    fn salted_with(&mut self, psk: Option<&[u8]>) {
-        let salt = psk.map(|p| {
-            ring::digest::digest(&ring::digest::SHA256, p)
-                .as_ref()
-                .to_vec()
-        });
-        if self.salt != salt {
-            self.keys.clear();
-            self.salt = salt;
-        }
-    }
-
-    fn sweep(&mut self) {
-        let used = std::mem::take(&mut self.used);
-        self.keys.retain(|k, _| used.contains(k));
-    }
 }
 
 /// What the reconciler keeps of the kernel's states between passes.
