@@ -354,4 +354,85 @@ mod tests {
         indices.dedup();
         assert_eq!(indices.len(), 2000, "every peer has its own index");
     }
+
+    fn key(n: u8) -> Key {
+        [n; 32]
+    }
+
+    fn with(ips: &[&str]) -> PeerConfig {
+        PeerConfig {
+            allowed_ips: ips.iter().map(|n| n.parse().unwrap()).collect(),
+            ..PeerConfig::default()
+        }
+    }
+
+    fn routed(state: &State, ip: &str) -> Option<Key> {
+        state.route(ip.parse().unwrap()).map(|p| p.key)
+    }
+
+    /// An AllowedIP belongs to one peer: given to another, it leaves the first, in the
+    /// routes too, once the request is committed; the longest prefix routes.
+    #[test]
+    fn an_allowed_ip_moves_whole_and_the_longest_prefix_routes() {
+        let mut state = State::default();
+        state.upsert(key(1), with(&["10.0.0.0/16", "fd00::/64"]), None);
+        state.upsert(key(2), with(&["10.0.1.0/24"]), None);
+        state.commit();
+        assert_eq!(routed(&state, "10.0.1.9"), Some(key(2)));
+        assert_eq!(routed(&state, "10.0.2.9"), Some(key(1)));
+        assert_eq!(routed(&state, "fd00::9"), Some(key(1)));
+        assert_eq!(routed(&state, "10.1.0.1"), None);
+        // Peer 3 takes the /16 (a key switch: the next key's entry takes the AllowedIPs).
+        state.upsert(key(3), with(&["10.0.0.0/16"]), None);
+        assert_eq!(
+            routed(&state, "10.0.2.9"),
+            Some(key(1)),
+            "routes change at commit"
+        );
+        state.commit();
+        assert_eq!(routed(&state, "10.0.2.9"), Some(key(3)));
+        let left: Vec<String> = lock(&state.peers[&key(1)].config)
+            .allowed_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(left, ["fd00::/64"]);
+        // Removing a peer frees what it held.
+        state.remove(&key(3));
+        state.commit();
+        assert_eq!(routed(&state, "10.0.2.9"), None);
+        assert_eq!(routed(&state, "10.0.1.9"), Some(key(2)));
+    }
+
+    /// A peer changed in place keeps its session index for an endpoint or AllowedIPs
+    /// change; a PSK or keepalive change gives it a new one (the old stays until the new
+    /// session's handshake); removing it frees its indices.
+    #[test]
+    fn a_peer_keeps_its_session_unless_its_psk_or_keepalive_changes() {
+        let mut state = State::default();
+        state.upsert(key(1), with(&["10.0.1.0/24"]), None);
+        let index = lock(&state.peers[&key(1)].noise).index;
+        let found = |state: &State, i: u32| state.by_receiver(i << 8).map(|p| p.key);
+        assert_eq!(found(&state, index), Some(key(1)));
+        let moved = "192.0.2.7:51820".parse().ok();
+        state.upsert(key(1), with(&["10.0.9.0/24"]), moved);
+        assert_eq!(lock(&state.peers[&key(1)].noise).index, index);
+        assert_eq!(state.peers[&key(1)].endpoint(), moved);
+        let psk = PeerConfig {
+            psk: Some([7; 32]),
+            ..with(&["10.0.9.0/24"])
+        };
+        state.upsert(key(1), psk, None);
+        let fresh = lock(&state.peers[&key(1)].noise).index;
+        assert_ne!(fresh, index);
+        assert_eq!(found(&state, fresh), Some(key(1)));
+        assert_eq!(
+            state.peers[&key(1)].endpoint(),
+            moved,
+            "kept without a new one"
+        );
+        state.remove(&key(1));
+        assert_eq!(found(&state, fresh), None);
+        assert!(state.peers.is_empty());
+    }
 }

@@ -315,4 +315,111 @@ mod tests {
             assert!(sender.join().unwrap().is_err(), "{prefix:?}: read whole");
         }
     }
+
+    fn hex_key(n: u8) -> String {
+        hex(&[n; 32])
+    }
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// A `set` as `wg setconf` sends it is read back by `get` as it was given; AllowedIPs
+    /// are truncated to their network and kept once.
+    #[test]
+    fn a_set_is_read_back_by_get() {
+        let state = RwLock::new(State::default());
+        let request = format!(
+            "private_key={}\nlisten_port=51820\npublic_key={}\nendpoint=192.0.2.1:51820\n\
+             persistent_keepalive_interval=25\nallowed_ip=10.0.1.0/24\nallowed_ip=10.0.1.7/24\n\
+             allowed_ip=fd00::1/64\npublic_key={}\nallowed_ip=10.0.2.0/24",
+            hex_key(1),
+            hex_key(2),
+            hex_key(3)
+        );
+        assert_eq!(set(&state, &NoSockets, &lines(&request)), 0);
+        let answer = get(&read(&state));
+        for want in [
+            "listen_port=51820".to_string(),
+            format!("public_key={}", hex_key(2)),
+            "endpoint=192.0.2.1:51820".into(),
+            "persistent_keepalive_interval=25".into(),
+            "allowed_ip=fd00::/64".into(),
+            format!("public_key={}", hex_key(3)),
+            "allowed_ip=10.0.2.0/24".into(),
+        ] {
+            assert!(answer.lines().any(|l| l == want), "{want} in:\n{answer}");
+        }
+        assert_eq!(
+            answer.matches("allowed_ip=10.0.1.0/24").count(),
+            1,
+            "{answer}"
+        );
+        assert!(answer.ends_with("errno=0\n\n"));
+    }
+
+    /// Each bad request is refused with its errno, naming nothing of the value.
+    #[test]
+    fn bad_requests_get_their_errno() {
+        let state = RwLock::new(State::default());
+        for (request, errno) in [
+            ("public_key=zz".to_string(), EINVAL),
+            ("endpoint=192.0.2.1:51820".into(), EINVAL),
+            (
+                format!("public_key={}\nprotocol_version=2", hex_key(2)),
+                EPROTO,
+            ),
+            (
+                format!("public_key={}\nallowed_ip=10.0.0.0/33", hex_key(2)),
+                EINVAL,
+            ),
+            (
+                format!("public_key={}\nno_such_field=1", hex_key(2)),
+                EINVAL,
+            ),
+            ("listen_port=65536".into(), EINVAL),
+            ("no equals sign".into(), EINVAL),
+        ] {
+            assert_eq!(
+                set(&state, &NoSockets, &lines(&request)),
+                errno,
+                "{request}"
+            );
+        }
+        assert!(read(&state).peers.is_empty(), "no bad request added a peer");
+    }
+
+    /// `update_only` changes a peer that exists and never adds one; `remove` removes it;
+    /// `replace_allowed_ips` replaces its AllowedIPs, which leave the peer that had them.
+    #[test]
+    fn update_only_remove_and_replace_allowed_ips() {
+        let state = RwLock::new(State::default());
+        let two = hex_key(2);
+        let three = hex_key(3);
+        let run = |request: String| assert_eq!(set(&state, &NoSockets, &lines(&request)), 0);
+        run(format!(
+            "public_key={three}\nupdate_only=true\nallowed_ip=10.0.3.0/24"
+        ));
+        assert!(read(&state).peers.is_empty());
+        run(format!("public_key={two}\nallowed_ip=10.0.2.0/24"));
+        run(format!("public_key={three}\nallowed_ip=10.0.3.0/24"));
+        run(format!(
+            "public_key={three}\nupdate_only=true\nreplace_allowed_ips=true\nallowed_ip=10.0.2.0/24"
+        ));
+        let answer = get(&read(&state));
+        assert!(!answer.contains("allowed_ip=10.0.3.0/24"), "{answer}");
+        assert_eq!(
+            answer.matches("allowed_ip=10.0.2.0/24").count(),
+            1,
+            "{answer}"
+        );
+        assert_eq!(
+            read(&state)
+                .route("10.0.2.1".parse().unwrap())
+                .map(|p| p.key),
+            Some([3; 32])
+        );
+        run(format!("public_key={two}\nremove=true"));
+        assert_eq!(read(&state).peers.len(), 1);
+    }
 }
