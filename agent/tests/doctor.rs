@@ -144,25 +144,28 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
             == 2
     });
 
-    // The masquerade table deleted (the agent restores it within 2 s, so the doctor runs
-    // right after; a few tries in case the agent's check lands in between).
-    let mut seen = String::new();
-    for _ in 0..5 {
-        let out = lab
-            .on_node(
-                0,
-                &format!(
-                    "nft delete table ip flannel-ipv4 && {WEFT} doctor --handshake-wait=1; true"
-                ),
-            )
-            .unwrap();
-        if verdict(&out, "masquerade").starts_with("FAIL") {
-            seen = out;
-            break;
-        }
-        std::thread::sleep(Duration::from_secs(3));
-    }
-    assert_fails(&seen, "masquerade", "table ip flannel-ipv4 is missing");
+    // The masquerade table deleted. The agent puts it back at once (nf_tables reports the
+    // deletion), usually before a doctor started after it could look; so the doctor is
+    // run once the agent has logged putting it back, and names the deletion all the same
+    // (a doctor that does see the table missing fails the check: `masquerade_verdicts`).
+    let restored = || {
+        std::fs::read_to_string(lab.nodes[0].agent_log())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("data plane") && l.contains("ip flannel-ipv4"))
+            .count()
+    };
+    let before = restored();
+    lab.on_node(0, "nft delete table ip flannel-ipv4").unwrap();
+    wait_for(&lab, "the agent putting the masquerade table back", || {
+        restored() > before
+    });
+    let (_, out) = doctor(&lab, 0);
+    let line = verdict(&out, "masquerade");
+    assert!(
+        line.starts_with("WARN") && line.contains("put them back") && line.contains("flannel-ipv4"),
+        "the doctor should name the table the agent restored:\n{out}"
+    );
 
     // Node 2 rejects WireGuard's port.
     lab.on_node(1, "nft add table inet doctortest && nft add chain inet doctortest in '{ type filter hook input priority 0; }' && nft add rule inet doctortest in udp dport 51820 reject")

@@ -369,6 +369,14 @@ impl Controller<'_> {
             {
                 Ok(r) => {
                     log_report(&r);
+                    if !r.changes.is_empty() {
+                        // Something changed the tables behind the agent: `weft doctor`
+                        // names it even after the tables are back.
+                        let now = SystemTime::now()
+                            .duration_since(SystemTime::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64);
+                        self.inputs.snapshot.update(|s| s.repaired(&r.changes, now));
+                    }
                     self.esp_lost(&r.esp_lost).await;
                 }
                 Err(e) => warn!(error = %e, "nftables check failed"),

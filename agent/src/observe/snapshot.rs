@@ -48,6 +48,10 @@ pub struct Snapshot {
     pub pass_errors: u64,
     /// The errors of the last pass, if it had any.
     pub last_errors: Vec<String>,
+    /// What the agent's checks found changed behind its back and put back (a deleted
+    /// nftables table, say), oldest first: at most `REPAIRS_KEPT`.
+    #[serde(default)]
+    pub repairs: Vec<Repair>,
     /// Each WireGuard peer's counters as the last full pass read them, for `/metrics`
     /// (which must not read the device per request). Not sent to the CLI.
     #[serde(skip)]
@@ -86,6 +90,29 @@ pub struct PeerInfo {
     pub spi_in: Option<u32>,
     #[serde(default)]
     pub spi_out: Option<u32>,
+}
+
+/// A change the agent's checks made to put back what something else had changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repair {
+    pub what: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// How many repairs the snapshot keeps.
+pub const REPAIRS_KEPT: usize = 16;
+
+impl Snapshot {
+    /// Records the changes a check made, at `at_ms`.
+    pub fn repaired(&mut self, changes: &[String], at_ms: u64) {
+        self.repairs.extend(changes.iter().map(|what| Repair {
+            what: what.clone(),
+            at_ms,
+        }));
+        let excess = self.repairs.len().saturating_sub(REPAIRS_KEPT);
+        self.repairs.drain(..excess);
+    }
 }
 
 /// One peer's underlay path: its MTU as measured, and what weft did about it.

@@ -107,17 +107,37 @@ pub fn left_out(snapshot: &Snapshot) -> Check {
 }
 
 pub async fn masquerade(snapshot: &Snapshot) -> Check {
-    const NAME: &str = "masquerade";
     let mut nft = NftCli::default();
-    let mut problems = Vec::new();
+    let mut listed = Vec::new();
     for t in &snapshot.masquerade {
         let family = if t.family == "ip6" {
             Family::Ipv6
         } else {
             Family::Ipv4
         };
-        match nft.list(family, &t.table).await {
-            Ok(Some(listing)) if listed_rules(&listing) == t.rules => {}
+        listed.push(nft.list(family, &t.table).await.map_err(|e| e.to_string()));
+    }
+    masquerade_verdict(snapshot, &listed, now_ms())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The masquerade check from each planned table's listing (in `snapshot.masquerade`'s
+/// order; `None`: no such table), at `now_ms`.
+fn masquerade_verdict(
+    snapshot: &Snapshot,
+    listed: &[Result<Option<Value>, String>],
+    now_ms: u64,
+) -> Check {
+    const NAME: &str = "masquerade";
+    let mut problems = Vec::new();
+    for (t, listing) in snapshot.masquerade.iter().zip(listed) {
+        match listing {
+            Ok(Some(listing)) if listed_rules(listing) == t.rules => {}
             Ok(Some(_)) => problems.push(format!(
                 "table {} {} has other rules than planned",
                 t.family, t.table
@@ -132,10 +152,15 @@ pub async fn masquerade(snapshot: &Snapshot) -> Check {
             .iter()
             .map(|t| format!("{} {}", t.family, t.table))
             .collect();
-        Check::pass(
-            NAME,
-            format!("{} in place with the planned rules", names.join(", ")),
-        )
+        let in_place = format!("{} in place with the planned rules", names.join(", "));
+        match recently_restored(snapshot, &names, now_ms) {
+            Some(restored) => Check::warn(
+                NAME,
+                format!("{in_place}, but the agent had to put them back: {restored}"),
+                "another tool (a firewall manager, `nft flush ruleset`) removed or changed them; the agent restores them, but traffic leaving the pod network goes out unmasqueraded meanwhile",
+            ),
+            None => Check::pass(NAME, in_place),
+        }
     } else {
         Check::fail(
             NAME,
@@ -143,6 +168,21 @@ pub async fn masquerade(snapshot: &Snapshot) -> Check {
             "the agent restores its tables within 2 s; if they keep disappearing, another tool (a firewall manager, `nft flush ruleset`) is removing them",
         )
     }
+}
+
+/// How long a repair the agent made counts as recent.
+const RECENT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The agent's repairs of `tables` in the last `RECENT` before `now`, as `what (N s ago)`.
+fn recently_restored(snapshot: &Snapshot, tables: &[String], now: u64) -> Option<String> {
+    let recent: Vec<String> = snapshot
+        .repairs
+        .iter()
+        .filter(|r| now.saturating_sub(r.at_ms) < RECENT.as_millis() as u64)
+        .filter(|r| tables.iter().any(|t| r.what.contains(t.as_str())))
+        .map(|r| format!("{} ({} s ago)", r.what, now.saturating_sub(r.at_ms) / 1000))
+        .collect();
+    (!recent.is_empty()).then(|| recent.join("; "))
 }
 
 fn ip_json(args: &[&str]) -> Result<Vec<Value>, String> {
@@ -278,4 +318,57 @@ fn device_entries(
         }
     }
     Ok(count)
+}
+
+#[cfg(test)]
+mod masquerade_tests {
+    use super::*;
+    use crate::observe::snapshot::{NftTable, Repair};
+
+    fn listing() -> Value {
+        serde_json::json!({"nftables": [
+            {"chain": {"family": "ip", "table": "flannel-ipv4", "name": "postrouting", "handle": 1}},
+            {"rule": {"family": "ip", "table": "flannel-ipv4", "chain": "postrouting",
+                      "expr": [{"return": null}]}}
+        ]})
+    }
+
+    fn snapshot(repairs: Vec<Repair>) -> Snapshot {
+        Snapshot {
+            masquerade: vec![NftTable {
+                family: "ip".into(),
+                table: "flannel-ipv4".into(),
+                rules: listed_rules(&listing()),
+            }],
+            repairs,
+            ..Snapshot::default()
+        }
+    }
+
+    /// A missing table fails; one in place passes, or warns while the agent's putting it
+    /// back is recent (5 minutes), naming what was put back.
+    #[test]
+    fn masquerade_verdicts() {
+        let now = 1_000_000_000;
+        let missing = masquerade_verdict(&snapshot(vec![]), &[Ok(None)], now);
+        assert_eq!(missing.verdict, super::super::Verdict::Fail);
+        assert!(missing.detail.contains("table ip flannel-ipv4 is missing"));
+        let fine = masquerade_verdict(&snapshot(vec![]), &[Ok(Some(listing()))], now);
+        assert_eq!(fine.verdict, super::super::Verdict::Pass, "{}", fine.detail);
+        let restored = |ago_ms: u64| {
+            let repair = Repair {
+                what: "replace nftables table ip flannel-ipv4".into(),
+                at_ms: now - ago_ms,
+            };
+            masquerade_verdict(&snapshot(vec![repair]), &[Ok(Some(listing()))], now)
+        };
+        let recent = restored(3_000);
+        assert_eq!(recent.verdict, super::super::Verdict::Warn);
+        assert!(
+            recent.detail.contains("flannel-ipv4 (3 s ago)"),
+            "{}",
+            recent.detail
+        );
+        assert_eq!(restored(600_000).verdict, super::super::Verdict::Pass);
+    }
 }
