@@ -20,7 +20,12 @@ fn rotate(lab: &Lab, rotating: usize, to: usize) -> Disruption {
         .on_node(rotating, &format!("{WEFT} keys rotate"))
         .unwrap();
     assert!(out.contains("switched to"), "{out}");
-    std::thread::sleep(Duration::from_secs(1));
+    // Ends once the measured pair answers again after the switch.
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
+        "{}",
+        lab.logs()
+    );
     probe.finish().unwrap()
 }
 

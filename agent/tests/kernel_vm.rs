@@ -4,7 +4,8 @@
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
-//! kernel devices, two VPCs and a NAT, `weft cleanup`, the Kubernetes lab, a mixed mesh of
+//! kernel devices, two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
+//! from host-gw, `weft cleanup`, the Kubernetes lab, a mixed mesh of
 //! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), and a narrow path
 //! between two sites measured and used on kernel WireGuard. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
@@ -69,6 +70,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (cleanup, kube_lab) = (sibling_test("cleanup"), sibling_test("kube_lab"));
     let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
     let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
+    let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -102,6 +104,20 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         ("port taken: kernel", kernel, &port_taken, "wireguard"),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),
+        // Fail-closed windows on kernel devices: etcd wiped and restored, and the switch
+        // onto wireguard from host-gw, each watched whole.
+        (
+            "etcd restore: kernel",
+            kernel,
+            &registry_away,
+            "etcd_wiped_and_restored",
+        ),
+        (
+            "backend switch: kernel",
+            kernel,
+            &unencrypted,
+            "switching_backends",
+        ),
         // Key rotation on kernel devices, and the same rotations on the userspace device
         // in this same VM as the control its loss is compared with.
         (
@@ -155,7 +171,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     let chosen = |label: &str| only.is_empty() || only.split(',').any(|w| label.contains(w));
     for (label, env, binary, filter) in steps.iter().filter(|s| chosen(s.0)) {
         script += &format!(
-            "run '{label}' env {env} RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
+            "run '{label}' env {env} WEFT_LAB_EMULATED=1 RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
             binary.display()
         );
     }

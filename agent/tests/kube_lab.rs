@@ -161,17 +161,24 @@ fn health_says_alive_but_not_ready_while_the_api_is_unreachable() {
     wait_for("the health endpoint", Duration::from_secs(10), || {
         http_get(&ns, &addr, "/healthz").0 == 200
     });
-    std::thread::sleep(Duration::from_secs(1));
-    let (code, body) = http_get(&ns, &addr, "/readyz");
+    // Alive, and not ready, saying what it waits for (a ready answer would fail here).
+    let expected = (
+        503,
+        "not ready; waiting for: lease, data plane, subnet file",
+    );
+    // ... once it has retried the API server (it logs each retry).
+    let log = || std::fs::read_to_string(lab.dir().join("n9.log")).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let last = loop {
+        let (code, body) = http_get(&ns, &addr, "/readyz");
+        let done = (code, body.trim()) == expected && log().contains("retrying");
+        if done || std::time::Instant::now() > deadline {
+            break (code, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let _ = agent.kill();
     let _ = agent.wait();
-    assert_eq!(
-        (code, body.trim()),
-        (
-            503,
-            "not ready; waiting for: lease, data plane, subnet file"
-        )
-    );
-    let log = std::fs::read_to_string(lab.dir().join("n9.log")).unwrap();
-    assert!(log.contains("retrying"), "{log}");
+    assert_eq!((last.0, last.1.trim()), expected);
+    assert!(log().contains("retrying"), "{}", log());
 }

@@ -66,8 +66,17 @@ fn two_vpcs_and_a_nat() {
     // And the natted nodes reach zone-a on its published addresses.
     assert_eq!(endpoint_of(&lab, 2, 0), "198.51.100.1:51820");
 
-    // A learned endpoint outlives the agents' full resyncs (every 3 s here).
-    std::thread::sleep(Duration::from_secs(7));
+    // A learned endpoint outlives the agents' full resyncs (every 3 s here): two of them.
+    let full_passes = || {
+        std::fs::read_to_string(lab.nodes[0].agent_log())
+            .unwrap_or_default()
+            .matches("full=true")
+            .count()
+    };
+    let before = full_passes();
+    weft_lab::wait::until("two full resyncs", Duration::from_secs(15), || {
+        full_passes() >= before + 2
+    });
     let again: Vec<String> = [2, 3].iter().map(|&p| endpoint_of(&lab, 0, p)).collect();
     assert_eq!(again, via_nat, "a resync overwrote a learned endpoint");
     let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
@@ -81,9 +90,13 @@ fn two_vpcs_and_a_nat() {
     // zone-a pod to a pod behind the NAT must come back once the natted node's next packet
     // (at the latest its keepalive, every 5 s here) shows its new port: within 7 s.
     let target = lab.nodes[3].pods[0].ip;
+    // Line-buffered into a file, so the recovery can be read while it runs.
+    let ping_log = lab.dir().join("nat-ping.log");
     let ping = Command::new("ip")
         .args(["netns", "exec", &lab.nodes[0].pods[0].ns])
         .args([
+            "stdbuf",
+            "-oL",
             "ping",
             "-i",
             "0.1",
@@ -93,11 +106,16 @@ fn two_vpcs_and_a_nat() {
             "-O",
             &target.to_string(),
         ])
-        .stdout(Stdio::piped())
+        .stdout(std::fs::File::create(&ping_log).unwrap())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let replies = || std::fs::read_to_string(&ping_log).unwrap_or_default();
+    weft_lab::wait::until(
+        "the ping answered before the rebind",
+        Duration::from_secs(10),
+        || replies().matches("bytes from").count() >= 5,
+    );
     nat::rebind(&lab.tag, "45000-45999").unwrap();
     // From when the rebind is complete (conntrack flushed): under an emulated CPU the
     // commands take a while, and pings go through until they are done.
@@ -127,16 +145,22 @@ fn two_vpcs_and_a_nat() {
             )
         },
     );
-    std::thread::sleep(Duration::from_secs(1));
-    let _ = Command::new("kill")
-        .args(["-INT", &ping.id().to_string()])
-        .status();
-    let out = ping.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     let rebound = rebound_at
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
+    // The continuous ping's own first answer to a request sent after the rebind.
+    weft_lab::wait::until(
+        "the ping answered after the rebind",
+        Duration::from_secs(10),
+        || recovery(&replies(), rebound).is_some(),
+    );
+    let _ = Command::new("kill")
+        .args(["-INT", &ping.id().to_string()])
+        .status();
+    let mut ping = ping;
+    let _ = ping.wait();
+    let text = replies();
     let (back_at, lost) = recovery(&text, rebound)
         .unwrap_or_else(|| panic!("no ping answered after the rebind:\n{text}"));
     let recovered = Duration::from_secs_f64((back_at - rebound).max(0.0));

@@ -64,14 +64,21 @@ fn finish_when_switched(lab: &Lab, probe: Probe, from: usize, to: usize) -> Disr
 }
 
 /// The bound next to the claim (docs/key-rotation.md: at most 3 pings lost at 100 pps, a
-/// longest TCP stall under 0.1 s): twice each.
+/// longest TCP stall under 0.1 s): twice each. Under the VM's emulated CPU the claim is
+/// docs/reliability.md's for the VM: an emulated pass or `nft` run can hold a switch up
+/// to 2.5 s (a 250-ping bound), and TCP stalls up to 10 s follow such a hole (its
+/// retransmission backs off).
 fn assert_bounded(lab: &Lab, what: &str, d: &Disruption) {
     println!("{what}: {d}");
+    let (stall, lost) = weft_lab::wait::bound(
+        (Duration::from_millis(200), 6),
+        (Duration::from_secs(10), 250),
+    );
     let ok = d.stream_error.is_none()
         && d.stream_bytes > 0
         && d.pings_sent >= 100
-        && d.max_stall < Duration::from_millis(200)
-        && d.pings_lost <= 6;
+        && d.max_stall < stall
+        && d.pings_lost <= lost;
     assert!(ok, "{what}: {d}\n{}", lab.logs());
 }
 
@@ -251,10 +258,12 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     );
     let restarted = std::time::Instant::now();
     lab.start_agent(0).unwrap();
-    // Twice the claim (docs/reliability.md: reachable within 0.5 s of the restart).
+    // Twice the claim (docs/reliability.md: reachable within 0.5 s of the restart; in
+    // the emulated VM, where the agent itself takes seconds to start, within 5 s).
+    let within = weft_lab::wait::bound(Duration::from_secs(1), Duration::from_secs(10));
     assert!(
-        lab.ping(&a, b, Duration::from_secs(1)),
-        "node 1 unreachable 1 s after its restart\n{}",
+        lab.ping(&a, b, within),
+        "node 1 unreachable {within:?} after its restart\n{}",
         lab.logs()
     );
     println!(

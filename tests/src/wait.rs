@@ -24,3 +24,22 @@ pub fn until_or(
     }
     started.elapsed()
 }
+
+/// Set by the VM runner for every scenario it runs: the CPU is emulated (tens of times
+/// slower than this machine's), so timing bounds take their emulated value.
+pub const EMULATED_ENV: &str = "WEFT_LAB_EMULATED";
+
+/// Whether this run is under the VM runner's emulated CPU.
+pub fn emulated() -> bool {
+    std::env::var_os(EMULATED_ENV).is_some()
+}
+
+/// A timing bound: `native` on this machine, `emulated` in the VM. Each test names both
+/// next to the claim it checks (the docs state the VM's figures apart).
+pub fn bound<T>(native: T, emulated: T) -> T {
+    if self::emulated() {
+        emulated
+    } else {
+        native
+    }
+}

@@ -15,7 +15,7 @@ impl Lab {
         all.get(i % all.len().max(1)).map(String::as_str)
     }
 
-    /// Fails unless node `i`'s `flannel-wg` is of the kind its implementation makes (a
+    /// Fails unless node `i`'s WireGuard devices are of the kind its implementation makes (a
     /// `wireguard` link for kernel, a `tun` for userspace): a lab asked for kernel
     /// WireGuard must not pass on userspace.
     pub(super) fn check_implementation(&self, i: usize) -> anyhow::Result<()> {
@@ -27,22 +27,30 @@ impl Lab {
             "userspace" => "tun",
             _ => return Ok(()),
         };
+        // The node's WireGuard devices: `flannel-wg`, and `flannel-wg-v6` with IPv6 on its
+        // own device (an IPv6-only node has only that one).
         let deadline = Instant::now() + Duration::from_secs(20);
-        let link = loop {
-            match in_ns(&self.nodes[i].ns, "ip -d -o link show flannel-wg") {
-                Ok(link) => break link,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(e.context(format!("node {} has no flannel-wg", i + 1)))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        let links = loop {
+            let links: Vec<String> = ["flannel-wg", "flannel-wg-v6"]
+                .iter()
+                .filter_map(|d| in_ns(&self.nodes[i].ns, &format!("ip -d -o link show {d}")).ok())
+                .collect();
+            if !links.is_empty() {
+                break links;
             }
+            if Instant::now() > deadline {
+                bail!("node {} has no WireGuard device after 20 s", i + 1);
+            }
+            std::thread::sleep(Duration::from_millis(50));
         };
-        if !link.split_whitespace().any(|w| w == kind) {
-            bail!(
-                "node {} should run {which} WireGuard, but flannel-wg is: {link}\n{}",
-                i + 1,
-                fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
-            );
+        for link in links {
+            if !link.split_whitespace().any(|w| w == kind) {
+                bail!(
+                    "node {} should run {which} WireGuard, but its device is: {link}\n{}",
+                    i + 1,
+                    fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
+                );
+            }
         }
         Ok(())
     }
