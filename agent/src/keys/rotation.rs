@@ -35,7 +35,8 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-fn ms(t: SystemTime) -> u64 {
+/// `t` in milliseconds since the Unix epoch (0 before it).
+pub(crate) fn ms(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }

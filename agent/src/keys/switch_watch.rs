@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 use weft_backends::apply::wireguard::devices::WgImpl;
-use weft_backends::model::{KeyMove, KeyWatch, HANDSHAKE_POLL};
+use weft_backends::model::{KeyMove, KeyWatch};
 use weft_crypto::PublicKey;
 
 /// Peers' next keys the watcher has switched to, shared with the control loop.
@@ -93,19 +93,23 @@ async fn run(
     switched: Switched,
     tell: mpsc::Sender<()>,
 ) {
+    // When the device was last read: the watch's own schedule (`KeyWatch::next_poll`)
+    // says when to read it next.
+    let mut last = None;
     loop {
         let current = plan.borrow_and_update().clone();
         let now = SystemTime::now();
-        let wait = match &current {
-            Some(w) if now < w.from => Some(w.from.duration_since(now).unwrap_or_default()),
-            Some(w) if now < w.until => {
+        let due = current.as_ref().and_then(|w| w.next_poll(last, now));
+        if let (Some(w), Some(at)) = (&current, due) {
+            if at <= now {
                 if poll(&mut wg, w, &switched).await {
                     let _ = tell.try_send(());
                 }
-                Some(HANDSHAKE_POLL)
+                last = Some(now);
+                continue;
             }
-            _ => None,
-        };
+        }
+        let wait = due.map(|at| at.duration_since(now).unwrap_or_default());
         tokio::select! {
             changed = plan.changed() => if changed.is_err() {
                 return;

@@ -372,9 +372,7 @@ impl Controller<'_> {
                     if !r.changes.is_empty() {
                         // Something changed the tables behind the agent: `weft doctor`
                         // names it even after the tables are back.
-                        let now = SystemTime::now()
-                            .duration_since(SystemTime::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_millis() as u64);
+                        let now = crate::keys::rotation::ms(SystemTime::now());
                         self.inputs.snapshot.update(|s| s.repaired(&r.changes, now));
                     }
                     self.esp_lost(&r.esp_lost).await;

@@ -64,7 +64,6 @@ pub struct PeerObserved {
 /// (`moves`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KeyWatch {
-    pub keys: Vec<PublicKey>,
     pub from: SystemTime,
     pub until: SystemTime,
     pub moves: Vec<KeyMove>,
@@ -85,6 +84,17 @@ pub struct KeyMove {
 }
 
 impl KeyWatch {
+    /// The announced keys watched for, each once.
+    pub fn keys(&self) -> Vec<PublicKey> {
+        let mut keys: Vec<PublicKey> = Vec::new();
+        for m in &self.moves {
+            if !keys.contains(&m.next.public_key) {
+                keys.push(m.next.public_key);
+            }
+        }
+        keys
+    }
+
     /// When to read the device next, after reading it at `last` (if at all); `None` once
     /// the watch is over at `now`.
     pub fn next_poll(&self, last: Option<SystemTime>, now: SystemTime) -> Option<SystemTime> {
@@ -111,16 +121,11 @@ impl KeyWatch {
             return;
         }
         let from = announced.checked_sub(WATCH_BEFORE).unwrap_or(announced);
-        let key = moved.next.public_key;
         let w = watch.get_or_insert_with(|| KeyWatch {
-            keys: Vec::new(),
             from,
             until,
             moves: Vec::new(),
         });
-        if !w.keys.contains(&key) {
-            w.keys.push(key);
-        }
         w.from = w.from.min(from);
         w.until = w.until.max(until);
         w.moves.push(moved);
@@ -161,10 +166,7 @@ mod tests {
         );
         let w = w.unwrap();
         assert_eq!((w.from, w.until), (t - WATCH_BEFORE, t + SWITCH_GRACE));
-        assert_eq!(
-            (w.keys.clone(), w.moves.clone()),
-            (vec![key], vec![moved(key)])
-        );
+        assert_eq!((w.keys(), w.moves.clone()), (vec![key], vec![moved(key)]));
         assert_eq!(
             w.next_poll(None, t - Duration::from_secs(10)),
             Some(t - WATCH_BEFORE)

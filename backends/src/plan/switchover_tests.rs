@@ -107,7 +107,7 @@ fn an_announced_key_is_staged_then_takes_over_on_its_handshake_or_after_the_grac
             assert_eq!(state.next_switch, Some(switch), "{what}");
             let w = state.key_watch.as_ref().expect("a watch");
             assert_eq!(
-                (&w.keys, w.from, w.until),
+                (&w.keys(), w.from, w.until),
                 (&vec![key(22)], moment(at(offset)) - WATCH_BEFORE, switch),
                 "{what}"
             );
@@ -207,7 +207,7 @@ fn a_late_announcement_is_watched_from_the_announced_moment() {
     assert_eq!(state.next_switch, Some(until));
     let w = state.key_watch.expect("a watch");
     assert_eq!(
-        (w.keys, w.from, w.until),
+        (w.keys(), w.from, w.until),
         (
             vec![key(22)],
             SystemTime::UNIX_EPOCH + Duration::from_millis(at(1_000)) - WATCH_BEFORE,

@@ -117,13 +117,8 @@ pub async fn masquerade(snapshot: &Snapshot) -> Check {
         };
         listed.push(nft.list(family, &t.table).await.map_err(|e| e.to_string()));
     }
-    masquerade_verdict(snapshot, &listed, now_ms())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    let now = crate::keys::rotation::ms(std::time::SystemTime::now());
+    masquerade_verdict(snapshot, &listed, now)
 }
 
 /// The masquerade check from each planned table's listing (in `snapshot.masquerade`'s
