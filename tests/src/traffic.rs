@@ -2,7 +2,7 @@
 //! write every 10 ms) from one pod to another, whose longest silence and whether it broke
 //! are recorded, and a 100 pps ping beside it, whose unanswered count is recorded.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +23,16 @@ pub struct Disruption {
     pub stream_error: Option<String>,
     pub pings_sent: u64,
     pub pings_lost: u64,
+    /// The longest run of unanswered pings: how many, and when the first of them was sent
+    /// (seconds since the Unix epoch, from ping's `-D`), to set beside the agents' logs.
+    pub longest_hole: Option<Hole>,
+}
+
+/// A run of consecutive unanswered pings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hole {
+    pub pings: u64,
+    pub from_unix_s: f64,
 }
 
 impl Disruption {
@@ -43,7 +53,15 @@ impl std::fmt::Display for Disruption {
             self.pings_lost,
             self.pings_sent,
             self.ping_loss().as_millis()
-        )
+        )?;
+        if let Some(h) = self.longest_hole {
+            write!(
+                f,
+                ", longest hole {} pings from {:.3} (Unix time)",
+                h.pings, h.from_unix_s
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -55,6 +73,7 @@ pub struct Probe {
     sender: JoinHandle<std::io::Result<std::io::Result<Option<String>>>>,
     receiver: JoinHandle<std::io::Result<std::io::Result<Received>>>,
     ping: Child,
+    ping_output: JoinHandle<(Vec<(u64, f64)>, String)>,
 }
 
 impl Probe {
@@ -111,12 +130,17 @@ impl Probe {
             conn.shutdown(std::net::Shutdown::Write)?;
             Ok(None)
         });
-        let ping = Command::new("ip")
-            .args(["netns", "exec", from, "ping", "-i", "0.01", "-q"])
+        let mut ping = Command::new("ip")
+            .args(["netns", "exec", from, "ping", "-i", "0.01", "-D", "-O"])
             .arg(to_ip.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
+        let out = ping
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("ping's output was not piped"))?;
+        let ping_output = std::thread::spawn(move || read_ping(out));
         // Let both settle before anything happens.
         std::thread::sleep(Duration::from_millis(500));
         Ok(Probe {
@@ -124,6 +148,7 @@ impl Probe {
             sender,
             receiver,
             ping,
+            ping_output,
         })
     }
 
@@ -133,8 +158,12 @@ impl Probe {
         let _ = Command::new("kill")
             .args(["-INT", &self.ping.id().to_string()])
             .status();
-        let out = self.ping.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        let mut ping = self.ping;
+        ping.wait()?;
+        let (replies, text) = self
+            .ping_output
+            .join()
+            .map_err(|_| anyhow::anyhow!("reading ping's output panicked"))?;
         let (sent, received) = ping_summary(&text)
             .ok_or_else(|| anyhow::anyhow!("ping printed no summary: {text:?}"))?;
         let (sent, received) = (sent as u64, received as u64);
@@ -154,6 +183,7 @@ impl Probe {
             stream_error: send_error.or(recv_error),
             pings_sent: sent,
             pings_lost: sent.saturating_sub(received),
+            longest_hole: longest_hole(replies),
         })
     }
 }
@@ -168,6 +198,50 @@ pub fn ping_summary(text: &str) -> Option<(usize, usize)> {
     Some((numbers.next()?, numbers.next()?))
 }
 
+/// A reply in ping's `-D` output, `[<unix time>] 64 bytes from …: icmp_seq=N …`, as
+/// `(N, unix time)`; `None` for any other line (`-O` reports an unanswered one as
+/// `[<unix time>] no answer yet for icmp_seq=N`).
+fn ping_reply(line: &str) -> Option<(u64, f64)> {
+    if !line.contains(" bytes from ") {
+        return None;
+    }
+    let stamp = line.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok()?;
+    let seq = line.split("icmp_seq=").nth(1)?.split_whitespace().next()?;
+    Some((seq.parse().ok()?, stamp))
+}
+
+/// The longest run of unanswered pings among `replies` (`ping_reply`). It starts one
+/// interval (10 ms) after the last reply before it.
+pub fn longest_hole(mut replies: Vec<(u64, f64)>) -> Option<Hole> {
+    replies.sort_by_key(|r| r.0);
+    replies.dedup_by_key(|r| r.0);
+    replies
+        .windows(2)
+        .filter(|w| w[1].0 > w[0].0 + 1)
+        .map(|w| Hole {
+            pings: w[1].0 - w[0].0 - 1,
+            from_unix_s: w[0].1 + 0.01,
+        })
+        .max_by_key(|h| h.pings)
+}
+
+/// Reads ping's output as it comes (a pipe left unread would stop ping once full): the
+/// replies, and every other line except the unanswered ones (the summary among them).
+fn read_ping(out: impl Read) -> (Vec<(u64, f64)>, String) {
+    let (mut replies, mut rest) = (Vec::new(), String::new());
+    for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+        match ping_reply(&line) {
+            Some(r) => replies.push(r),
+            None if line.contains("no answer yet") => {}
+            None => {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+        }
+    }
+    (replies, rest)
+}
+
 #[cfg(test)]
 mod summary_tests {
     #[test]
@@ -178,5 +252,25 @@ mod summary_tests {
         let errors = "5 packets transmitted, 3 received, +2 errors, 40% packet loss, time 4004ms";
         assert_eq!(super::ping_summary(errors), Some((5, 3)));
         assert_eq!(super::ping_summary("no summary"), None);
+    }
+
+    #[test]
+    fn the_longest_hole_is_found_with_its_start() {
+        let text = "PING 10.244.2.2 (10.244.2.2) 56(84) bytes of data.\n\
+                    [100.000] 64 bytes from 10.244.2.2: icmp_seq=1 ttl=62 time=0.5 ms\n\
+                    [100.020] no answer yet for icmp_seq=2\n\
+                    [100.030] 64 bytes from 10.244.2.2: icmp_seq=3 ttl=62 time=0.5 ms\n\
+                    [100.040] 64 bytes from 10.244.2.2: icmp_seq=4 ttl=62 time=0.5 ms\n\
+                    [100.060] no answer yet for icmp_seq=5\n\
+                    [100.070] no answer yet for icmp_seq=6\n\
+                    [100.080] no answer yet for icmp_seq=7\n\
+                    [100.081] 64 bytes from 10.244.2.2: icmp_seq=8 ttl=62 time=0.5 ms\n";
+        let (replies, rest) = super::read_ping(text.as_bytes());
+        assert_eq!(replies.len(), 4);
+        assert!(rest.starts_with("PING"), "{rest}");
+        let h = super::longest_hole(replies).unwrap();
+        assert_eq!(h.pings, 3);
+        assert!((h.from_unix_s - 100.05).abs() < 1e-9);
+        assert_eq!(super::longest_hole(vec![(1, 1.0), (2, 1.01)]), None);
     }
 }

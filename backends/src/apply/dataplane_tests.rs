@@ -164,7 +164,7 @@ fn wireguard_full_then_incremental_passes() {
 }
 
 #[test]
-fn a_new_private_key_re_adds_every_peer() {
+fn a_new_private_key_keeps_every_peer_and_starts_a_handshake_with_each() {
     let mut dp = wireguard_plane();
     let two = desired(2);
     pass(&mut dp, &two, true);
@@ -174,9 +174,12 @@ fn a_new_private_key_re_adds_every_peer() {
     let device = &wg(&mut dp).devices[WG_DEVICE];
     assert_eq!(device.public_key, Some(other.public_key()));
     assert_eq!(device.peers.len(), 2);
-    assert!(report
-        .changes
-        .contains(&format!("{WG_DEVICE}: private key set")));
+    assert_eq!(
+        report.changes,
+        [format!("{WG_DEVICE}: private key set")],
+        "the key alone changes: removing and adding a peer again ends the sessions it \
+         still receives on and sends it a second initiation that it drops"
+    );
     assert_eq!(wg(&mut dp).primed, ["n2", "n3", "n2", "n3"]);
 }
 

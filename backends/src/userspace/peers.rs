@@ -155,6 +155,11 @@ impl State {
         self.routes.lookup(ip)
     }
 
+    /// A new private key: every peer gets a new `Tunn` under it, made and handshaking at
+    /// once (the timer thread), while the session each had keeps carrying traffic in both
+    /// directions until the new one is in use, as a PSK change does (`Noise::replace`).
+    /// During a key rotation the peers still route this node's subnet to the entry of its
+    /// old key until they see the new key's handshake, so nothing is lost meanwhile.
     pub fn set_private_key(&mut self, secret: Option<StaticSecret>) {
         let Some(secret) = secret else {
             self.identity = None;
@@ -164,23 +169,18 @@ impl State {
         if self.identity.as_ref().is_some_and(|i| i.public == public) {
             return;
         }
-        let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
-        let mut ended = Vec::new();
-        for peer in self.peers.values() {
-            let mut noise = lock(&peer.noise);
-            if let Some(tunn) = noise.tunn.as_mut() {
-                tunn.set_static_private(secret.clone(), public, Some(limiter.clone()));
+        let peers: Vec<Arc<Peer>> = self.peers.values().cloned().collect();
+        for peer in peers {
+            let index = self.new_index();
+            self.by_index.insert(index, peer.clone());
+            for freed in lock(&peer.noise).replace(index) {
+                self.by_index.remove(&freed);
             }
-            // A new private key ends every session, the retiring one's too.
-            ended.extend(noise.retiring.take().map(|r| r.index));
-        }
-        for index in ended {
-            self.by_index.remove(&index);
         }
         self.identity = Some(Identity {
             secret,
+            limiter: Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT)),
             public,
-            limiter,
         });
     }
 
@@ -434,5 +434,99 @@ mod tests {
         state.remove(&key(1));
         assert_eq!(found(&state, fresh), None);
         assert!(state.peers.is_empty());
+    }
+
+    /// A node with `secret` and one peer, `peer`.
+    fn node(secret: &StaticSecret, peer: &StaticSecret) -> State {
+        let mut state = State::default();
+        state.set_private_key(Some(secret.clone()));
+        let key = PublicKey::from(peer).to_bytes();
+        state.upsert(key, with(&["10.0.0.0/24"]), None);
+        state
+    }
+
+    /// Runs one packet through `to`'s `Tunn` for its peer: what it answers, if anything.
+    fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
+        use boringtun::noise::TunnResult;
+        let peer = to.peers.values().next()?.clone();
+        let mut noise = lock(&peer.noise);
+        let tunn = to.session(&mut noise, &peer)?;
+        let mut out = vec![0u8; 2048];
+        match tunn.decapsulate(None, packet, &mut out) {
+            TunnResult::WriteToNetwork(b) => Some(b.to_vec()),
+            _ => None,
+        }
+    }
+
+    /// A rotation's new private key keeps the session the node has, in both directions,
+    /// until a session under the new key is there, and the new key handshakes with a peer
+    /// that knows it (kernel WireGuard keeps receiving on its sessions too).
+    #[test]
+    fn a_new_private_key_keeps_the_session_it_had_until_the_new_one_is_made() {
+        use boringtun::noise::TunnResult;
+        let secret = |n: u8| StaticSecret::from([n; 32]);
+        let (a_old, a_new, b) = (secret(1), secret(2), secret(3));
+        let mut a = node(&a_old, &b);
+        let b_state = node(&b, &a_old);
+        let peer_b = a.peers.values().next().cloned().unwrap();
+        let mut buf = vec![0u8; 2048];
+        // A handshake between a (old key) and b, and a first packet that confirms it.
+        let init = {
+            let mut noise = lock(&peer_b.noise);
+            let tunn = a.session(&mut noise, &peer_b).unwrap();
+            match tunn.format_handshake_initiation(&mut buf, false) {
+                TunnResult::WriteToNetwork(p) => p.to_vec(),
+                _ => panic!("no initiation"),
+            }
+        };
+        let response = deliver(&b_state, &init).expect("b answers the initiation");
+        let keepalive = deliver(&a, &response).expect("a confirms the session");
+        assert!(deliver(&b_state, &keepalive).is_none());
+        let old_index = lock(&peer_b.noise).index;
+
+        a.set_private_key(Some(a_new.clone()));
+        // The session made under the old key still carries traffic: its index still finds
+        // b, and what a sends goes out on it, and b takes it.
+        assert!(Arc::ptr_eq(a.by_receiver(old_index << 8).unwrap(), &peer_b));
+        let ip_packet = {
+            let mut p = vec![0u8; 40];
+            p[0] = 0x45;
+            p[3] = 40;
+            p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+            p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+            p
+        };
+        let sent = {
+            let mut noise = lock(&peer_b.noise);
+            let tunn = a.sending(&mut noise, &peer_b).unwrap();
+            match tunn.encapsulate(&ip_packet, &mut buf) {
+                TunnResult::WriteToNetwork(p) => p.to_vec(),
+                _ => panic!("the session it had does not send"),
+            }
+        };
+        {
+            let peer_a = b_state.peers.values().next().cloned().unwrap();
+            let mut noise = lock(&peer_a.noise);
+            let tunn = b_state.session(&mut noise, &peer_a).unwrap();
+            let mut out = vec![0u8; 2048];
+            assert!(matches!(
+                tunn.decapsulate(None, &sent, &mut out),
+                TunnResult::WriteToTunnelV4(..)
+            ));
+        }
+        // The new key's handshake: a peer that knows only the old key cannot answer it;
+        // b with a's next key staged can.
+        let init = {
+            let mut noise = lock(&peer_b.noise);
+            assert_ne!(noise.index, old_index);
+            let tunn = a.session(&mut noise, &peer_b).unwrap();
+            match tunn.format_handshake_initiation(&mut buf, false) {
+                TunnResult::WriteToNetwork(p) => p.to_vec(),
+                _ => panic!("no initiation under the new key"),
+            }
+        };
+        assert!(deliver(&b_state, &init).is_none());
+        let b_staged = node(&b, &a_new);
+        assert!(deliver(&b_staged, &init).is_some());
     }
 }

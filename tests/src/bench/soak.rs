@@ -243,6 +243,7 @@ mod tests {
             stream_error: None,
             pings_sent: 1000,
             pings_lost: 2,
+            longest_hole: None,
         };
         let flat = [at(100, 9), at(200, 9), at(210, 9), at(220, 9)];
         assert!(verdict(&flat, (20.0, 25.0), &calm).is_empty());

@@ -56,7 +56,7 @@ pub(crate) fn device_change(
     observed: &WgDevice,
     report: &mut DataplaneReport,
 ) -> DeviceChange {
-    let mut change = diff_device(t, &key.public_key(), observed);
+    let change = diff_device(t, &key.public_key(), observed);
     for c in &change.peers {
         match c {
             PeerChange::Add(p) => report.endpoints_set.push((t.device.clone(), p.public_key)),
@@ -66,16 +66,13 @@ pub(crate) fn device_change(
             _ => {}
         }
     }
-    if change.set_private_key && !observed.peers.is_empty() {
-        // A new key ends every session: the peers are re-added with it, so each starts a
-        // fresh handshake instead of carrying state made for the old key.
-        change.peers = observed
-            .peers
-            .keys()
-            .map(|k| PeerChange::Remove { key: *k })
-            .chain(t.peers.iter().cloned().map(PeerChange::Add))
-            .collect();
-    }
+    // A new private key keeps the peers as they are. Each device handshakes with every
+    // peer under the new key at once (kernel WireGuard holds what it sends until then,
+    // one round trip; the userspace device sends on the session it has) and keeps
+    // receiving on the sessions it has. Removing and adding the peers again instead (what
+    // this once did) lost those sessions and, worse, sent each peer a second initiation
+    // a few milliseconds after the first, which the peer drops as a flood or a replay (one
+    // within 20 ms of another): that pair then waited for WireGuard's retry, 5 s later.
     change
 }
 
