@@ -205,7 +205,12 @@ fn ping_reply(line: &str) -> Option<(u64, f64)> {
     if !line.contains(" bytes from ") {
         return None;
     }
-    let stamp = line.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok()?;
+    let stamp = line
+        .strip_prefix('[')?
+        .split(']')
+        .next()?
+        .parse::<f64>()
+        .ok()?;
     let seq = line.split("icmp_seq=").nth(1)?.split_whitespace().next()?;
     Some((seq.parse().ok()?, stamp))
 }

@@ -183,7 +183,8 @@ fn timers(device: std::sync::Weak<Device>) {
             let mut noise = lock(&peer.noise);
             noise.retire();
             let out = if noise.tunn.is_none() && noise.retiring.is_some() {
-                // A PSK or keepalive change replaced it: the new state handshakes at once.
+                // A PSK, keepalive or private key change replaced it: the new state
+                // handshakes at once.
                 state
                     .session(&mut noise, peer)
                     .map(|tunn| tunn.format_handshake_initiation(&mut buf, false))

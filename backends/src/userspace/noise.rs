@@ -1,8 +1,9 @@
 //! A peer's Noise state: boringtun's `Tunn`, made on first use, and for a while after a
-//! PSK or keepalive change the one before it. boringtun fixes both at a `Tunn`'s creation,
-//! so a change makes a new `Tunn` that handshakes with the new values at once, while the
-//! old one keeps carrying traffic in both directions on the session it has, as the kernel
-//! keeps a session across such a change. The old one goes once the peer has used the new
+//! PSK, keepalive or private key change the one before it. boringtun fixes the first two at
+//! a `Tunn`'s creation (and a key change must not drop the sessions the peers still send
+//! on), so a change makes a new `Tunn` that handshakes with the new values at once, while
+//! the old one keeps carrying traffic in both directions on the session it has, as the
+//! kernel keeps a session across such a change. The old one goes once the peer has used the new
 //! session, or when its session could no longer be valid (WireGuard's reject-after time).
 
 use std::time::{Duration, Instant};
@@ -12,7 +13,8 @@ use boringtun::noise::Tunn;
 /// WireGuard's REJECT_AFTER_TIME: no session is used longer than this after its handshake.
 pub const REJECT_AFTER: Duration = Duration::from_secs(180);
 
-/// The `Tunn` a PSK or keepalive change replaced, still holding the session traffic uses.
+/// The `Tunn` a PSK, keepalive or private key change replaced, still holding the session
+/// traffic uses.
 pub struct Retiring {
     /// Its session index (`receiver >> 8`).
     pub index: u32,

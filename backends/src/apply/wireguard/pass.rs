@@ -79,7 +79,7 @@ pub(crate) fn device_change(
 /// Reports an applied `change` to device `t`; returns the peers that get a handshake
 /// started at once: added peers, peers whose AllowedIPs or PSK changed (a rotated peer's
 /// key taking over; a new PSK is used from the next handshake on), and after a new private
-/// key every peer (it ends every session).
+/// key every peer (each handshakes anew under it).
 pub(crate) fn applied(
     t: &TunnelSpec,
     change: &DeviceChange,
