@@ -6,8 +6,9 @@
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
 //! kernel devices, two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
 //! from host-gw, `weft cleanup`, the Kubernetes lab, a mixed mesh of
-//! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), and a narrow path
-//! between two sites measured and used on kernel WireGuard. Any scenario failing in the VM fails this test, with the
+//! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), WireGuard's own
+//! netns conformance scenarios (which the userspace device passes on the host), and a
+//! narrow path between two sites measured and used on kernel WireGuard. Any scenario failing in the VM fails this test, with the
 //! VM's output. If qemu cannot start, this test fails and says why.
 //! Key rotation (one node, all nodes, the PSK) runs on kernel devices and, as the control
 //! its loss is compared with, on the userspace device in the same VM. Every step runs in
@@ -71,6 +72,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
     let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
     let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
+    let conformance = sibling_test("netns_conformance");
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -93,6 +95,9 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         ("heal: kernel", kernel, &heal, ""),
         ("membership: kernel", kernel, &membership, ""),
         ("mesh: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &mesh, ""),
+        // WireGuard's own conformance scenarios on the kernel device: the userspace
+        // device passes the same ones on the host.
+        ("netns conformance: kernel", kernel, &conformance, ""),
         // The operator's tools read a kernel device over generic netlink.
         ("status and metrics: kernel", kernel, &status, ""),
         (

@@ -38,7 +38,7 @@ pub const TARGETS: &[(&str, Target)] = &[
 struct Sink(usize);
 
 impl Outputs for Sink {
-    fn send(&mut self, _to: SocketAddr, datagram: &[u8]) {
+    fn send(&mut self, _to: crate::userspace::udp::Endpoint, datagram: &[u8]) {
         self.0 += datagram.len();
     }
 
@@ -78,7 +78,12 @@ pub fn userspace_datagrams(data: &[u8]) {
     let state = device_state();
     let mut rx = Receiver::new(Sink(0), true);
     let from = SocketAddr::from(([127, 0, 0, 1], 51000));
-    rx.batch(&state, batch, usize::from(u16::from_le_bytes(*size)), from);
+    rx.batch(
+        &state,
+        batch,
+        usize::from(u16::from_le_bytes(*size)),
+        (from, None),
+    );
 }
 
 /// A vnet header, then the packet; its segments go through a coalescer.

@@ -8,6 +8,7 @@ pub use etcd::Etcd;
 pub use proxy::CutProxy;
 pub mod bench;
 pub mod clock;
+pub mod conformance;
 pub mod demo;
 pub mod fixtures;
 pub mod fuzz;

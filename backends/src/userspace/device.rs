@@ -33,6 +33,10 @@ pub struct Device {
     /// A handle on the TUN queue for each new receiving thread.
     tun: std::fs::File,
     rebinding: Mutex<()>,
+    /// Why the device cannot go on (its interface deleted, a queue or socket that keeps
+    /// failing): set once by the thread that found it; the process ends on it.
+    ended: Mutex<Option<String>>,
+    end: tokio::sync::Notify,
 }
 
 impl Device {
@@ -61,6 +65,8 @@ impl Device {
             generation: AtomicU64::new(0),
             tun: tun.try_clone()?,
             rebinding: Mutex::new(()),
+            ended: Mutex::new(None),
+            end: tokio::sync::Notify::new(),
         });
         tracing::info!(
             device = name,
@@ -101,12 +107,34 @@ impl Device {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Whether the interface this device created still exists (under its name).
+    /// Whether the interface this device created still exists, in this network namespace
+    /// or another one it was moved to (`tun::attached`), and nothing has ended the device.
     pub fn interface_exists(&self) -> bool {
-        super::ifindex(&self.name) == Some(self.index)
+        lock(&self.ended).is_none() && super::tun::attached(&self.tun)
     }
 
-    /// Stops the device: its sockets close and its interface is deleted.
+    /// Ends the device for `why`: the first reason given is kept, and `ended` returns it.
+    pub fn end(&self, why: String) {
+        let mut ended = lock(&self.ended);
+        if ended.is_none() {
+            tracing::warn!(device = %self.name, why = %why, "the device cannot go on");
+            *ended = Some(why);
+            self.end.notify_one();
+        }
+    }
+
+    /// Waits until something ends the device (`end`); returns why.
+    pub async fn ended(&self) -> String {
+        loop {
+            if let Some(why) = lock(&self.ended).clone() {
+                return why;
+            }
+            self.end.notified().await;
+        }
+    }
+
+    /// Stops the device: its sockets close and its interface is deleted (here; one moved
+    /// to another namespace goes when the process's last handle on its queue closes).
     pub fn stop(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.udp().shutdown();
@@ -168,9 +196,12 @@ fn timers(device: std::sync::Weak<Device>) {
         let Some(device) = device.upgrade() else {
             return;
         };
-        device
-            .mtu
-            .store(interface_mtu(&device.name), Ordering::Relaxed);
+        // Read by name in this namespace: an interface moved to another one keeps the
+        // MTU last read here.
+        let mtu = interface_mtu(&device.name);
+        if mtu != 0 {
+            device.mtu.store(mtu, Ordering::Relaxed);
+        }
         let state = device.state();
         let udp = device.udp();
         if last_reset.elapsed() >= Duration::from_secs(1) {
@@ -182,9 +213,12 @@ fn timers(device: std::sync::Weak<Device>) {
         for peer in state.peers.values() {
             let mut noise = lock(&peer.noise);
             noise.retire();
-            let out = if noise.tunn.is_none() && noise.retiring.is_some() {
+            let keepalive = lock(&peer.config).keepalive != 0 && peer.route().is_some();
+            let out = if noise.tunn.is_none() && (noise.retiring.is_some() || keepalive) {
                 // A PSK, keepalive or private key change replaced it: the new state
-                // handshakes at once.
+                // handshakes at once. So does a peer with a persistent keepalive and
+                // nothing sent yet: kernel WireGuard sends its first keepalive as soon as
+                // the interval is set, which is how a node behind NAT opens its mapping.
                 state
                     .session(&mut noise, peer)
                     .map(|tunn| tunn.format_handshake_initiation(&mut buf, false))
@@ -197,8 +231,8 @@ fn timers(device: std::sync::Weak<Device>) {
             let Some(out) = out else {
                 continue; // no session state yet: no timers
             };
-            if let (TunnResult::WriteToNetwork(out), Some(to)) = (out, peer.endpoint()) {
-                let _ = udp.send(to, out);
+            if let TunnResult::WriteToNetwork(out) = out {
+                let _ = peer.send(&udp, out);
             }
         }
     }

@@ -12,6 +12,7 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::IpNet;
 
 use super::noise::Noise;
+use super::udp::{Endpoint, Local};
 
 /// Handshakes a second before the device answers with cookies (boringtun's device's own
 /// figure).
@@ -22,7 +23,9 @@ pub type Key = [u8; 32];
 pub struct Peer {
     pub key: Key,
     pub noise: Mutex<Noise>,
-    pub endpoint: Mutex<Option<SocketAddr>>,
+    /// Where the peer is reached, and from which local address (the one the peer last
+    /// reached this device on).
+    endpoint: Mutex<Option<Endpoint>>,
     pub config: Mutex<PeerConfig>,
 }
 
@@ -50,8 +53,51 @@ pub fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 impl Peer {
+    /// The peer's address.
     pub fn endpoint(&self) -> Option<SocketAddr> {
+        lock(&self.endpoint).map(|e| e.to)
+    }
+
+    /// Where datagrams for the peer go, and from which local address.
+    pub fn route(&self) -> Option<Endpoint> {
         *lock(&self.endpoint)
+    }
+
+    /// A message the peer's keys verified came from `from` to this host's `local`
+    /// address: the peer is reached there from now on, and answered from that address
+    /// (the one it chose), as kernel WireGuard does.
+    pub fn roam(&self, from: SocketAddr, local: Option<Local>) {
+        let seen = Endpoint {
+            to: from,
+            from: local,
+        };
+        let mut endpoint = lock(&self.endpoint);
+        if *endpoint != Some(seen) {
+            *endpoint = Some(seen);
+        }
+    }
+
+    /// After a send to `sent` (what `route` gave, as the send left it): a local address
+    /// the kernel refused is forgotten, unless the peer has been seen on another since.
+    pub fn sent(&self, before: Option<Local>, sent: &Endpoint) {
+        let (Some(refused), None) = (before, sent.from) else {
+            return;
+        };
+        let mut endpoint = lock(&self.endpoint);
+        if let Some(e) = endpoint.as_mut().filter(|e| e.from == Some(refused)) {
+            e.from = None;
+        }
+    }
+
+    /// Sends one datagram to the peer (`Udp::send`, with `sent` after it).
+    pub fn send(&self, udp: &super::udp::Udp, datagram: &[u8]) -> std::io::Result<()> {
+        let Some(mut to) = self.route() else {
+            return Ok(());
+        };
+        let before = to.from;
+        let result = udp.send(&mut to, datagram);
+        self.sent(before, &to);
+        result
     }
 }
 
@@ -249,8 +295,10 @@ impl State {
                     self.by_index.remove(&freed);
                 }
             }
-            if endpoint.is_some() {
-                *lock(&peer.endpoint) = endpoint;
+            // A configured endpoint is sent to from the route's choice until the peer
+            // answers (kernel WireGuard forgets the source address it had, too).
+            if let Some(to) = endpoint {
+                *lock(&peer.endpoint) = Some(Endpoint::to(to));
             }
             let routes_changed = old.allowed_ips != config.allowed_ips;
             *lock(&peer.config) = config;
@@ -263,7 +311,7 @@ impl State {
         let peer = Arc::new(Peer {
             key,
             noise: Mutex::new(Noise::new(index)),
-            endpoint: Mutex::new(endpoint),
+            endpoint: Mutex::new(endpoint.map(Endpoint::to)),
             config: Mutex::new(config),
         });
         self.peers.insert(key, peer.clone());

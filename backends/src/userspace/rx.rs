@@ -16,7 +16,7 @@ use boringtun::x25519::PublicKey;
 use super::coalesce::Coalescer;
 use super::device::Device;
 use super::peers::{lock, Peer, State};
-use super::udp;
+use super::udp::{self, Endpoint, Local};
 use super::vnet;
 
 const DATA: u8 = 4;
@@ -40,7 +40,7 @@ fn receiver(datagram: &[u8]) -> Option<u32> {
 /// takes them: with a vnet header when it has them). The device's own is its UDP
 /// sockets and TUN queue; the fuzz targets' is a sink.
 pub trait Outputs {
-    fn send(&mut self, to: SocketAddr, datagram: &[u8]);
+    fn send(&mut self, to: Endpoint, datagram: &[u8]);
     fn deliver(&mut self, packet: &[u8]);
 }
 
@@ -51,8 +51,8 @@ struct DeviceOutputs {
 }
 
 impl Outputs for DeviceOutputs {
-    fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
-        let _ = self.device.udp().send(to, datagram);
+    fn send(&mut self, mut to: Endpoint, datagram: &[u8]) {
+        let _ = self.device.udp().send(&mut to, datagram);
     }
 
     fn deliver(&mut self, pkt: &[u8]) {
@@ -93,7 +93,7 @@ impl<O: Outputs> Receiver<O> {
         (peer, receiver): (&Arc<Peer>, u32),
         run: &[u8],
         segment: usize,
-        from: SocketAddr,
+        (from, local): (SocketAddr, Option<Local>),
     ) {
         let out = &mut self.out;
         let mut write = |pkt: &[u8]| out.deliver(pkt);
@@ -123,14 +123,24 @@ impl<O: Outputs> Receiver<O> {
         drop(noise);
         self.coalescer.flush(&mut write);
         if authentic {
-            roam(peer, from);
+            peer.roam(from, local);
         }
     }
 
     /// A handshake or cookie message: answered (a cookie reply goes back to its source), and
     /// only a message the peer's keys verified moves its endpoint and sends it what was
     /// queued.
-    fn control(&mut self, state: &State, datagram: &[u8], from: SocketAddr) {
+    fn control(
+        &mut self,
+        state: &State,
+        datagram: &[u8],
+        (from, local): (SocketAddr, Option<Local>),
+    ) {
+        // Answers go back from the address the message came to.
+        let back = Endpoint {
+            to: from,
+            from: local,
+        };
         let kind = datagram[0];
         let peer = if kind == HANDSHAKE_INIT {
             let Some(id) = &state.identity else { return };
@@ -147,7 +157,7 @@ impl<O: Outputs> Receiver<O> {
                             .get(PublicKey::from(h.peer_static_public).as_bytes())
                     }),
                 Err(TunnResult::WriteToNetwork(c)) => {
-                    self.out.send(from, c);
+                    self.out.send(back, c);
                     return;
                 }
                 _ => None,
@@ -170,7 +180,7 @@ impl<O: Outputs> Receiver<O> {
         let verified = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
             TunnResult::WriteToNetwork(answer) => {
                 let verified = consumed(kind, answer);
-                self.out.send(from, answer);
+                self.out.send(back, answer);
                 verified
             }
             // A cookie reply (or anything else) proves nothing: anyone who knows the
@@ -178,17 +188,24 @@ impl<O: Outputs> Receiver<O> {
             _ => false,
         };
         if verified {
-            flush_queue(tunn, &mut self.plain, &mut self.out, from);
+            flush_queue(tunn, &mut self.plain, &mut self.out, back);
         }
         drop(noise);
         if verified {
-            roam(peer, from);
+            peer.roam(from, local);
         }
     }
 
-    /// Handles the datagrams of one receive from `from`, against the device's `state`:
-    /// `buf` holds them back to back, each `segment` bytes but the last (0: one datagram).
-    pub fn batch(&mut self, state: &State, buf: &[u8], segment: usize, from: SocketAddr) {
+    /// Handles the datagrams of one receive from `from` (to this host's `local` address,
+    /// when known), against the device's `state`: `buf` holds them back to back, each
+    /// `segment` bytes but the last (0: one datagram).
+    pub fn batch(
+        &mut self,
+        state: &State,
+        buf: &[u8],
+        segment: usize,
+        from: (SocketAddr, Option<Local>),
+    ) {
         let segment = if segment == 0 {
             buf.len().max(1)
         } else {
@@ -221,7 +238,7 @@ impl<O: Outputs> Receiver<O> {
 }
 
 /// Sends the packets a session queued while it had no keys.
-fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], out: &mut impl Outputs, to: SocketAddr) {
+fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], out: &mut impl Outputs, to: Endpoint) {
     while let TunnResult::WriteToNetwork(datagram) = tunn.decapsulate(None, &[], buf) {
         out.send(to, datagram);
     }
@@ -239,15 +256,14 @@ fn consumed(kind: u8, answer: &[u8]) -> bool {
     )
 }
 
-/// A peer that sent a verified message from a new address is reached there from now on.
-fn roam(peer: &Peer, from: SocketAddr) {
-    let mut endpoint = lock(&peer.endpoint);
-    if *endpoint != Some(from) {
-        *endpoint = Some(from);
-    }
-}
+/// How many receives in a row may fail before the device ends (each failure past the
+/// first few waits a moment, so a socket that keeps failing never spins a core).
+const RECEIVE_FAILURES: u32 = 200;
+const RECEIVE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// Runs until `fd`'s socket is shut down for a newer one (`generation` moved on).
+/// Runs until `fd`'s socket is shut down for a newer one (`generation` moved on). A socket
+/// shut down under it otherwise, or one that keeps failing, ends the device with the
+/// reason: the process does not live on without a receiving side.
 pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) {
     let vnet = device.offloads.vnet;
     let out = DeviceOutputs {
@@ -256,14 +272,37 @@ pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) 
     };
     let mut rx = Receiver::new(out, vnet);
     let mut buf = vec![0u8; 65_536];
-    let mut cmsg = nix::cmsg_space!(libc::c_int);
+    let mut cmsg = udp::cmsg_buffer();
+    let mut failures = 0;
     loop {
-        match udp::receive(fd, &mut buf, &mut cmsg) {
-            Ok(b) if b.len > 0 => rx.batch(&device.state(), &buf[..b.len], b.segment, b.from),
-            Ok(_) | Err(_) if device.generation() != generation => return,
-            Ok(_) => {}
+        let received = udp::receive(fd, &mut buf, &mut cmsg);
+        if device.generation() != generation {
+            return;
+        }
+        match received {
+            Ok(Some(b)) => {
+                failures = 0;
+                if b.len > 0 {
+                    let from = (b.from, b.local);
+                    rx.batch(&device.state(), &buf[..b.len], b.segment, from);
+                }
+            }
+            Ok(None) => {
+                device.end("its UDP socket was shut down".into());
+                return;
+            }
             Err(e) => {
+                failures += 1;
+                if failures >= RECEIVE_FAILURES {
+                    device.end(format!(
+                        "receiving on its UDP socket failed {failures} times in a row: {e}"
+                    ));
+                    return;
+                }
                 tracing::debug!(error = %e, "UDP receive failed");
+                if failures > 3 {
+                    std::thread::sleep(RECEIVE_RETRY);
+                }
             }
         }
     }

@@ -108,6 +108,27 @@ impl Tun {
     }
 }
 
+/// Whether the interface the queue `file` belongs to still exists, in whatever network
+/// namespace it is now. Moving the interface to another namespace leaves the queue
+/// attached (as kernel WireGuard's device keeps its sockets where it was created);
+/// deleting it detaches the queue, and the kernel then answers TUNGETIFF with EBADFD.
+pub fn attached(file: &File) -> bool {
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        _pad: [0; 22],
+    };
+    // SAFETY: TUNGETIFF fills an ifreq; `req` is one and outlives the call.
+    unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNGETIFF, &mut req) == 0 }
+}
+
+/// Whether a failed read of a TUN queue means its interface is gone: a reader blocked
+/// when the interface is deleted wakes with EFAULT (the queue's socket is shut down),
+/// and a later read finds the queue detached (EBADFD).
+pub fn deleted(e: &io::Error, file: &File) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EFAULT | libc::EBADFD)) && !attached(file)
+}
+
 /// Best effort: a failure only leaves the default queue (500 packets).
 fn set_tx_queue_len(name: &str) {
     let _ = interface_int(name, libc::SIOCSIFTXQLEN as _, Some(TX_QUEUE_LEN));

@@ -4,7 +4,6 @@
 //! read, not per segment.
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use boringtun::noise::{Tunn, TunnResult};
@@ -12,7 +11,7 @@ use boringtun::noise::{Tunn, TunnResult};
 use super::device::Device;
 use super::peers::lock;
 use super::segment;
-use super::udp::{Udp, MAX_GSO_BYTES, MAX_SEGMENTS};
+use super::udp::{Endpoint, Udp, MAX_GSO_BYTES, MAX_SEGMENTS};
 use super::vnet::{self, Header};
 
 /// WireGuard's data message: 16 bytes of header, the padded payload, a 16-byte tag.
@@ -49,10 +48,10 @@ impl Batch {
         }
     }
 
-    fn send(&mut self, udp: &Udp, to: SocketAddr) {
+    fn send(&mut self, udp: &Udp, to: &mut Endpoint) {
         if self.count > 0 {
             if let Err(e) = udp.send_batch(to, &self.buf, self.stride) {
-                tracing::debug!(%to, error = %e, "sending to a peer failed");
+                tracing::debug!(to = %to.to, error = %e, "sending to a peer failed");
             }
         }
         self.buf.clear();
@@ -62,7 +61,14 @@ impl Batch {
     }
 
     /// Pads `segment` (`padded_len`) and encrypts it into the batch.
-    fn encrypt(&mut self, tunn: &mut Tunn, segment: &[u8], mtu: usize, udp: &Udp, to: SocketAddr) {
+    fn encrypt(
+        &mut self,
+        tunn: &mut Tunn,
+        segment: &[u8],
+        mtu: usize,
+        udp: &Udp,
+        to: &mut Endpoint,
+    ) {
         let padded = padded_len(segment.len(), mtu);
         if padded <= segment.len() {
             return self.seal(tunn, segment, udp, to);
@@ -77,7 +83,7 @@ impl Batch {
 
     /// Encrypts `segment` into the batch (sending the batch first if it is full). A
     /// handshake message `encapsulate` writes instead goes out on its own.
-    fn seal(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: SocketAddr) {
+    fn seal(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: &mut Endpoint) {
         let room = (segment.len() + OVERHEAD + 16).max(HANDSHAKE_INIT);
         if self.closed || self.count == MAX_SEGMENTS || self.buf.len() + room > MAX_GSO_BYTES {
             self.send(udp, to);
@@ -111,19 +117,41 @@ impl Batch {
     }
 }
 
-/// Runs until the TUN device fails (it was deleted, or the process is stopping).
+/// How many reads of the TUN queue in a row may fail (a moment apart) before the device
+/// ends: the sending side never stops while the process lives on.
+const READ_FAILURES: u32 = 50;
+const READ_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Runs until the TUN device is deleted (or its queue keeps failing): then it ends the
+/// device, with the reason, so the process does not live on without a sending side.
 pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
     let vnet = device.offloads.vnet;
     let mut buf = vec![0u8; vnet::LEN + 65_536];
     let mut scratch = Vec::with_capacity(65_536);
     let mut batch = Batch::new();
+    let mut failures = 0;
     loop {
         let n = match tun.read(&mut buf) {
-            Ok(n) => n,
+            Ok(n) => {
+                failures = 0;
+                n
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::info!(error = %e, "TUN read failed; the sending side stops");
+            Err(e) if super::tun::deleted(&e, &tun) => {
+                device.end("its interface was deleted".into());
                 return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures >= READ_FAILURES {
+                    device.end(format!(
+                        "reading its TUN queue failed {failures} times in a row: {e}"
+                    ));
+                    return;
+                }
+                tracing::debug!(error = %e, "TUN read failed; retrying");
+                std::thread::sleep(READ_RETRY);
+                continue;
             }
         };
         let (header, pkt) = if vnet {
@@ -141,9 +169,10 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
         let Some(peer) = state.route(dst) else {
             continue; // no peer has this address: the kernel would answer ENOKEY
         };
-        let Some(to) = peer.endpoint() else {
+        let Some(mut to) = peer.route() else {
             continue; // no endpoint yet: nowhere to send
         };
+        let source = to.from;
         let udp = device.udp();
         let mtu = device.mtu();
         let mut noise = lock(&peer.noise);
@@ -151,10 +180,11 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
             continue; // no private key yet
         };
         let result = segment::split(&header, pkt, &mut scratch, |seg| {
-            batch.encrypt(tunn, seg, mtu, &udp, to)
+            batch.encrypt(tunn, seg, mtu, &udp, &mut to)
         });
         drop(noise);
-        batch.send(&udp, to);
+        batch.send(&udp, &mut to);
+        peer.sent(source, &to);
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");
         }

@@ -25,6 +25,83 @@ pub const MAX_SEGMENTS: usize = 64;
 /// The most bytes one GSO send may carry (one IP packet's worth, less the headers).
 pub const MAX_GSO_BYTES: usize = 65_000;
 
+/// A local address datagrams arrived on, and its interface: the address a reply goes out
+/// from (IP_PKTINFO / IPV6_PKTINFO), as kernel WireGuard answers a peer from the address
+/// the peer chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Local {
+    pub ip: IpAddr,
+    pub ifindex: u32,
+}
+
+/// Where a datagram goes: the peer's address, and the local address to send it from if
+/// one is known (`None`: the route's choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub to: SocketAddr,
+    pub from: Option<Local>,
+}
+
+impl Endpoint {
+    /// `to`, from whatever address the route chooses.
+    pub fn to(to: SocketAddr) -> Endpoint {
+        Endpoint { to, from: None }
+    }
+}
+
+/// Whether a send with a source address failed because of that address: it is no longer
+/// this host's (removed, or on an interface that went down), so the kernel refuses it.
+fn source_refused(e: Errno) -> bool {
+    matches!(e, Errno::EINVAL | Errno::EADDRNOTAVAIL | Errno::ENETUNREACH)
+}
+
+/// The control message that sends from `from`: IPv4 by its address alone (the route picks
+/// the interface), IPv6 with its interface only for a link-local address, which needs
+/// one.
+enum SourceCmsg {
+    V4(libc::in_pktinfo),
+    V6(libc::in6_pktinfo),
+}
+
+impl SourceCmsg {
+    fn new(from: Local) -> SourceCmsg {
+        match from.ip {
+            IpAddr::V4(ip) => SourceCmsg::V4(libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(ip).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            }),
+            IpAddr::V6(ip) => SourceCmsg::V6(libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: ip.octets(),
+                },
+                ipi6_ifindex: if ip.is_unicast_link_local() {
+                    from.ifindex
+                } else {
+                    0
+                },
+            }),
+        }
+    }
+
+    fn message(&self) -> ControlMessage<'_> {
+        match self {
+            SourceCmsg::V4(info) => ControlMessage::Ipv4PacketInfo(info),
+            SourceCmsg::V6(info) => ControlMessage::Ipv6PacketInfo(info),
+        }
+    }
+
+    /// Room for it in a message's control buffer.
+    fn space(&self) -> Vec<u8> {
+        match self {
+            SourceCmsg::V4(_) => nix::cmsg_space!(libc::in_pktinfo),
+            SourceCmsg::V6(_) => nix::cmsg_space!(libc::in6_pktinfo),
+        }
+    }
+}
+
 pub struct Udp {
     pub v4: Option<Socket>,
     pub v6: Option<Socket>,
@@ -58,6 +135,13 @@ fn bind(domain: Domain, port: u16, fwmark: u32) -> io::Result<Socket> {
             libc::IP_PMTUDISC_DONT as usize,
         )?;
     }
+    // Each datagram's local address comes with it, for the replies (best effort: without
+    // it, replies go from the route's choice).
+    let _ = if domain == Domain::IPV4 {
+        setsockopt(&socket, sockopt::Ipv4PacketInfo, &true)
+    } else {
+        setsockopt(&socket, sockopt::Ipv6RecvPacketInfo, &true)
+    };
     if fwmark != 0 {
         socket.set_mark(fwmark)?;
     }
@@ -169,24 +253,16 @@ impl Udp {
         })
     }
 
-    /// Sends one datagram.
-    pub fn send(&self, to: SocketAddr, datagram: &[u8]) -> io::Result<()> {
-        self.socket_for(&to)?.send_to(datagram, &to.into())?;
-        Ok(())
-    }
-
-    /// Sends `buf` as datagrams of `segment` bytes each (the last may be shorter): one GSO
-    /// call where the kernel takes it, else one `sendmmsg`.
-    pub fn send_batch(&self, to: SocketAddr, buf: &[u8], segment: usize) -> io::Result<()> {
-        if buf.len() <= segment {
-            return self.send(to, buf);
-        }
-        let socket = self.socket_for(&to)?;
-        let addr = SockaddrStorage::from(to);
-        if self.gso() {
-            let size = segment as u16;
-            let cmsg = [ControlMessage::UdpGsoSegments(&size)];
-            let iov = [IoSlice::new(buf)];
+    /// Sends one datagram to `ep`, from its local address if it has one. A local address
+    /// the kernel refuses (it is gone) is dropped from `ep` and the datagram goes from the
+    /// route's choice at once, as kernel WireGuard does.
+    pub fn send(&self, ep: &mut Endpoint, datagram: &[u8]) -> io::Result<()> {
+        let socket = self.socket_for(&ep.to)?;
+        let addr = SockaddrStorage::from(ep.to);
+        let iov = [IoSlice::new(datagram)];
+        if let Some(from) = ep.from {
+            let source = SourceCmsg::new(from);
+            let cmsg = [source.message()];
             match sendmsg(
                 socket.as_raw_fd(),
                 &iov,
@@ -195,70 +271,226 @@ impl Udp {
                 Some(&addr),
             ) {
                 Ok(_) => return Ok(()),
+                Err(e) if source_refused(e) => ep.from = None,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        sendmsg(
+            socket.as_raw_fd(),
+            &iov,
+            &[],
+            MsgFlags::empty(),
+            Some(&addr),
+        )?;
+        Ok(())
+    }
+
+    /// Sends `buf` as datagrams of `segment` bytes each (the last may be shorter) to `ep`:
+    /// one GSO call where the kernel takes it, else one `sendmmsg`. The local address as
+    /// in `send`.
+    pub fn send_batch(&self, ep: &mut Endpoint, buf: &[u8], segment: usize) -> io::Result<()> {
+        if buf.len() <= segment {
+            return self.send(ep, buf);
+        }
+        if ep.from.is_some() {
+            match self.batch_from(ep.to, ep.from, buf, segment) {
+                Err(e) if source_refused(e) => ep.from = None,
+                other => return other.map_err(io::Error::from),
+            }
+        }
+        self.batch_from(ep.to, None, buf, segment)
+            .map_err(io::Error::from)
+    }
+
+    fn batch_from(
+        &self,
+        to: SocketAddr,
+        from: Option<Local>,
+        buf: &[u8],
+        segment: usize,
+    ) -> Result<(), Errno> {
+        let socket = self.socket_for(&to).map_err(|_| Errno::EAFNOSUPPORT)?;
+        let addr = SockaddrStorage::from(to);
+        let source = from.map(SourceCmsg::new);
+        let cmsgs: Vec<ControlMessage> = source.iter().map(SourceCmsg::message).collect();
+        if self.gso() {
+            let size = segment as u16;
+            let mut with_gso = cmsgs.clone();
+            with_gso.push(ControlMessage::UdpGsoSegments(&size));
+            let iov = [IoSlice::new(buf)];
+            match sendmsg(
+                socket.as_raw_fd(),
+                &iov,
+                &with_gso,
+                MsgFlags::empty(),
+                Some(&addr),
+            ) {
+                Ok(_) => return Ok(()),
                 Err(Errno::EIO) => {
                     self.gso.store(false, Ordering::Relaxed);
                     tracing::warn!("UDP GSO refused by the kernel (EIO): sending with sendmmsg");
                 }
-                // The path to `to` is known to be narrower than a segment (the kernel
-                // refuses a GSO batch as a whole then): this batch goes one datagram at a
-                // time, each fragmented by the kernel, never dropped.
+                // EINVAL is how the kernel refuses a source address that is no longer
+                // this host's, and also a GSO batch on a path known to be narrower than a
+                // segment: the first is the caller's to drop.
+                Err(e) if from.is_some_and(|f| !is_local(f)) && source_refused(e) => return Err(e),
+                // The narrow path: this batch goes one datagram at a time, each
+                // fragmented by the kernel, never dropped.
                 Err(Errno::EMSGSIZE | Errno::EINVAL) => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
         let slices: Vec<[IoSlice; 1]> = buf.chunks(segment).map(|c| [IoSlice::new(c)]).collect();
         let addrs = vec![Some(addr); slices.len()];
-        let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), None);
+        let space = source.as_ref().map(SourceCmsg::space);
+        let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(slices.len(), space);
         sendmmsg(
             socket.as_raw_fd(),
             &mut headers,
             &slices,
             &addrs,
-            [],
+            &cmsgs,
             MsgFlags::empty(),
         )?;
         Ok(())
     }
 }
 
-/// One receive: the datagrams in `buf[..len]`, each `segment` bytes but the last.
+/// Whether `local` is still an address of this host (a socket can bind it).
+fn is_local(local: Local) -> bool {
+    let (domain, addr) = match local.ip {
+        IpAddr::V4(ip) => (Domain::IPV4, SocketAddr::from((ip, 0))),
+        IpAddr::V6(ip) => (
+            Domain::IPV6,
+            SocketAddr::V6(std::net::SocketAddrV6::new(ip, 0, 0, local.ifindex)),
+        ),
+    };
+    Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))
+        .and_then(|s| s.bind(&addr.into()))
+        .is_ok()
+}
+
+/// One receive: the datagrams in `buf[..len]`, each `segment` bytes but the last, from
+/// `from`, to this host's `local` address (when the socket reports it).
 pub struct Batch {
     pub from: SocketAddr,
+    pub local: Option<Local>,
     pub len: usize,
     pub segment: usize,
 }
 
-/// Blocks for the next datagram or GRO batch on `fd`.
-pub fn receive(fd: RawFd, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<Batch> {
+/// Room for what `receive` reads beside the data: the GRO segment size and the local
+/// address.
+pub fn cmsg_buffer() -> Vec<u8> {
+    nix::cmsg_space!(libc::c_int, libc::in6_pktinfo)
+}
+
+/// Blocks for the next datagram or GRO batch on `fd`; `None` when the read returned
+/// nothing from nobody: the socket was shut down.
+pub fn receive(fd: RawFd, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<Option<Batch>> {
     let mut iov = [IoSliceMut::new(buf)];
     let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(cmsg), MsgFlags::empty())?;
     let len = msg.bytes;
     let mut segment = len;
+    let mut local = None;
     if let Ok(cmsgs) = msg.cmsgs() {
         for c in cmsgs {
-            if let ControlMessageOwned::UdpGroSegments(size) = c {
-                segment = usize::try_from(size).unwrap_or(len).max(1);
+            match c {
+                ControlMessageOwned::UdpGroSegments(size) => {
+                    segment = usize::try_from(size).unwrap_or(len).max(1);
+                }
+                ControlMessageOwned::Ipv4PacketInfo(info) => {
+                    local = Some(Local {
+                        ip: IpAddr::V4(u32::from_be(info.ipi_addr.s_addr).into()),
+                        ifindex: u32::try_from(info.ipi_ifindex).unwrap_or(0),
+                    });
+                }
+                ControlMessageOwned::Ipv6PacketInfo(info) => {
+                    local = Some(Local {
+                        ip: IpAddr::V6(info.ipi6_addr.s6_addr.into()),
+                        ifindex: info.ipi6_ifindex,
+                    });
+                }
+                _ => {}
             }
         }
     }
-    if len == 0 {
-        // An empty datagram, or the socket was shut down: the caller tells them apart.
-        return Ok(Batch {
-            from: SocketAddr::from(([0, 0, 0, 0], 0)),
-            len,
-            segment,
-        });
+    let from = msg.address.and_then(|a| {
+        a.as_sockaddr_in()
+            .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+            .or_else(|| {
+                a.as_sockaddr_in6()
+                    .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+            })
+    });
+    let Some(from) = from else {
+        if len == 0 {
+            return Ok(None);
+        }
+        return Err(io::Error::other("a datagram without a source address"));
+    };
+    Ok(Some(Batch {
+        from,
+        local,
+        len,
+        segment,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn received(udp: &Udp, v6: bool) -> Batch {
+        let socket = if v6 { &udp.v6 } else { &udp.v4 };
+        let fd = socket.as_ref().map(|s| s.as_raw_fd()).unwrap_or(-1);
+        let (mut buf, mut cmsg) = (vec![0u8; 2048], cmsg_buffer());
+        receive(fd, &mut buf, &mut cmsg).unwrap().unwrap()
     }
-    let from = msg
-        .address
-        .and_then(|a| {
-            a.as_sockaddr_in()
-                .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
-                .or_else(|| {
-                    a.as_sockaddr_in6()
-                        .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
-                })
-        })
-        .ok_or_else(|| io::Error::other("a datagram without a source address"))?;
-    Ok(Batch { from, len, segment })
+
+    /// A datagram's local address comes with it, a send from a given local address goes
+    /// from it, and a local address that is not this host's is dropped from the endpoint
+    /// and the datagram sent from the route's choice all the same.
+    #[test]
+    fn replies_go_from_the_address_a_datagram_came_to() {
+        let (a, b) = (Udp::bind(0, 0).unwrap(), Udp::bind(0, 0).unwrap());
+        for ip in ["127.0.0.1", "::1"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let from = Local { ip, ifindex: 1 };
+            let mut ep = Endpoint {
+                to: SocketAddr::new(ip, b.port),
+                from: Some(from),
+            };
+            a.send(&mut ep, b"hello").unwrap();
+            assert_eq!(ep.from, Some(from), "kept: {ip}");
+            let got = received(&b, ip.is_ipv6());
+            assert_eq!(got.len, 5);
+            assert_eq!(got.local.map(|l| l.ip), Some(ip));
+            assert_eq!(got.from.port(), a.port);
+        }
+        for (stranger, to) in [("192.0.2.1", "127.0.0.1"), ("2001:db8::1", "::1")] {
+            let to: IpAddr = to.parse().unwrap();
+            let mut ep = Endpoint {
+                to: SocketAddr::new(to, b.port),
+                from: Some(Local {
+                    ip: stranger.parse().unwrap(),
+                    ifindex: 0,
+                }),
+            };
+            a.send(&mut ep, b"x").unwrap();
+            assert_eq!(ep.from, None, "dropped: {stranger}");
+            assert_eq!(received(&b, to.is_ipv6()).len, 1);
+            let mut ep = Endpoint {
+                to: SocketAddr::new(to, b.port),
+                from: Some(Local {
+                    ip: stranger.parse().unwrap(),
+                    ifindex: 0,
+                }),
+            };
+            a.send_batch(&mut ep, &[7u8; 300], 100).unwrap();
+            assert_eq!(ep.from, None, "dropped from a batch: {stranger}");
+            // One GRO batch, or the first datagram of three.
+            assert!(matches!(received(&b, to.is_ipv6()).len, 100 | 300));
+        }
+    }
 }

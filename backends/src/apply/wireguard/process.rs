@@ -133,7 +133,7 @@ pub async fn remove_device(nl: &mut RtNetlink, link: &ObservedLink) -> Result<()
     nl.del_link(link).await
 }
 
-fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
+pub(crate) fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<i32> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,

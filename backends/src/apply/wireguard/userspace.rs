@@ -42,9 +42,29 @@ fn err(op: String) -> impl FnOnce(std::io::Error) -> ApplyError {
     move |source| ApplyError::Io { op, source }
 }
 
+/// Fails if a live process already serves `device`'s UAPI socket: one device name, one
+/// process (the socket's path names the device in every network namespace).
+fn refuse_if_served(device: &str) -> std::io::Result<()> {
+    let path = socket_path(device);
+    let Ok(stream) = std::os::unix::net::UnixStream::connect(&path) else {
+        return Ok(());
+    };
+    let who = super::process::peer_pid(&stream)
+        .map(|pid| format!("process {pid}"))
+        .unwrap_or_else(|| "a live process".into());
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!(
+            "{who} already serves {} (a device of this name runs); stop it first",
+            path.display()
+        ),
+    ))
+}
+
 /// Starts `device` and serves its UAPI socket from a thread of its own.
 fn start(device: &str) -> Result<Running, ApplyError> {
     let op = format!("starting userspace WireGuard device {device}");
+    refuse_if_served(device).map_err(err(op.clone()))?;
     let dev = Device::start(device).map_err(err(op))?;
     let path = socket_path(device);
     std::fs::create_dir_all(SOCKET_DIR).map_err(err(format!("creating {SOCKET_DIR}")))?;
@@ -155,26 +175,31 @@ fn remove_socket(device: &str, inode: Option<u64>) {
 /// How often the device process checks that its interface still exists.
 const INTERFACE_CHECK: Duration = Duration::from_millis(200);
 
-/// Runs `device` in this process until its interface is deleted, or SIGTERM or SIGINT
+/// Runs `device` in this process until its interface is deleted (moving it to another
+/// network namespace is not deleting it), the device cannot go on, or SIGTERM or SIGINT
 /// arrives: the userspace device process (`weft userspace-device <dev>`) the agent starts,
 /// so the device outlives an agent restart as a kernel device does. The packet path runs
 /// on plain threads; the runtime this needs only watches signals and the interface.
 /// Returns why it stopped.
-pub async fn run_device(device: &str) -> Result<&'static str, ApplyError> {
+pub async fn run_device(device: &str) -> Result<String, ApplyError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).map_err(err("handling SIGTERM".into()))?;
     let mut int = signal(SignalKind::interrupt()).map_err(err("handling SIGINT".into()))?;
     let mut us = Userspace::default();
     us.ensure(device)?;
+    let dev = us.running_device(device)?.clone();
     let mut check = tokio::time::interval(INTERFACE_CHECK);
     let why = loop {
         tokio::select! {
-            _ = term.recv() => break "SIGTERM",
-            _ = int.recv() => break "SIGINT",
-            // By index: a successor that took the name (a new agent's device) does not
-            // keep this one alive on the port it must free.
-            _ = check.tick() => if !us.running(device) {
-                break "its interface was deleted";
+            _ = term.recv() => break "SIGTERM".to_string(),
+            _ = int.recv() => break "SIGINT".to_string(),
+            // The sending side found the interface deleted, or a queue or socket that
+            // keeps failing: at once.
+            why = dev.ended() => break why,
+            // Deleted while nothing was sent: by the queue, so an interface moved to
+            // another network namespace carries on there (as kernel WireGuard's does).
+            _ = check.tick() => if !dev.interface_exists() {
+                break "its interface was deleted".to_string();
             },
         }
     };
