@@ -73,6 +73,7 @@ impl Peer {
         };
         let mut endpoint = lock(&self.endpoint);
         if *endpoint != Some(seen) {
+            tracing::debug!(to = %from, from = ?local.map(|l| l.ip), "a peer is reached at a new endpoint");
             *endpoint = Some(seen);
         }
     }

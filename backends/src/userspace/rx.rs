@@ -101,30 +101,32 @@ impl<O: Outputs> Receiver<O> {
         let Some(tunn) = noise.for_receiver(receiver) else {
             return; // no session state for it: nothing of ours to decrypt with
         };
-        let mut authentic = false;
+        // The first message the peer's keys verify moves its endpoint, before anything
+        // it carried reaches the TUN device: an answer to it (a ping's reply, a TCP ACK)
+        // must go where the peer now is, not where it was (kernel WireGuard moves the
+        // endpoint first too). A peer that had just changed its port lost about every
+        // other first answer when this came after the delivery.
+        let mut roamed = false;
         for datagram in run.chunks(segment) {
-            let (pkt, src): (&[u8], IpAddr) =
-                match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
-                    TunnResult::WriteToTunnelV4(pkt, src) => (pkt, src.into()),
-                    TunnResult::WriteToTunnelV6(pkt, src) => (pkt, src.into()),
-                    TunnResult::Done => {
-                        authentic = true; // a keepalive
-                        continue;
-                    }
-                    // A data message is never answered: nothing goes to an unverified source.
-                    TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => continue,
-                };
-            authentic = true;
+            let result = tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain);
+            let (pkt, src): (&[u8], Option<IpAddr>) = match result {
+                TunnResult::WriteToTunnelV4(pkt, src) => (pkt, Some(src.into())),
+                TunnResult::WriteToTunnelV6(pkt, src) => (pkt, Some(src.into())),
+                TunnResult::Done => (&[], None), // a keepalive
+                // A data message is never answered: nothing goes to an unverified source.
+                TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => continue,
+            };
+            if !roamed {
+                peer.roam(from, local);
+                roamed = true;
+            }
             // The inner source must be one of the peer's AllowedIPs.
-            if state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)) {
+            if src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer))) {
                 self.coalescer.push(pkt, &mut write);
             }
         }
         drop(noise);
         self.coalescer.flush(&mut write);
-        if authentic {
-            peer.roam(from, local);
-        }
     }
 
     /// A handshake or cookie message: answered (a cookie reply goes back to its source), and
@@ -188,11 +190,8 @@ impl<O: Outputs> Receiver<O> {
             _ => false,
         };
         if verified {
-            flush_queue(tunn, &mut self.plain, &mut self.out, back);
-        }
-        drop(noise);
-        if verified {
             peer.roam(from, local);
+            flush_queue(tunn, &mut self.plain, &mut self.out, back);
         }
     }
 
@@ -289,6 +288,11 @@ pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) 
             }
             Ok(None) => {
                 device.end("its UDP socket was shut down".into());
+                return;
+            }
+            // Destroyed from outside (`ss -K`): it says so once, then never receives again.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+                device.end(format!("its UDP socket was destroyed: {e}"));
                 return;
             }
             Err(e) => {
