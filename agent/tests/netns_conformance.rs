@@ -48,16 +48,31 @@ fn moved_pair(outer_v6: bool) -> Pair {
     let mut net = Net::new(WEFT).unwrap();
     let d1 = net.device(1, 0, 1).unwrap();
     let d2 = net.device(2, 0, 2).unwrap();
-    let (k1, k2) = (net.keys("k1").unwrap(), net.keys("k2").unwrap());
     let lo = if outer_v6 { "[::1]" } else { "127.0.0.1" };
-    for (i, dev, me, peer, port, to) in [(1, &d1, &k1, &k2, 1, 2), (2, &d2, &k2, &k1, 2, 1)] {
+    pair(
+        net,
+        d1,
+        d2,
+        [Some(format!("{lo}:2")), Some(format!("{lo}:1"))],
+    )
+}
+
+/// Devices `d1` (namespace 1, port 1) and `d2` (namespace 2, port 2) given keys, each
+/// other as peer (at `endpoints`, if given), 192.168.241.N/24 and fd00::N/24, and set up.
+fn pair(net: Net, d1: String, d2: String, endpoints: [Option<String>; 2]) -> Pair {
+    let (k1, k2) = (net.keys("k1").unwrap(), net.keys("k2").unwrap());
+    for (i, dev, me, peer) in [(1, &d1, &k1, &k2), (2, &d2, &k2, &k1)] {
         let other = 3 - i;
+        let endpoint = endpoints[i - 1]
+            .as_ref()
+            .map(|e| format!(" endpoint {e}"))
+            .unwrap_or_default();
         net.sh(
             i,
             &format!(
                 "ip addr add 192.168.241.{i}/24 dev {dev} && ip addr add fd00::{i}/24 dev {dev} && \
-                 wg set {dev} private-key {} listen-port {port} peer {} \
-                 allowed-ips 192.168.241.{other}/32,fd00::{other}/128 endpoint {lo}:{to} && \
+                 wg set {dev} private-key {} listen-port {i} peer {} \
+                 allowed-ips 192.168.241.{other}/32,fd00::{other}/128{endpoint} && \
                  ip link set {dev} up",
                 me.file.display(),
                 peer.public
@@ -281,28 +296,7 @@ fn routed_pair(extra: &[&str], nat: bool) -> Pair {
     }
     let d1 = net.device(1, 1, 1).unwrap();
     let d2 = net.device(2, 2, 2).unwrap();
-    let (k1, k2) = (net.keys("k1").unwrap(), net.keys("k2").unwrap());
-    for (i, dev, me, peer, port) in [(1, &d1, &k1, &k2, 1), (2, &d2, &k2, &k1, 2)] {
-        let other = 3 - i;
-        net.sh(
-            i,
-            &format!(
-                "ip addr add 192.168.241.{i}/24 dev {dev} && ip addr add fd00::{i}/24 dev {dev} && \
-                 wg set {dev} private-key {} listen-port {port} peer {} \
-                 allowed-ips 192.168.241.{other}/32,fd00::{other}/128 && ip link set {dev} up",
-                me.file.display(),
-                peer.public
-            ),
-        )
-        .unwrap();
-    }
-    Pair {
-        net,
-        d1,
-        d2,
-        k1,
-        k2,
-    }
+    pair(net, d1, d2, [None, None])
 }
 
 /// Node 2 behind NAT, with a persistent keepalive: node 1 learns the mapped address and
