@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+
+use crate::lab::run;
 
 use crate::lab::IMPLEMENTATION_ENV;
 
@@ -71,9 +73,7 @@ impl Net {
 
     /// `sh -c script` in namespace `i`: its output, or an error with its stderr.
     pub fn sh(&self, i: usize, script: &str) -> anyhow::Result<String> {
-        let out = run(Command::new("ip").args(["netns", "exec", self.ns(i), "sh", "-c", script]))
-            .with_context(|| format!("in namespace {i}"))?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::lab::in_ns(self.ns(i), script).with_context(|| format!("in namespace {i}"))
     }
 
     /// Whether `script` succeeds in namespace `i`.
@@ -197,19 +197,6 @@ impl Drop for Net {
             let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }
     }
-}
-
-fn run(cmd: &mut Command) -> anyhow::Result<std::process::Output> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out)
 }
 
 fn sh_out(script: &str) -> anyhow::Result<String> {
