@@ -21,6 +21,8 @@ pub struct PluginConf {
     pub name: String,
     pub subnet_file: PathBuf,
     pub data_dir: PathBuf,
+    /// The agent's control socket, which STATUS asks (`agentSocket`).
+    pub agent_socket: PathBuf,
     pub delegate: Map<String, Value>,
     pub ipam: Map<String, Value>,
     pub runtime_config: Option<Value>,
@@ -89,6 +91,10 @@ impl PluginConf {
                 .map_or_else(|| PathBuf::from(DEFAULT_SUBNET_FILE), PathBuf::from),
             data_dir: string_field(&doc, "dataDir")?
                 .map_or_else(|| PathBuf::from(DEFAULT_DATA_DIR), PathBuf::from),
+            agent_socket: string_field(&doc, "agentSocket")?.map_or_else(
+                || PathBuf::from(super::status::DEFAULT_AGENT_SOCKET),
+                PathBuf::from,
+            ),
             delegate,
             ipam: object_field(&doc, "ipam")?,
             runtime_config: doc.get("runtimeConfig").filter(|v| !v.is_null()).cloned(),

@@ -1,9 +1,7 @@
-//! Running the delegate plugin (found on `CNI_PATH`, as runtimes find plugins) and the
-//! scratch copy of its config that DEL and CHECK need: written before ADD delegates,
-//! removed when DEL succeeds.
+//! Running the delegate plugin, found on `CNI_PATH` as runtimes find plugins: for the
+//! runtime's own attachment (its `CNI_*` passed on), or to release another one.
 
 use std::io::Write;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -30,13 +28,45 @@ pub fn find_plugin(name: &str, cni_path: &str) -> Result<PathBuf, CniError> {
         })
 }
 
+/// The plugin `conf` names (`type`) on `cni_path`.
+pub fn plugin_of(conf: &Value, cni_path: &str) -> Result<PathBuf, CniError> {
+    find_plugin(
+        conf.get("type").and_then(Value::as_str).unwrap_or_default(),
+        cni_path,
+    )
+}
+
 /// Runs the delegate with `command` and `conf` on stdin, our CNI_* environment passed on.
 /// Its stdout is the result; a failure comes back as the delegate's own CNI error.
 pub fn run(command: &str, conf: &Value, cni_path: &str) -> Result<Vec<u8>, CniError> {
+    let mut cmd = Command::new(plugin_of(conf, cni_path)?);
+    cmd.env("CNI_COMMAND", command);
+    exec(cmd, conf)
+}
+
+/// DEL of another attachment than the runtime's (one GC or an earlier boot left): its
+/// container and interface, no network namespace (the delegate then releases what it
+/// holds outside the pod: its IPAM reservation).
+pub fn release(
+    conf: &Value,
+    cni_path: &str,
+    container_id: &str,
+    ifname: &str,
+) -> Result<Vec<u8>, CniError> {
+    let mut cmd = Command::new(plugin_of(conf, cni_path)?);
+    cmd.env("CNI_COMMAND", "DEL")
+        .env("CNI_CONTAINERID", container_id)
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", cni_path)
+        .env_remove("CNI_NETNS")
+        .env_remove("CNI_ARGS");
+    exec(cmd, conf)
+}
+
+fn exec(mut cmd: Command, conf: &Value) -> Result<Vec<u8>, CniError> {
     let plugin_type = conf.get("type").and_then(Value::as_str).unwrap_or_default();
-    let plugin = find_plugin(plugin_type, cni_path)?;
-    let mut child = Command::new(&plugin)
-        .env("CNI_COMMAND", command)
+    let plugin = PathBuf::from(cmd.get_program());
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -58,41 +88,4 @@ pub fn run(command: &str, conf: &Value, cni_path: &str) -> Result<Vec<u8>, CniEr
         &out.stdout,
         out.status.code(),
     ))
-}
-
-pub fn scratch_path(data_dir: &Path, container_id: &str) -> PathBuf {
-    data_dir.join(container_id)
-}
-
-/// Saves the delegate config for this container (0600, in a 0700 directory).
-pub fn save(data_dir: &Path, container_id: &str, conf: &Value) -> Result<(), CniError> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(data_dir)
-        .map_err(|e| CniError::io(format!("creating {}: {e}", data_dir.display())))?;
-    let path = scratch_path(data_dir, container_id);
-    weft_crypto::atomic_file::write_atomic(&path, conf.to_string().as_bytes(), 0o600)
-        .map_err(|e| CniError::io(format!("saving {}: {e}", path.display())))
-}
-
-/// The saved delegate config, `None` if there is none (never added, or already deleted).
-pub fn load(data_dir: &Path, container_id: &str) -> Result<Option<Value>, CniError> {
-    let path = scratch_path(data_dir, container_id);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            CniError::decode(format!("failed to parse netconf {}: {e}", path.display()))
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(CniError::io(format!("reading {}: {e}", path.display()))),
-    }
-}
-
-pub fn remove(data_dir: &Path, container_id: &str) -> Result<(), CniError> {
-    let path = scratch_path(data_dir, container_id);
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(CniError::io(format!("removing {}: {e}", path.display()))),
-    }
 }

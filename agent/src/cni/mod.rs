@@ -1,110 +1,41 @@
 //! `weft-cni`: the CNI meta-plugin for flannel's CNI config (`"type": "flannel"` with a
 //! `delegate`). It reads subnet.env, builds the delegate's config (`conf`) and runs the
 //! delegate (`bridge` + `host-local` by default) for ADD and DEL, keeping the delegate
-//! config per container for DEL (and CHECK, see `check`), as flannel's own plugin does; installed
-//! as `/opt/cni/bin/flannel`, existing conflists keep working.
+//! config per container for DEL (and CHECK, see `check`), as flannel's own plugin does;
+//! installed as `/opt/cni/bin/flannel`, existing conflists keep working.
 //!
-//! Protocol (CNI spec 1.0): the command and container in `CNI_*` variables, the network
+//! Protocol (CNI spec 1.1): the command and attachment in `CNI_*` variables, the network
 //! config on stdin, the result on stdout; a failure is a CNI error object on stdout
-//! (`{"cniVersion", "code", "msg", "details"}`) and exit status 1.
+//! (`{"cniVersion", "code", "msg", "details"}`) and exit status 1. Beyond 1.0: STATUS asks
+//! this node's agent whether pods can be added (`status`), GC releases what the runtime no
+//! longer holds (`gc`), and delegates are called with the highest version they support
+//! (`version`).
 
+pub mod attachments;
 pub mod conf;
 pub mod delegate;
+pub mod error;
+pub mod gc;
+pub mod leaks;
+pub mod status;
+pub mod version;
 
 use std::io::Read;
+use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
+use attachments::Record;
 use conf::{delegate_conf, PluginConf, SubnetEnv};
-
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
-
-/// A CNI error: the spec's well-known codes, plus whatever a delegate returned.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CniError {
-    pub code: u32,
-    pub msg: String,
-    pub details: String,
-}
-
-impl CniError {
-    fn new(code: u32, msg: impl Into<String>) -> Self {
-        CniError {
-            code,
-            msg: msg.into(),
-            details: String::new(),
-        }
-    }
-    pub fn incompatible(msg: impl Into<String>) -> Self {
-        Self::new(1, msg)
-    }
-    pub fn unknown_container(msg: impl Into<String>) -> Self {
-        Self::new(3, msg)
-    }
-    pub fn env(msg: impl Into<String>) -> Self {
-        Self::new(4, msg)
-    }
-    pub fn io(msg: impl Into<String>) -> Self {
-        Self::new(5, msg)
-    }
-    pub fn decode(msg: impl Into<String>) -> Self {
-        Self::new(6, msg)
-    }
-    pub fn config(msg: impl Into<String>) -> Self {
-        Self::new(7, msg)
-    }
-
-    /// The error a failed delegate printed, or one saying it printed none.
-    pub fn from_plugin(plugin: &str, stdout: &[u8], status: Option<i32>) -> Self {
-        let parsed: Option<Value> = serde_json::from_slice(stdout).ok();
-        match parsed
-            .as_ref()
-            .and_then(|v| v.get("code"))
-            .and_then(Value::as_u64)
-        {
-            Some(code) => {
-                let field = |k: &str| {
-                    parsed
-                        .as_ref()
-                        .and_then(|v| v.get(k))
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string()
-                };
-                CniError {
-                    code: code as u32,
-                    msg: field("msg"),
-                    details: field("details"),
-                }
-            }
-            None => CniError {
-                code: 999,
-                msg: format!(
-                    "delegate plugin {plugin} failed (exit status {status:?}) without a CNI error"
-                ),
-                details: String::from_utf8_lossy(stdout).into_owned(),
-            },
-        }
-    }
-
-    pub fn to_json(&self, cni_version: &str) -> Value {
-        let version = if cni_version.is_empty() {
-            "1.0.0"
-        } else {
-            cni_version
-        };
-        let mut v = json!({"cniVersion": version, "code": self.code, "msg": self.msg});
-        if !self.details.is_empty() {
-            v["details"] = json!(self.details);
-        }
-        v
-    }
-}
+pub use error::CniError;
+pub use version::SUPPORTED_VERSIONS;
 
 /// What the runtime passed in the environment.
 pub struct Invocation {
     pub command: String,
     pub container_id: String,
+    pub ifname: String,
+    pub netns: String,
     pub cni_path: String,
     pub stdin: Vec<u8>,
 }
@@ -112,10 +43,8 @@ pub struct Invocation {
 /// The longest `CNI_*` value taken: a path list or a netns path, at most PATH_MAX.
 const MAX_ENV_BYTES: usize = 4096;
 
-fn require(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, CniError> {
-    let value = env(name)
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| CniError::env(format!("required environment variable {name} is missing")))?;
+fn optional(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, CniError> {
+    let value = env(name).unwrap_or_default();
     if value.len() > MAX_ENV_BYTES {
         return Err(CniError::env(format!(
             "{name} is {} bytes, more than {MAX_ENV_BYTES}",
@@ -125,10 +54,20 @@ fn require(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, C
     Ok(value)
 }
 
+fn require(env: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<String, CniError> {
+    let value = optional(env, name)?;
+    if value.is_empty() {
+        return Err(CniError::env(format!(
+            "required environment variable {name} is missing"
+        )));
+    }
+    Ok(value)
+}
+
 /// The CNI spec's container ID pattern, `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`: it names a file
 /// in the data directory, so `.`, `..` and hidden names (which the temporary files of
-/// `write_atomic` use) are refused.
-fn valid_container_id(id: &str) -> bool {
+/// `write_atomic` and weft-cni's own records use) are refused.
+pub(crate) fn valid_container_id(id: &str) -> bool {
     let mut chars = id.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
         && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
@@ -143,11 +82,23 @@ impl Invocation {
         let mut inv = Invocation {
             command,
             container_id: String::new(),
+            ifname: String::new(),
+            netns: String::new(),
             cni_path: String::new(),
             stdin,
         };
-        if inv.command == "VERSION" {
-            return Ok(inv);
+        match inv.command.as_str() {
+            "VERSION" => return Ok(inv),
+            // Network-wide: no attachment named.
+            "STATUS" => {
+                inv.cni_path = optional(env, "CNI_PATH")?;
+                return Ok(inv);
+            }
+            "GC" => {
+                inv.cni_path = require(env, "CNI_PATH")?;
+                return Ok(inv);
+            }
+            _ => {}
         }
         inv.container_id = require(env, "CNI_CONTAINERID")?;
         if !valid_container_id(&inv.container_id) {
@@ -157,19 +108,95 @@ impl Invocation {
                 weft_backends::model::clip(&inv.container_id)
             )));
         }
-        if inv.command != "DEL" {
-            require(env, "CNI_NETNS")?;
-        }
-        require(env, "CNI_IFNAME")?;
+        inv.netns = if inv.command == "DEL" {
+            optional(env, "CNI_NETNS")?
+        } else {
+            require(env, "CNI_NETNS")?
+        };
+        inv.ifname = require(env, "CNI_IFNAME")?;
         inv.cni_path = require(env, "CNI_PATH")?;
         Ok(inv)
     }
 }
 
+/// The plugin binaries a delegate config runs: the delegate, and the IPAM plugin it
+/// calls when that is on `cni_path` too.
+pub(crate) fn delegate_plugins(d: &Value, cni_path: &str) -> Result<Vec<PathBuf>, CniError> {
+    let mut plugins = vec![delegate::plugin_of(d, cni_path)?];
+    if let Some(ipam) = d.get("ipam").filter(|i| i.get("type").is_some()) {
+        if let Ok(path) = delegate::plugin_of(ipam, cni_path) {
+            plugins.push(path);
+        }
+    }
+    Ok(plugins)
+}
+
+/// Sets the delegate config's version: the highest the config, weft-cni, the delegate
+/// and its IPAM plugin all support. A config without a version leaves it unset, as
+/// flannel's plugin does.
+fn negotiated(conf: &PluginConf, d: &mut Value, cni_path: &str) -> Result<(), CniError> {
+    if conf.cni_version.is_empty() {
+        return Ok(());
+    }
+    let plugins = delegate_plugins(d, cni_path)?;
+    let mut lists = Vec::new();
+    for plugin in &plugins {
+        lists.push(version::plugin_versions(plugin, &conf.data_dir)?);
+    }
+    let Some(chosen) = version::negotiate(&conf.cni_version, &lists) else {
+        let names: Vec<String> = plugins.iter().map(|p| p.display().to_string()).collect();
+        return Err(CniError::incompatible(format!(
+            "incompatible CNI versions: the config is {}, and no version up to it is supported \
+             by weft-cni and {} ({lists:?})",
+            conf.cni_version,
+            names.join(" and ")
+        )));
+    };
+    d["cniVersion"] = json!(chosen);
+    Ok(())
+}
+
+/// ADD: the delegate's result at the config's version. Attachments of earlier boots are
+/// released first, so their addresses are free again.
+fn add(conf: &PluginConf, inv: &Invocation) -> Result<Vec<u8>, CniError> {
+    match gc::release_earlier_boots(conf, &inv.cni_path) {
+        Ok(done) => {
+            for e in &done.failed {
+                eprintln!("weft-cni: {}", e.msg);
+            }
+        }
+        Err(e) => eprintln!("weft-cni: releasing earlier boots' attachments: {}", e.msg),
+    }
+    let env = SubnetEnv::load(&conf.subnet_file)?;
+    let mut d = delegate_conf(conf, &env)?;
+    negotiated(conf, &mut d, &inv.cni_path)?;
+    let record = Record {
+        ifname: inv.ifname.clone(),
+        netns: inv.netns.clone(),
+        boot: attachments::boot_id(),
+    };
+    attachments::save(&conf.data_dir, &inv.container_id, &d, &record)?;
+    let out = delegate::run("ADD", &d, &inv.cni_path).inspect_err(|_| {
+        let _ = attachments::remove(&conf.data_dir, &inv.container_id);
+    })?;
+    if d["cniVersion"] == json!(conf.cni_version) {
+        return Ok(out);
+    }
+    let result: Value = serde_json::from_slice(&out).map_err(|e| {
+        CniError::decode(format!(
+            "the delegate's result is not JSON ({e}): {}",
+            weft_backends::model::clip(&String::from_utf8_lossy(&out))
+        ))
+    })?;
+    Ok(version::raise_result(result, &conf.cni_version)
+        .to_string()
+        .into_bytes())
+}
+
 /// Runs one command; `Ok` holds what to print on stdout (possibly nothing).
 pub fn handle(inv: &Invocation) -> Result<Vec<u8>, (CniError, String)> {
     if inv.command == "VERSION" {
-        let v = json!({"cniVersion": "1.0.0", "supportedVersions": SUPPORTED_VERSIONS});
+        let v = json!({"cniVersion": version::CURRENT, "supportedVersions": SUPPORTED_VERSIONS});
         return Ok(v.to_string().into_bytes());
     }
     let conf = PluginConf::parse(&inv.stdin).map_err(|e| (e, String::new()))?;
@@ -180,35 +207,48 @@ pub fn handle(inv: &Invocation) -> Result<Vec<u8>, (CniError, String)> {
             "incompatible CNI versions: config is {version:?}, plugin supports {SUPPORTED_VERSIONS:?}"
         ))));
     }
+    if matches!(inv.command.as_str(), "STATUS" | "GC")
+        && !version::at_least(&version, version::STATUS_AND_GC)
+    {
+        return Err(fail(CniError::incompatible(format!(
+            "incompatible CNI versions: {} needs a config of cniVersion {} or later, not {version:?}",
+            inv.command,
+            version::STATUS_AND_GC
+        ))));
+    }
     match inv.command.as_str() {
-        "ADD" => {
-            let env = SubnetEnv::load(&conf.subnet_file).map_err(fail)?;
-            let d = delegate_conf(&conf, &env).map_err(fail)?;
-            delegate::save(&conf.data_dir, &inv.container_id, &d).map_err(fail)?;
-            delegate::run("ADD", &d, &inv.cni_path).map_err(|e| {
-                let _ = delegate::remove(&conf.data_dir, &inv.container_id);
-                fail(e)
-            })
-        }
-        "DEL" => match delegate::load(&conf.data_dir, &inv.container_id).map_err(fail)? {
+        "ADD" => add(&conf, inv).map_err(fail),
+        "DEL" => match attachments::load(&conf.data_dir, &inv.container_id).map_err(fail)? {
             // Never added, or already deleted: DEL is idempotent.
             None => Ok(Vec::new()),
             Some(d) => {
                 let out = delegate::run("DEL", &d, &inv.cni_path).map_err(fail)?;
-                delegate::remove(&conf.data_dir, &inv.container_id).map_err(fail)?;
+                attachments::remove(&conf.data_dir, &inv.container_id).map_err(fail)?;
                 Ok(out)
             }
         },
         "CHECK" => {
-            let Some(d) = delegate::load(&conf.data_dir, &inv.container_id).map_err(fail)? else {
+            let Some(d) = attachments::load(&conf.data_dir, &inv.container_id).map_err(fail)?
+            else {
                 return Err(fail(CniError::unknown_container(format!(
                     "container {} was not added by this plugin (no {})",
                     inv.container_id,
-                    delegate::scratch_path(&conf.data_dir, &inv.container_id).display()
+                    attachments::scratch_path(&conf.data_dir, &inv.container_id).display()
                 ))));
             };
             check(&conf, &d).map_err(fail)?;
             Ok(Vec::new())
+        }
+        "STATUS" => status::status(&conf.agent_socket)
+            .map(|()| Vec::new())
+            .map_err(fail),
+        "GC" => {
+            let doc: Value = serde_json::from_slice(&inv.stdin).unwrap_or_default();
+            let done = gc::gc(&conf, &doc, &inv.cni_path).map_err(fail)?;
+            match done.failed.into_iter().next() {
+                Some(e) => Err(fail(e)),
+                None => Ok(Vec::new()),
+            }
         }
         other => Err(fail(CniError::env(format!(
             "unknown CNI_COMMAND {:?}",
@@ -353,6 +393,8 @@ mod tests {
         let inv = |command: &str, id: &str| Invocation {
             command: command.into(),
             container_id: id.into(),
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/p1".into(),
             cni_path: "/nonexistent".into(),
             stdin: stdin.to_string().into_bytes(),
         };
@@ -361,7 +403,18 @@ mod tests {
         // What ADD saves before it delegates.
         let conf = PluginConf::parse(stdin.to_string().as_bytes()).unwrap();
         let env = SubnetEnv::load(&env_file).unwrap();
-        delegate::save(&conf.data_dir, "c1", &delegate_conf(&conf, &env).unwrap()).unwrap();
+        let record = Record {
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/p1".into(),
+            boot: attachments::boot_id(),
+        };
+        attachments::save(
+            &conf.data_dir,
+            "c1",
+            &delegate_conf(&conf, &env).unwrap(),
+            &record,
+        )
+        .unwrap();
         assert_eq!(handle(&inv("CHECK", "c1")).unwrap(), b"");
         write_env("10.244.9.1/24");
         let (e, _) = handle(&inv("CHECK", "c1")).unwrap_err();
@@ -376,7 +429,7 @@ mod tests {
             "{}",
             e.msg
         );
-        assert!(!delegate::scratch_path(&conf.data_dir, "c3").exists());
+        assert!(!attachments::scratch_path(&conf.data_dir, "c3").exists());
     }
 
     #[test]
@@ -384,6 +437,8 @@ mod tests {
         let inv = Invocation {
             command: "ADD".into(),
             container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/p1".into(),
             cni_path: "/nonexistent".into(),
             stdin: br#"{"cniVersion": "9.9.9", "name": "cbr0", "type": "flannel"}"#.to_vec(),
         };

@@ -9,6 +9,9 @@
 //!   the older `ip weft-ipsec`;
 //! - subnet.env, and UAPI sockets left by a userspace device that is gone.
 //!
+//! `weft cleanup --leaked-addresses` does none of that: it frees the pod addresses held
+//! for containers that are gone (see `cni::leaks`), and runs beside the agent.
+//!
 //! It works by reconciling the data plane to an empty plan, with the same code and the
 //! same notion of "weft's" as the agent: objects are weft's by name (the device and table
 //! names of docs/architecture.md) or by route protocol, so anything else (a `wg0`, a route of another
@@ -37,6 +40,36 @@ pub struct CleanupArgs {
     /// Clean up even if a `weft agent` seems to run in this network namespace.
     #[arg(long)]
     pub force: bool,
+    /// Only free pod addresses held for containers that are gone (an earlier boot's, a
+    /// vanished network namespace's, a reservation no attachment holds); the data plane
+    /// and the agent are left alone.
+    #[arg(long)]
+    pub leaked_addresses: bool,
+    /// weft-cni's data directory (the conflist's `dataDir`).
+    #[arg(long, default_value = crate::cni::conf::DEFAULT_DATA_DIR)]
+    pub cni_data_dir: PathBuf,
+    /// Where the CNI plugins are (the delegate's DEL frees an attachment).
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: String,
+}
+
+/// `--leaked-addresses`: frees each leak and prints it.
+fn free_leaked(args: &CleanupArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let (freed, failed) = crate::cni::leaks::free(&args.cni_data_dir, &args.cni_bin_dir);
+    for leak in &freed {
+        writeln!(out, "freed {leak}")?;
+    }
+    if freed.is_empty() && failed.is_empty() {
+        writeln!(
+            out,
+            "no leaked pod addresses in {}",
+            args.cni_data_dir.display()
+        )?;
+    }
+    for e in &failed {
+        writeln!(out, "error: {}", e.msg)?;
+    }
+    Ok(i32::from(!failed.is_empty()))
 }
 
 /// Pids of `weft agent` processes in our network namespace (other than ourselves).
@@ -65,6 +98,9 @@ fn running_agents() -> Vec<u32> {
 }
 
 pub fn run(args: &CleanupArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    if args.leaked_addresses {
+        return free_leaked(args, out);
+    }
     let agents = running_agents();
     if !agents.is_empty() && !args.force {
         bail!(

@@ -45,6 +45,11 @@ pub(super) fn reconciled(
                 s.passes += 1;
                 s.pass_errors += u64::from(!r.errors.is_empty());
                 s.last_errors = r.errors.clone();
+                // The device this pass configured (CNI STATUS tells a successor from it).
+                s.device_index = s
+                    .device
+                    .as_deref()
+                    .and_then(weft_backends::userspace::ifindex);
             });
             inputs.health.set(Readiness::DataplaneProgrammed);
             inputs

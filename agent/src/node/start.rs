@@ -107,6 +107,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let (rotate_tx, rotate_rx) = tokio::sync::mpsc::channel(4);
     let control = crate::observe::control_socket::ControlState {
         snapshot: snapshot.clone(),
+        health: health.clone(),
         rotate: rotate_tx.clone(),
     };
     crate::observe::control_socket::serve(&crate::observe::control_socket::socket_path(), control)

@@ -1,7 +1,8 @@
 //! The agent's control socket: a Unix socket owned by root, mode 0600, in a 0700
 //! directory, serving the agent's snapshot as JSON (`GET /status`) to `weft status` and
-//! `weft doctor` on the same node. HTTP/1 over the socket, so `curl --unix-socket` works
-//! too.
+//! `weft doctor` on the same node, and whether pods can be added (`GET /cni/status`, see
+//! `pods_ready`) to `weft-cni`'s STATUS. HTTP/1 over the socket, so `curl --unix-socket`
+//! works too.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -20,6 +21,8 @@ use crate::observe::snapshot::{Shared, Snapshot};
 #[derive(Clone)]
 pub struct ControlState {
     pub snapshot: Shared,
+    /// What the agent has in place, for `GET /cni/status`.
+    pub health: crate::observe::http::Health,
     /// Where `POST /rotate` sends its request (the control loop).
     pub rotate: tokio::sync::mpsc::Sender<RotateRequest>,
 }
@@ -54,6 +57,12 @@ pub async fn serve(path: &Path, state: ControlState) -> anyhow::Result<()> {
         .route(
             "/status",
             get(|State(s): State<ControlState>| async move { Json(s.snapshot.get()) }),
+        )
+        .route(
+            "/cni/status",
+            get(|State(s): State<ControlState>| async move {
+                Json(crate::observe::pods_ready::answer(&s.health, &s.snapshot))
+            }),
         )
         .route("/rotate", axum::routing::post(rotate))
         .layer(axum::middleware::from_fn(no_body))
@@ -206,12 +215,46 @@ mod tests {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn weft_cnis_status_gets_the_agents_readiness_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/weft.sock");
+        let (rotate, _requests) = tokio::sync::mpsc::channel(1);
+        let health = crate::observe::http::Health::new(std::time::Duration::from_secs(30));
+        let snapshot = Shared::default();
+        snapshot.update(|s| s.device = Some("lo".into()));
+        let state = ControlState {
+            snapshot,
+            health: health.clone(),
+            rotate,
+        };
+        serve(&path, state).await.unwrap();
+        let ask = |p: PathBuf| tokio::task::spawn_blocking(move || crate::cni::status::status(&p));
+        let e = ask(path.clone()).await.unwrap().unwrap_err();
+        assert_eq!(e.code, 50);
+        assert!(
+            e.msg
+                .contains("waiting for: lease, data plane, subnet file"),
+            "{}",
+            e.msg
+        );
+        use crate::observe::http::Readiness::*;
+        for r in [LeaseAcquired, DataplaneProgrammed, SubnetFileWritten] {
+            health.set(r);
+        }
+        ask(path.clone()).await.unwrap().unwrap();
+        health.unset(DataplaneProgrammed);
+        let e = ask(path).await.unwrap().unwrap_err();
+        assert!(e.msg.ends_with("waiting for: data plane"), "{}", e.msg);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_peer_that_is_not_root_gets_no_answer_even_with_the_socket_open_to_all() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/weft.sock");
         let (rotate, _requests) = tokio::sync::mpsc::channel(1);
         let state = ControlState {
             snapshot: Shared::default(),
+            health: crate::observe::http::Health::new(std::time::Duration::from_secs(30)),
             rotate,
         };
         serve(&path, state).await.unwrap();

@@ -120,9 +120,10 @@ impl Health {
         }
     }
 
-    /// `Ok` once everything is in place; `Err` names what is missing.
-    pub fn readiness(&self) -> Result<String, Unhealthy> {
-        let mut missing: Vec<String> = [
+    /// What this node's pods need and it does not have yet: the lease, the data plane,
+    /// the subnet file (the registry is not among them: pods are added while it is away).
+    pub fn missing_for_pods(&self) -> Vec<String> {
+        [
             (Readiness::LeaseAcquired, "lease"),
             (Readiness::DataplaneProgrammed, "data plane"),
             (Readiness::SubnetFileWritten, "subnet file"),
@@ -130,7 +131,12 @@ impl Health {
         .into_iter()
         .filter(|(what, _)| !self.flag(*what).load(Ordering::Relaxed))
         .map(|(_, name)| name.to_string())
-        .collect();
+        .collect()
+    }
+
+    /// `Ok` once everything is in place; `Err` names what is missing.
+    pub fn readiness(&self) -> Result<String, Unhealthy> {
+        let mut missing = self.missing_for_pods();
         if let Some(why) = self.0.registry.why() {
             missing.push(format!("the registry ({why})"));
         }

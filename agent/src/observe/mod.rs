@@ -5,5 +5,6 @@
 pub mod control_socket;
 pub mod http;
 pub mod metrics;
+pub mod pods_ready;
 pub mod server;
 pub mod snapshot;

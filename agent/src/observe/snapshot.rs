@@ -25,6 +25,10 @@ pub struct Snapshot {
     pub published: Option<Value>,
     /// The device the backend uses (`flannel-wg`, `flannel.1`; none for host-gw).
     pub device: Option<String>,
+    /// The device's interface index when the last pass ended well: a device made again
+    /// since (another index) is not configured yet. Not sent to the CLI.
+    #[serde(skip)]
+    pub device_index: Option<u32>,
     /// The underlay MTU the plan assumed.
     pub underlay_mtu: u32,
     pub ip_masq: bool,

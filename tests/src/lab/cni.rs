@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 /// the manifest test holds `deploy/kubernetes/` to this.
 pub const CONFLIST: &str = r#"{
   "name": "cbr0",
-  "cniVersion": "0.3.1",
+  "cniVersion": "1.0.0",
   "plugins": [
     {
       "type": "flannel",
@@ -36,6 +36,35 @@ pub const CONFLIST: &str = r#"{
 
 /// Where Debian's containernetworking-plugins live.
 pub const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
+
+/// The networks a multus-style top-level config (`{"cniVersion": "1.1.0", "type":
+/// "multus", "delegates": [conflist, ...]}`) delegates to, as multus takes them: each must
+/// be a conflist of CNI 0.4.0 or later (multus refuses older ones; the error names the
+/// version found). Each is then run as a conflist of its own version.
+pub fn multus_delegates(top: &Value) -> anyhow::Result<Vec<Value>> {
+    let delegates = top["delegates"]
+        .as_array()
+        .context("a multus config without delegates")?;
+    delegates
+        .iter()
+        .map(|d| {
+            let version = d["cniVersion"].as_str().unwrap_or_default();
+            let numbers: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+            if numbers.len() != 3 || numbers < vec![0, 4, 0] {
+                bail!(
+                    "multus refuses the delegate {}: cniVersion {version:?} is older than 0.4.0",
+                    d["name"]
+                );
+            }
+            Ok(d.clone())
+        })
+        .collect()
+}
+
+/// A multus-style top-level config at CNI 1.1.0 delegating to `conflist`.
+pub fn multus_over(conflist: &Value) -> Value {
+    json!({"cniVersion": "1.1.0", "name": "multus-cni-network", "type": "multus", "delegates": [conflist]})
+}
 
 /// The plugin directory for the lab: `flannel` → the weft-cni binary next to `weft`.
 pub fn plugin_dir(lab_dir: &Path, weft: &Path) -> anyhow::Result<PathBuf> {
@@ -59,6 +88,7 @@ pub fn plugin_dir(lab_dir: &Path, weft: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// One pod's network attachment.
+#[derive(Debug, Clone)]
 pub struct Attachment {
     pub container_id: String,
     /// `/var/run/netns/<name>` of the pod.
@@ -89,8 +119,14 @@ impl Runtime<'_> {
             .collect())
     }
 
-    /// One plugin call; the parsed result (`Null` for an empty stdout).
-    pub fn call(&self, command: &str, conf: &Value, a: &Attachment) -> anyhow::Result<Value> {
+    /// Runs `plugin` with `command`, `conf` on stdin, the attachment's variables if one is
+    /// given (STATUS and GC name none); exit status and stdout.
+    fn exec(
+        &self,
+        command: &str,
+        conf: &Value,
+        a: Option<&Attachment>,
+    ) -> anyhow::Result<(bool, String, String)> {
         let plugin = conf["type"].as_str().context("plugin without a type")?;
         let path = self
             .cni_path
@@ -100,30 +136,79 @@ impl Runtime<'_> {
             .with_context(|| format!("plugin {plugin} not on {}", self.cni_path))?;
         let mut cmd = (self.wrap)(&format!("exec {}", path.display()));
         cmd.env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", &a.container_id)
-            .env("CNI_NETNS", &a.netns)
-            .env("CNI_IFNAME", &a.ifname)
             .env("CNI_PATH", &self.cni_path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(a) = a {
+            cmd.env("CNI_CONTAINERID", &a.container_id)
+                .env("CNI_NETNS", &a.netns)
+                .env("CNI_IFNAME", &a.ifname);
+        }
         let mut child = cmd.spawn().with_context(|| format!("running {plugin}"))?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(conf.to_string().as_bytes())?;
         }
         let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            bail!(
-                "CNI {command} {plugin} failed ({}): {stdout} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
+    /// One plugin call; the parsed result (`Null` for an empty stdout).
+    pub fn call(&self, command: &str, conf: &Value, a: &Attachment) -> anyhow::Result<Value> {
+        let plugin = conf["type"].as_str().unwrap_or_default();
+        let (ok, stdout, stderr) = self.exec(command, conf, Some(a))?;
+        if !ok {
+            bail!("CNI {command} {plugin} failed: {stdout} {stderr}");
         }
         if stdout.trim().is_empty() {
             return Ok(Value::Null);
         }
         serde_json::from_str(&stdout).with_context(|| format!("{plugin} printed {stdout:?}"))
+    }
+
+    /// One plugin call whose failure is an answer too: `Err` holds the CNI error object
+    /// the plugin printed.
+    pub fn try_call(
+        &self,
+        command: &str,
+        conf: &Value,
+        a: Option<&Attachment>,
+    ) -> anyhow::Result<Result<Value, Value>> {
+        let (ok, stdout, stderr) = self.exec(command, conf, a)?;
+        let parsed = || -> anyhow::Result<Value> {
+            if stdout.trim().is_empty() {
+                return Ok(Value::Null);
+            }
+            serde_json::from_str(&stdout)
+                .with_context(|| format!("printed {stdout:?} (stderr {stderr:?})"))
+        };
+        Ok(if ok { Ok(parsed()?) } else { Err(parsed()?) })
+    }
+
+    /// A network-wide command of CNI 1.1 (STATUS, or GC with `cni.dev/valid-attachments`
+    /// from `valid`) on each plugin of the list in order, as libcni runs it: the first
+    /// plugin's error ends it.
+    pub fn network(
+        &self,
+        command: &str,
+        valid: &[&Attachment],
+    ) -> anyhow::Result<Result<(), Value>> {
+        for mut conf in self.plugins()? {
+            if command == "GC" {
+                conf["cni.dev/valid-attachments"] = valid
+                    .iter()
+                    .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
+                    .collect();
+            }
+            if let Err(e) = self.try_call(command, &conf, None)? {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// ADD through the whole list; the final result.

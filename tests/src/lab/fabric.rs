@@ -17,6 +17,13 @@ impl Namespaces {
         in_ns(name, "ip link set lo up")?;
         Ok(())
     }
+
+    /// Deletes `name` (added here) again.
+    pub(super) fn remove(&mut self, name: &str) -> anyhow::Result<()> {
+        self.0.retain(|n| n != name);
+        run(Command::new("ip").args(["netns", "del", name]))?;
+        Ok(())
+    }
 }
 
 impl Drop for Namespaces {

@@ -61,12 +61,19 @@ impl Lab {
             netns: format!("/var/run/netns/{pod_ns}"),
             ifname: "eth0".into(),
         };
-        let result = cni::Runtime {
+        let added = cni::Runtime {
             conflist,
             ..self.cni_runtime(i)
         }
-        .add(&attachment)
-        .with_context(|| format!("adding pod {pod_ns} on node {}", i + 1))?;
+        .add(&attachment);
+        let result = match added {
+            Ok(r) => r,
+            Err(e) => {
+                // No pod: its namespace goes too (the next pod takes its name).
+                let _ = self.namespaces.remove(&pod_ns);
+                return Err(e.context(format!("adding pod {pod_ns} on node {}", i + 1)));
+            }
+        };
         // An IPv6-only pod has no IPv4 address: 0.0.0.0 stands for none.
         let ip = match self.cfg.ipv4 {
             true => cni::result_ipv4(&result)?.addr(),

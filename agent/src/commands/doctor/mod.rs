@@ -80,6 +80,27 @@ pub struct DoctorArgs {
     /// Seconds to wait for a handshake after nudging a peer.
     #[arg(long, default_value = "5")]
     pub handshake_wait: u64,
+    /// weft-cni's data directory (the conflist's `dataDir`), for leaked pod addresses.
+    #[arg(long, default_value = crate::cni::conf::DEFAULT_DATA_DIR)]
+    pub cni_data_dir: std::path::PathBuf,
+}
+
+/// Pod addresses held for containers that are gone.
+fn leaked_addresses(data_dir: &std::path::Path) -> Check {
+    const NAME: &str = "pod addresses";
+    let (leaks, held) = crate::cni::leaks::find(data_dir);
+    if leaks.is_empty() {
+        return Check::pass(
+            NAME,
+            format!("{held} attachments in {}, none leaked", data_dir.display()),
+        );
+    }
+    let list: Vec<String> = leaks.iter().map(ToString::to_string).collect();
+    Check::warn(
+        NAME,
+        format!("{} leaked: {}", leaks.len(), list.join("; ")),
+        "`weft cleanup --leaked-addresses` frees them (a runtime speaking CNI 1.1 frees them by its GC)",
+    )
 }
 
 /// Runs every check that applies to `snapshot`'s backend.
@@ -136,6 +157,7 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
             .await,
         );
     }
+    out.push(leaked_addresses(&args.cni_data_dir));
     out.push(probe::reachability(snapshot).await);
     out.push(path_mtu::mtu(snapshot).await);
     out

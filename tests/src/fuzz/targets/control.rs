@@ -27,6 +27,7 @@ fn start_server(path: PathBuf) {
             tokio::spawn(async move { while requests.recv().await.is_some() {} });
             let state = ControlState {
                 snapshot: Default::default(),
+                health: weft::observe::http::Health::new(std::time::Duration::from_secs(30)),
                 rotate,
             };
             let served = serve(&path, state).await.map_err(|e| format!("{e:#}"));

@@ -228,6 +228,8 @@ fn cni_stdin_target() -> Target {
             "runtimeConfig",
             "ipam",
             "prevResult",
+            "agentSocket",
+            "cni.dev/valid-attachments",
         ],
         tokens: &[
             "\"cniVersion\"",
@@ -244,10 +246,16 @@ fn cni_stdin_target() -> Target {
             "\"ipam\"",
             "\"runtimeConfig\"",
             "\"prevResult\"",
+            "\"1.1.0\"",
+            "\"agentSocket\"",
+            "\"cni.dev/valid-attachments\"",
+            "\"containerID\"",
+            "\"ifname\"",
         ],
         seeds: || {
             seeds_of(&[
                 r#"{"cniVersion": "1.0.0", "name": "cbr0", "type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}}"#,
+                r#"{"cniVersion": "1.1.0", "name": "cbr0", "type": "flannel", "agentSocket": "/run/weft/weft.sock", "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}]}"#,
                 r#"{"cniVersion": "0.3.1", "name": "cbr0", "type": "flannel", "subnetFile": "/run/flannel/subnet.env", "dataDir": "/var/lib/cni/flannel", "delegate": {"type": "bridge"}, "runtimeConfig": {"portMappings": []}}"#,
             ])
         },
@@ -258,9 +266,20 @@ fn cni_stdin_target() -> Target {
                 r#""}"#,
             )
         },
-        parse: Box::new(|i| match weft::cni::conf::PluginConf::parse(i) {
-            Ok(_) => Verdict::Accepted,
-            Err(e) => Verdict::Refused(e.msg),
+        // The config, and GC's list of valid attachments when it has one.
+        parse: Box::new(|i| {
+            use weft::cni::gc::{valid_attachments, VALID_ATTACHMENTS};
+            if let Err(e) = weft::cni::conf::PluginConf::parse(i) {
+                return Verdict::Refused(e.msg);
+            }
+            let doc: serde_json::Value = serde_json::from_slice(i).unwrap_or_default();
+            if doc.get(VALID_ATTACHMENTS).is_none() {
+                return Verdict::Accepted;
+            }
+            match valid_attachments(&doc) {
+                Ok(_) => Verdict::Accepted,
+                Err(e) => Verdict::Refused(e.msg),
+            }
         }),
     }
 }
@@ -276,6 +295,7 @@ fn cni_env_target() -> Target {
             "CHECK",
             "VERSION",
             "GC",
+            "STATUS",
             "CNI_CONTAINERID=",
             "CNI_NETNS=",
             "CNI_IFNAME=",
