@@ -62,16 +62,11 @@ fn a_kube_cluster_meshes_through_weft_cni() {
         assert_eq!((code, body.trim()), (200, "ready"));
     }
 
-    // CNI CHECK (CNI 0.4.0 and later; flannel's conflist says 0.3.1, so this pod uses the
-    // same list at 1.0.0) passes for a pod as added; DEL removes it and releases its
-    // address; a second DEL is fine; CHECK on a deleted pod fails; ADD again works.
-    let mut v1 = weft_lab::lab::cni::conflist();
-    v1["cniVersion"] = "1.0.0".into();
-    let p = lab.add_pod(0, v1.clone()).unwrap();
-    let runtime = weft_lab::lab::cni::Runtime {
-        conflist: v1,
-        ..lab.cni_runtime(0)
-    };
+    // CNI CHECK (CNI 0.4.0 and later; the shipped conflist is 1.0.0) passes for a pod as
+    // added; DEL removes it and releases its address; a second DEL is fine; CHECK on a
+    // deleted pod fails; ADD again works.
+    let p = lab.add_pod(0, weft_lab::lab::cni::conflist()).unwrap();
+    let runtime = lab.cni_runtime(0);
     let pod = &lab.nodes[0].pods[p];
     assert!(lab.ping(&lab.nodes[1].pods[0].ns, pod.ip, Duration::from_secs(10)));
     runtime.check(&pod.attachment, &pod.result).unwrap();

@@ -176,6 +176,8 @@ fn the_daemonset_runs_flags_and_env_the_agent_accepts() {
         ("/lib/modules", true),
         ("/run/xtables.lock", false),
         ("/dev/net/tun", false),
+        // The control socket, which weft-cni's STATUS on the host asks.
+        ("/run/weft", false),
     ] {
         let m = mounts
             .iter()
