@@ -165,9 +165,12 @@ pub fn gc(conf: &PluginConf, doc: &Value, cni_path: &str) -> Result<Released, Cn
 }
 
 /// The delegate config to send GC to, when the delegate and its IPAM speak 1.1.0; `None`
-/// when either does not (then each attachment gets a DEL).
+/// when either does not, or when there is no subnet.env to build it from (then each
+/// attachment gets a DEL with the config it was added with).
 fn gc_delegate(conf: &PluginConf, cni_path: &str) -> Result<Option<Value>, CniError> {
-    let env = SubnetEnv::load(&conf.subnet_file)?;
+    let Ok(env) = SubnetEnv::load(&conf.subnet_file) else {
+        return Ok(None);
+    };
     let mut d = delegate_conf(conf, &env)?;
     let plugins = super::delegate_plugins(&d, cni_path)?;
     let mut lists = Vec::new();
