@@ -88,6 +88,17 @@ pub struct DoctorArgs {
 /// Pod addresses held for containers that are gone.
 fn leaked_addresses(data_dir: &std::path::Path) -> Check {
     const NAME: &str = "pod addresses";
+    if !data_dir.is_dir() {
+        return Check::pass(
+            NAME,
+            format!(
+                "no weft-cni data directory {} here: no pod attached yet, or not visible \
+                 from where doctor runs (the agent's container does not mount it; run doctor \
+                 on the node to check pod addresses)",
+                data_dir.display()
+            ),
+        );
+    }
     let (leaks, held) = crate::cni::leaks::find(data_dir);
     if leaks.is_empty() {
         return Check::pass(
