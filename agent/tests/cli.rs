@@ -3,7 +3,6 @@
 //! etcd is down: it must say so, retry, acquire once etcd is up, write subnet.env, and exit
 //! cleanly on SIGTERM, leaving the data plane in place.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -14,20 +13,8 @@ use weft_lab::Etcd;
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 fn run(program: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (wg comes from Debian wireguard-tools: scripts/install-deps)"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    weft_lab::output_with_stdin(Command::new(program).args(args), stdin.as_bytes())
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (wg comes from Debian wireguard-tools: scripts/install-deps)"))
 }
 
 fn stdout(out: &Output) -> String {

@@ -373,20 +373,9 @@ fn every_error_answers_with_its_spec_code() {
         .to_string()
     };
     let run = |env: &[(&str, &str)], stdin: &str| -> (bool, Value) {
-        use std::io::Write;
         let mut cmd = std::process::Command::new(&cni_bin);
-        cmd.env_clear()
-            .envs(env.iter().copied())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        cmd.env_clear().envs(env.iter().copied());
+        let out = weft_lab::output_with_stdin(&mut cmd, stdin.as_bytes()).unwrap();
         let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         (out.status.success(), v)
     };

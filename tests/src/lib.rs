@@ -21,3 +21,22 @@ pub mod tcp;
 pub mod traffic;
 pub mod vm;
 pub mod wait;
+
+/// Runs `cmd` with `stdin` written to its standard input and its output captured (stdout
+/// and stderr piped).
+pub fn output_with_stdin(
+    cmd: &mut std::process::Command,
+    stdin: &[u8],
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut pipe) = child.stdin.take() {
+        pipe.write_all(stdin)?;
+    }
+    child.wait_with_output()
+}
