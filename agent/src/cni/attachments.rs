@@ -118,7 +118,8 @@ fn load_record(data_dir: &Path, container_id: &str) -> Option<Record> {
     serde_json::from_slice(&bytes).ok()
 }
 
-fn remove_file(path: &Path) -> Result<(), CniError> {
+/// Removes `path`; one already gone is fine.
+pub(crate) fn remove_file(path: &Path) -> Result<(), CniError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),

@@ -106,24 +106,34 @@ pub struct Released {
     pub failed: Vec<CniError>,
 }
 
-/// Releases every attachment of `network` that `stale` picks, under the data directory's
-/// lock; one failure does not stop the others.
+/// Applies `act` to every attachment of `network` that `stale` picks, under the data
+/// directory's lock; one failure does not stop the others.
+fn for_each_stale(
+    data_dir: &Path,
+    network: &str,
+    stale: impl Fn(&Saved) -> bool,
+    act: impl Fn(&Saved) -> Result<(), CniError>,
+) -> Result<Released, CniError> {
+    let _lock = attachments::lock(data_dir)?;
+    let (saved, _) = attachments::list(data_dir);
+    let mut done = Released::default();
+    for s in saved.iter().filter(|s| s.network() == network && stale(s)) {
+        match act(s) {
+            Ok(()) => done.ids.push(s.container_id.clone()),
+            Err(e) => done.failed.push(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Releases every attachment of `network` that `stale` picks.
 fn release_where(
     data_dir: &Path,
     network: &str,
     cni_path: &str,
     stale: impl Fn(&Saved) -> bool,
 ) -> Result<Released, CniError> {
-    let _lock = attachments::lock(data_dir)?;
-    let (saved, _) = attachments::list(data_dir);
-    let mut done = Released::default();
-    for s in saved.iter().filter(|s| s.network() == network && stale(s)) {
-        match release(data_dir, s, cni_path) {
-            Ok(()) => done.ids.push(s.container_id.clone()),
-            Err(e) => done.failed.push(e),
-        }
-    }
-    Ok(done)
+    for_each_stale(data_dir, network, stale, |s| release(data_dir, s, cni_path))
 }
 
 /// Releases the network's attachments from earlier boots.
@@ -147,19 +157,9 @@ pub fn gc(conf: &PluginConf, doc: &Value, cni_path: &str) -> Result<Released, Cn
             .map(|v| json!({"containerID": v.container_id, "ifname": v.ifname}))
             .collect::<Vec<_>>());
         delegate::run("GC", &call, cni_path)?;
-        let _lock = attachments::lock(&conf.data_dir)?;
-        let (saved, _) = attachments::list(&conf.data_dir);
-        let mut done = Released::default();
-        for s in saved
-            .iter()
-            .filter(|s| s.network() == conf.name && stale(s))
-        {
-            match attachments::remove(&conf.data_dir, &s.container_id) {
-                Ok(()) => done.ids.push(s.container_id.clone()),
-                Err(e) => done.failed.push(e),
-            }
-        }
-        return Ok(done);
+        return for_each_stale(&conf.data_dir, &conf.name, stale, |s| {
+            attachments::remove(&conf.data_dir, &s.container_id)
+        });
     }
     release_where(&conf.data_dir, &conf.name, cni_path, stale)
 }

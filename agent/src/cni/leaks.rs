@@ -148,12 +148,7 @@ pub fn free(data_dir: &Path, cni_path: &str) -> (Vec<Leak>, Vec<CniError>) {
         } else {
             leak.lone_files
                 .iter()
-                .try_for_each(|f| match std::fs::remove_file(f) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        Err(CniError::io(format!("removing {}: {e}", f.display())))
-                    }
-                    _ => Ok(()),
-                })
+                .try_for_each(|f| attachments::remove_file(f))
         };
         match result {
             Ok(()) => freed.push(leak),
