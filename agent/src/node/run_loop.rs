@@ -52,6 +52,11 @@ pub(crate) struct LoopInputs {
 const NFT_CHECK: Duration = Duration::from_secs(2);
 /// The tables are listed at least this often even when no event says they changed.
 const NFT_SAFETY: Duration = Duration::from_secs(60);
+/// The periodic resync waits while this node's announced key switch is this near (either
+/// side of its moment): a full pass re-reads every link, address and route, which took up
+/// to 2.8 s in the VM, and a switch that comes during it waits for its end. Seen in CI: a
+/// node rotated 2.2 s late behind a resync pass and its peers' ping lost 7 in a row.
+const SWITCH_GUARD: Duration = Duration::from_secs(5);
 /// An event lists the tables at once unless they were listed this recently (then they are
 /// listed when this much has passed): a busy neighbour's rule churn (kube-proxy's) costs
 /// at most two `nft list` a second.
@@ -86,6 +91,8 @@ pub(super) struct Controller<'a> {
     nft_dirty: bool,
     /// When the tables were last listed.
     nft_listed: Instant,
+    /// A periodic resync was put off for a key switch (`SWITCH_GUARD`); it runs after.
+    resync_owed: bool,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
     /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
@@ -128,6 +135,15 @@ async fn switched(watcher: &mut Option<switch_watch::Handle>) -> Option<()> {
         Some(h) => h.switched.recv().await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether a switch at `at` is within `SWITCH_GUARD` of `now`, before or after.
+fn switch_near(at: SystemTime, now: SystemTime) -> bool {
+    let gap = match at.duration_since(now) {
+        Ok(ahead) => ahead,
+        Err(past) => past.duration(),
+    };
+    gap < SWITCH_GUARD
 }
 
 async fn sleep_for(wait: Option<Duration>) {
@@ -192,6 +208,7 @@ pub(crate) async fn control_loop(
         psk_check: interval(Duration::from_secs(1)),
         nft_dirty: true,
         nft_listed: Instant::now(),
+        resync_owed: false,
         esp_rotation: None,
         rekey_not_before: None,
         esp_heard: Default::default(),
@@ -254,6 +271,10 @@ impl Controller<'_> {
             let nft_deferred = self.nft_deferred();
             let esp_poll = self.esp_poll();
             let rekey = self.rekey_due();
+            if self.resync_owed && !self.switch_near(SystemTime::now()) {
+                self.resync_owed = false;
+                return Wake::Pass { full: true };
+            }
             // In order: an operator's request and the announced moments are never kept
             // waiting behind the periodic checks (`tokio::select!` alone starts at a random
             // branch and takes the first one ready, so a check that was always ready —
@@ -321,7 +342,13 @@ impl Controller<'_> {
                         return Wake::Pass { full: false };
                     }
                 }
-                _ = self.resync.tick() => return Wake::Pass { full: true },
+                _ = self.resync.tick() => {
+                    if !self.switch_near(SystemTime::now()) {
+                        return Wake::Pass { full: true };
+                    }
+                    info!("resync put off until this node's key switch is done");
+                    self.resync_owed = true;
+                }
                 changed = next_event(&mut self.inputs.nft_changes),
                     if self.inputs.nft_changes.is_some() => {
                     self.nft_event(changed).await;
@@ -334,6 +361,11 @@ impl Controller<'_> {
                 }
             }
         }
+    }
+
+    /// Whether this node's announced key switch is within `SWITCH_GUARD` of `now`.
+    fn switch_near(&self, now: SystemTime) -> bool {
+        self.keys.due().is_some_and(|at| switch_near(at, now))
     }
 
     /// An nftables event (`Some`), or the end of them (`None`: then every check lists the
@@ -417,5 +449,25 @@ impl Controller<'_> {
             let pending = self.keys.rotation.pending().cloned();
             self.inputs.snapshot.update(|s| s.rotating = pending);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resync_waits_only_near_a_key_switch() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let s = Duration::from_secs;
+        assert!(switch_near(now + s(3), now), "3 s before the moment");
+        assert!(
+            switch_near(now - s(2), now),
+            "2 s after it, the switch late"
+        );
+        assert!(!switch_near(now + s(30), now), "far ahead");
+        // A switch stuck well past its moment (an unconfirmed announcement) holds the
+        // resync no longer.
+        assert!(!switch_near(now - s(6), now));
     }
 }
