@@ -91,8 +91,6 @@ pub(super) struct Controller<'a> {
     nft_dirty: bool,
     /// When the tables were last listed.
     nft_listed: Instant,
-    /// A periodic resync was put off for a key switch (`SWITCH_GUARD`); it runs after.
-    resync_owed: bool,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
     /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
@@ -208,7 +206,6 @@ pub(crate) async fn control_loop(
         psk_check: interval(Duration::from_secs(1)),
         nft_dirty: true,
         nft_listed: Instant::now(),
-        resync_owed: false,
         esp_rotation: None,
         rekey_not_before: None,
         esp_heard: Default::default(),
@@ -271,10 +268,6 @@ impl Controller<'_> {
             let nft_deferred = self.nft_deferred();
             let esp_poll = self.esp_poll();
             let rekey = self.rekey_due();
-            if self.resync_owed && !self.switch_near(SystemTime::now()) {
-                self.resync_owed = false;
-                return Wake::Pass { full: true };
-            }
             // In order: an operator's request and the announced moments are never kept
             // waiting behind the periodic checks (`tokio::select!` alone starts at a random
             // branch and takes the first one ready, so a check that was always ready —
@@ -342,13 +335,9 @@ impl Controller<'_> {
                         return Wake::Pass { full: false };
                     }
                 }
-                _ = self.resync.tick() => {
-                    if !self.switch_near(SystemTime::now()) {
-                        return Wake::Pass { full: true };
-                    }
-                    info!("resync put off until this node's key switch is done");
-                    self.resync_owed = true;
-                }
+                _ = self.resync.tick() => if self.resync_due() {
+                    return Wake::Pass { full: true };
+                },
                 changed = next_event(&mut self.inputs.nft_changes),
                     if self.inputs.nft_changes.is_some() => {
                     self.nft_event(changed).await;
@@ -363,9 +352,18 @@ impl Controller<'_> {
         }
     }
 
-    /// Whether this node's announced key switch is within `SWITCH_GUARD` of `now`.
-    fn switch_near(&self, now: SystemTime) -> bool {
-        self.keys.due().is_some_and(|at| switch_near(at, now))
+    /// Whether the periodic resync runs now: not while this node's announced key switch
+    /// is within `SWITCH_GUARD` of its moment; then it is looked at again that much later.
+    fn resync_due(&mut self) -> bool {
+        let near = self
+            .keys
+            .due()
+            .is_some_and(|at| switch_near(at, SystemTime::now()));
+        if near {
+            info!("resync put off until this node's key switch is done");
+            self.resync.reset_after(SWITCH_GUARD);
+        }
+        !near
     }
 
     /// An nftables event (`Some`), or the end of them (`None`: then every check lists the
