@@ -45,16 +45,19 @@ fn assert_no_writes_since(lab: &Lab, marks: &[usize]) -> usize {
     let mut passes = 0;
     for (i, mark) in marks.iter().enumerate() {
         let text = log(lab, i);
-        for line in text
-            .lines()
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines
+            .iter()
+            .enumerate()
             .skip(*mark)
-            .filter(|l| l.contains(" reconciled "))
+            .filter(|(_, l)| l.contains(" reconciled "))
         {
             passes += 1;
             assert!(
                 line.contains(" writes=0 "),
-                "node {} wrote to its data plane while the registry was away: {line}",
-                i + 1
+                "node {} wrote to its data plane while the registry was away: {line}\nwhat it logged before:\n{}",
+                i + 1,
+                lines[at.saturating_sub(15)..at].join("\n")
             );
         }
     }
