@@ -282,7 +282,7 @@ impl Prober {
         for _ in 0..MAX_ROUNDS {
             let acked = self.round(to, &sizes).await;
             bounds = search::update(bounds, &sizes, &acked);
-            sizes = search::next_round(bounds?);
+            sizes = search::next_round(bounds.as_ref()?);
             if sizes.is_empty() {
                 break;
             }

@@ -25,51 +25,80 @@ pub fn first_round(max: u16) -> Vec<u16> {
 }
 
 /// What the rounds so far established.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bounds {
     /// The largest size acknowledged.
     pub acked: u16,
-    /// The smallest size lost above it, if any was.
-    pub lost: Option<u16>,
+    /// Each loss above `acked`: the size, and the round (from 0) it was lost in.
+    losses: Vec<(u16, u8)>,
+    /// Rounds taken so far.
+    rounds: u8,
+}
+
+impl Bounds {
+    /// The smallest size lost above the largest acknowledged, if any was.
+    pub fn lost(&self) -> Option<u16> {
+        self.losses.iter().map(|(size, _)| *size).min()
+    }
+
+    /// Whether the losses above `acked` come from two rounds at least. One round's losses
+    /// alone may be probes dropped on the way (a burst into a full buffer, a peer busy
+    /// past the round's wait), which would read as a narrower path than there is.
+    fn confirmed(&self) -> bool {
+        let mut rounds = self.losses.iter().map(|(_, round)| *round);
+        rounds
+            .next()
+            .is_some_and(|first| rounds.any(|r| r != first))
+    }
 }
 
 /// The bounds after a round that sent `sent` and had `acked` of them acknowledged;
-/// `None` if nothing was ever acknowledged (the peer does not answer).
+/// `None` if nothing was ever acknowledged (the peer does not answer). A size lost in an
+/// earlier round and acknowledged now was a loss on the way, not the path: it no longer
+/// bounds the search.
 pub fn update(before: Option<Bounds>, sent: &[u16], acked: &[u16]) -> Option<Bounds> {
     let best = acked.iter().copied().max();
-    let acked_now = match (before, best) {
+    let acked_now = match (&before, best) {
         (Some(b), Some(a)) => b.acked.max(a),
         (Some(b), None) => b.acked,
         (None, Some(a)) => a,
         (None, None) => return None,
     };
-    let lost_now = sent
-        .iter()
-        .copied()
-        .filter(|s| *s > acked_now && !acked.contains(s));
-    let lost = lost_now
-        .chain(before.and_then(|b| b.lost).filter(|l| *l > acked_now))
-        .min();
+    let (mut losses, round) = before.map_or((Vec::new(), 0), |b| (b.losses, b.rounds));
+    losses.retain(|(size, _)| *size > acked_now);
+    losses.extend(
+        sent.iter()
+            .filter(|s| **s > acked_now && !acked.contains(s))
+            .map(|s| (*s, round)),
+    );
     Some(Bounds {
         acked: acked_now,
-        lost,
+        losses,
+        rounds: round.saturating_add(1),
     })
 }
 
-/// The next round's sizes, evenly between the bounds; empty when the search is done.
-pub fn next_round(bounds: Bounds) -> Vec<u16> {
-    let Some(lost) = bounds.lost else {
+/// The next round's sizes, evenly between the bounds, and the lost sizes again until a
+/// second round has seen a loss above the largest acknowledged; empty when the search is
+/// done.
+pub fn next_round(bounds: &Bounds) -> Vec<u16> {
+    let Some(lost) = bounds.lost() else {
         return Vec::new();
     };
     let gap = lost.saturating_sub(bounds.acked);
-    if gap <= RESOLUTION {
-        return Vec::new();
+    let mut sizes: Vec<u16> = if gap > RESOLUTION {
+        let steps = (usize::from(gap / RESOLUTION)).min(PER_ROUND + 1);
+        (1..steps)
+            .map(|i| bounds.acked + (u32::from(gap) * i as u32 / steps as u32) as u16)
+            .filter(|s| *s > bounds.acked && *s < lost)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !bounds.confirmed() {
+        sizes.extend(bounds.losses.iter().map(|(size, _)| *size));
     }
-    let steps = (usize::from(gap / RESOLUTION)).min(PER_ROUND + 1);
-    (1..steps)
-        .map(|i| bounds.acked + (u32::from(gap) * i as u32 / steps as u32) as u16)
-        .filter(|s| *s > bounds.acked && *s < lost)
-        .collect()
+    sizes
 }
 
 #[cfg(test)]
@@ -85,7 +114,7 @@ mod tests {
             rounds += 1;
             let acked: Vec<u16> = sizes.iter().copied().filter(|s| *s <= mtu).collect();
             bounds = update(bounds, &sizes, &acked);
-            let Some(b) = bounds else { break };
+            let Some(b) = &bounds else { break };
             sizes = next_round(b);
         }
         (bounds.map(|b| b.acked), rounds)
@@ -118,20 +147,52 @@ mod tests {
     #[test]
     fn a_lost_probe_below_an_acknowledged_one_does_not_lower_the_result() {
         let b = update(None, &[1500, 1400, 1280], &[1400]).unwrap();
-        assert_eq!(
-            b,
-            Bounds {
-                acked: 1400,
-                lost: Some(1500)
-            }
-        );
+        assert_eq!((b.acked, b.lost()), (1400, Some(1500)));
         let b = update(Some(b), &[1450, 1420], &[]).unwrap();
-        assert_eq!(
-            b,
-            Bounds {
-                acked: 1400,
-                lost: Some(1420)
-            }
-        );
+        assert_eq!((b.acked, b.lost()), (1400, Some(1420)));
+    }
+
+    /// Runs the search against a path of `mtu` that drops, in the first round only, the
+    /// sizes in `dropped` (acknowledgements late past the round's wait read the same).
+    fn search_with_loss(max: u16, mtu: u16, dropped: &[u16]) -> (Option<u16>, usize) {
+        let mut sizes = first_round(max);
+        let mut bounds = None;
+        let mut rounds = 0;
+        while !sizes.is_empty() {
+            rounds += 1;
+            let acked: Vec<u16> = sizes
+                .iter()
+                .copied()
+                .filter(|s| *s <= mtu && !(rounds == 1 && dropped.contains(s)))
+                .collect();
+            bounds = update(bounds, &sizes, &acked);
+            let Some(b) = &bounds else { break };
+            sizes = next_round(b);
+        }
+        (bounds.map(|b| b.acked), rounds)
+    }
+
+    #[test]
+    fn probes_lost_on_the_way_in_one_round_never_read_as_a_narrower_path() {
+        // The largest probe alone, the largest few, and a burst in the middle.
+        for dropped in [&[1500][..], &[1500, 1492, 1480], &[1460, 1450, 1440]] {
+            let (found, rounds) = search_with_loss(1500, 1500, dropped);
+            assert_eq!(found, Some(1500), "{dropped:?} dropped once");
+            assert!(rounds <= 2, "{dropped:?}: {rounds} rounds");
+        }
+        // A narrow path with a loss on the way still finds its MTU.
+        let (found, _) = search_with_loss(1500, 1410, &[1400]);
+        let found = found.unwrap();
+        assert!(found <= 1410 && 1410 - found < RESOLUTION, "found {found}");
+    }
+
+    #[test]
+    fn a_narrow_path_is_believed_once_two_rounds_lost_above_it() {
+        let b = update(None, &[1500, 1492, 1400], &[1400]).unwrap();
+        let sizes = next_round(&b);
+        assert!(sizes.contains(&1492), "lost once: sent again: {sizes:?}");
+        let b = update(Some(b), &sizes, &[1404, 1408, 1412]).unwrap();
+        assert_eq!(b.acked, 1412);
+        assert!(b.confirmed(), "{b:?}");
     }
 }
