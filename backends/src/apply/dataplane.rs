@@ -171,6 +171,22 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         self.wg_seen.values().flat_map(|d| d.peers.iter())
     }
 
+    /// Removes WireGuard device `name` (a userspace device's process with it), for the next
+    /// pass to make again: the liveness watcher found it at fault. The blackhole routes stay,
+    /// so pod traffic is dropped, never sent in clear, until the device is back. False if
+    /// there was no such device.
+    pub async fn remove_wg_device(&mut self, name: &str) -> Result<bool, ApplyError> {
+        if self.wg.is_none() {
+            return Ok(false);
+        }
+        let Some(link) = self.nl.link(name).await? else {
+            return Ok(false);
+        };
+        W::remove(&mut self.nl, &link).await?;
+        self.wg_seen.remove(name);
+        Ok(true)
+    }
+
     /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
         self.wg.as_ref().map_or("none", W::name)

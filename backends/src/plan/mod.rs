@@ -8,6 +8,7 @@
 mod guard;
 mod ipip;
 pub mod ipsec;
+pub mod liveness;
 mod masquerade;
 pub mod path_mtu;
 mod peers;

@@ -37,6 +37,8 @@ pub struct Device {
     /// failing): set once by the thread that found it; the process ends on it.
     ended: Mutex<Option<String>>,
     end: tokio::sync::Notify,
+    /// The packet threads' beats, which the timers thread checks.
+    watchdog: super::watchdog::Watchdog,
 }
 
 impl Device {
@@ -67,6 +69,7 @@ impl Device {
             rebinding: Mutex::new(()),
             ended: Mutex::new(None),
             end: tokio::sync::Notify::new(),
+            watchdog: Default::default(),
         });
         tracing::info!(
             device = name,
@@ -79,10 +82,11 @@ impl Device {
         );
         let d = device.clone();
         let reader = tun.file;
-        spawn(&format!("wg-tx-{name}"), move || tx::run(d, reader))?;
+        let beat = device.watchdog.watch("sending", reader.as_raw_fd());
+        device.spawn(&format!("wg-tx-{name}"), move || tx::run(d, reader, beat))?;
         device.spawn_receivers(&udp, 0)?;
         let d = Arc::downgrade(&device);
-        spawn(&format!("wg-timers-{name}"), move || timers(d))?;
+        device.spawn(&format!("wg-timers-{name}"), move || timers(d))?;
         Ok(device)
     }
 
@@ -146,8 +150,10 @@ impl Device {
             let Some(socket) = socket else { continue };
             let fd = socket.as_raw_fd();
             let (d, u, tun) = (self.clone(), udp.clone(), self.tun.try_clone()?);
-            spawn(&format!("wg-rx{family}-{}", self.name), move || {
-                rx::run(d, tun, fd, generation);
+            let beat = self.watchdog.watch(&format!("IPv{family} receiving"), fd);
+            self.spawn(&format!("wg-rx{family}-{}", self.name), move || {
+                rx::run(d.clone(), tun, fd, (generation, beat));
+                d.watchdog.unwatch(fd);
                 drop(u); // the socket stays open until its receiver is done with it
             })?;
         }
@@ -163,11 +169,34 @@ fn interface_mtu(name: &str) -> u32 {
         .unwrap_or(0)
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name(name.chars().take(15).collect())
-        .spawn(f)
-        .map(|_| ())
+impl Device {
+    /// Runs one of the device's threads. One that panics ends the device: without one of
+    /// its threads a device is half-alive (it answers on its UAPI socket and moves no
+    /// packets), and ending it lets the agent make it again.
+    fn spawn(
+        self: &Arc<Self>,
+        name: &str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let device = Arc::downgrade(self);
+        let thread = name.to_string();
+        let run = move || {
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                if let Some(device) = device.upgrade() {
+                    device.end(format!("its thread {thread} panicked: {what}"));
+                }
+            }
+        };
+        std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(run)
+            .map(|_| ())
+    }
 }
 
 impl Sockets for Arc<Device> {
@@ -201,6 +230,9 @@ fn timers(device: std::sync::Weak<Device>) {
         let mtu = interface_mtu(&device.name);
         if mtu != 0 {
             device.mtu.store(mtu, Ordering::Relaxed);
+        }
+        if let Some(why) = device.watchdog.check(Instant::now()) {
+            device.end(why);
         }
         let state = device.state();
         let udp = device.udp();

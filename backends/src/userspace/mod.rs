@@ -22,6 +22,7 @@ mod tx;
 pub mod uapi;
 pub mod udp;
 pub mod vnet;
+pub mod watchdog;
 
 pub use device::Device;
 

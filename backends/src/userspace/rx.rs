@@ -263,7 +263,12 @@ const RECEIVE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
 /// Runs until `fd`'s socket is shut down for a newer one (`generation` moved on). A socket
 /// shut down under it otherwise, or one that keeps failing, ends the device with the
 /// reason: the process does not live on without a receiving side.
-pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) {
+pub fn run(
+    device: Arc<Device>,
+    tun: std::fs::File,
+    fd: RawFd,
+    (generation, beat): (u64, super::watchdog::Beat),
+) {
     let vnet = device.offloads.vnet;
     let out = DeviceOutputs {
         device: device.clone(),
@@ -275,6 +280,7 @@ pub fn run(device: Arc<Device>, tun: std::fs::File, fd: RawFd, generation: u64) 
     let mut failures = 0;
     loop {
         let received = udp::receive(fd, &mut buf, &mut cmsg);
+        beat.beat();
         if device.generation() != generation {
             return;
         }

@@ -124,14 +124,16 @@ const READ_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Runs until the TUN device is deleted (or its queue keeps failing): then it ends the
 /// device, with the reason, so the process does not live on without a sending side.
-pub fn run(device: Arc<Device>, mut tun: std::fs::File) {
+pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::Beat) {
     let vnet = device.offloads.vnet;
     let mut buf = vec![0u8; vnet::LEN + 65_536];
     let mut scratch = Vec::with_capacity(65_536);
     let mut batch = Batch::new();
     let mut failures = 0;
     loop {
-        let n = match tun.read(&mut buf) {
+        let read = tun.read(&mut buf);
+        beat.beat();
+        let n = match read {
             Ok(n) => {
                 failures = 0;
                 n

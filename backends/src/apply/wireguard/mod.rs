@@ -5,6 +5,7 @@
 
 pub mod devices;
 pub mod diff;
+pub mod drift;
 pub mod genl;
 pub mod kernel;
 pub mod kernel_msg;

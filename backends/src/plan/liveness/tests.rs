@@ -1,0 +1,245 @@
+//! The book over a device of three peers, read once a second: node-b faulted, node-c
+//! carrying traffic, node-d idle.
+
+use super::*;
+use weft_crypto::PrivateKey;
+
+fn key(seed: u8) -> PublicKey {
+    PrivateKey::from_bytes([seed; 32]).public_key()
+}
+
+fn peer(node: &str, seed: u8) -> PeerSpec {
+    PeerSpec {
+        node: node.into(),
+        public_key: key(seed),
+        endpoint: format!("198.51.100.{seed}:51820").parse().unwrap(),
+        allowed_ips: vec![format!("10.244.{seed}.0/24").parse().unwrap()],
+        keepalive: 0,
+        psk: None,
+    }
+}
+
+fn spec() -> TunnelSpec {
+    TunnelSpec {
+        device: "flannel-wg".into(),
+        listen_port: 51820,
+        mtu: 1420,
+        addresses: vec![],
+        peers: vec![peer("node-b", 2), peer("node-c", 3), peer("node-d", 4)],
+    }
+}
+
+/// Counters per peer, each second: `(tx, rx)` for b, c, d.
+type Second = [(u64, u64); 3];
+
+fn read(spec: &TunnelSpec, s: &Second) -> HashMap<PublicKey, PeerRead> {
+    spec.peers
+        .iter()
+        .zip(s)
+        .map(|(p, (tx, rx))| {
+            let counters = Counters {
+                tx_bytes: *tx,
+                rx_bytes: *rx,
+            };
+            (
+                p.public_key,
+                PeerRead {
+                    endpoint: Some(p.endpoint),
+                    counters,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Runs the book over `seconds`, probing as told; returns each second's to-dos, probes left
+/// out.
+fn run(seconds: &[Second]) -> Vec<(usize, Todo)> {
+    let spec = spec();
+    let start = Instant::now();
+    let mut book = Book::default();
+    let mut out = Vec::new();
+    for (i, s) in seconds.iter().enumerate() {
+        let now = start + POLL * i as u32;
+        for t in book.observe(&spec, &read(&spec, s), now) {
+            if let Todo::Probe { device, key, .. } = &t {
+                book.probed(device, key, now);
+                continue;
+            }
+            out.push((i, t));
+        }
+    }
+    out
+}
+
+/// b stops answering after second 5 (it keeps being sent to); c answers throughout
+/// unless `c_dies` (then it stops too); d is idle.
+fn fault(seconds: u64, c_dies: bool, b_back: Option<u64>) -> Vec<Second> {
+    (0..seconds)
+        .map(|i| {
+            let b_rx = match b_back {
+                Some(back) if i >= back => 900 * i,
+                _ => 900 * i.min(5),
+            };
+            let c_rx = if c_dies { 700 * i.min(5) } else { 700 * i };
+            [(1000 * i, b_rx), (800 * i, c_rx), (300, 200)]
+        })
+        .collect()
+}
+
+fn nodes(todo: &[(usize, Todo)]) -> Vec<&str> {
+    todo.iter()
+        .map(|(_, t)| match t {
+            Todo::Probe { node, .. }
+            | Todo::Dead { node, .. }
+            | Todo::Repair {
+                peer: PeerSpec { node, .. },
+                ..
+            }
+            | Todo::BackOff { node, .. }
+            | Todo::Alive { node, .. } => node.as_str(),
+            Todo::RecreateDevice { .. } | Todo::DeviceBackOff { .. } => "(device)",
+        })
+        .collect()
+}
+
+#[test]
+fn one_dead_pair_is_found_repaired_in_small_steps_and_the_others_are_left_alone() {
+    let todo = run(&fault(30, false, None));
+    assert!(nodes(&todo).iter().all(|n| *n == "node-b"), "{todo:?}");
+    let (at, first) = &todo[0];
+    assert!(*at <= 10, "dead only at second {at}");
+    assert!(matches!(
+        first,
+        Todo::Dead {
+            cause: Cause::Unanswered { .. },
+            ..
+        }
+    ));
+    let steps: Vec<(usize, Step)> = todo
+        .iter()
+        .filter_map(|(i, t)| match t {
+            Todo::Repair { step, .. } => Some((*i, *step)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps[0], (*at, Step::Reapply), "{todo:?}");
+    assert_eq!(steps[1], (at + 2, Step::Rehandshake), "{todo:?}");
+    assert!(todo.iter().any(|(i, t)| *i == at + 4
+        && matches!(t, Todo::BackOff { pause, .. } if *pause == repair::BACKOFF_FIRST)));
+    assert!(!todo
+        .iter()
+        .any(|(_, t)| matches!(t, Todo::RecreateDevice { .. })));
+}
+
+#[test]
+fn a_pair_that_answers_after_a_repair_is_alive_again_and_says_what_worked() {
+    let todo = run(&fault(30, false, Some(10)));
+    let alive: Vec<&Todo> = todo
+        .iter()
+        .filter(|(_, t)| matches!(t, Todo::Alive { .. }))
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(alive.len(), 1, "{todo:?}");
+    assert!(matches!(
+        alive[0],
+        Todo::Alive { repaired_by: Some(Step::Reapply), dead_for, .. } if *dead_for < Duration::from_secs(6)
+    ));
+    // Nothing after it.
+    let (last, _) = todo.last().unwrap();
+    assert_eq!(todo.iter().filter(|(i, _)| i == last).count(), 1);
+}
+
+#[test]
+fn every_busy_pair_dead_recreates_the_device_once() {
+    let todo = run(&fault(20, true, None));
+    let recreated: Vec<usize> = todo
+        .iter()
+        .filter(|(_, t)| matches!(t, Todo::RecreateDevice { .. }))
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(recreated.len(), 1, "{todo:?}");
+    assert!(!nodes(&todo).contains(&"node-d"), "the idle pair: {todo:?}");
+}
+
+#[test]
+fn an_idle_device_has_nothing_to_do() {
+    let idle: Vec<Second> = (0..60).map(|_| [(10, 10), (20, 20), (30, 30)]).collect();
+    assert_eq!(run(&idle), vec![]);
+}
+
+#[test]
+fn a_device_that_does_not_answer_is_recreated_then_left_a_pause() {
+    let spec = spec();
+    let start = Instant::now();
+    let mut book = Book::default();
+    // Traffic on b and c, then the device stops answering at second 3.
+    for i in 0..3u32 {
+        let s = [(1000 * u64::from(i), 900 * u64::from(i)), (10, 10), (0, 0)];
+        book.observe(&spec, &read(&spec, &s), start + POLL * i);
+    }
+    let since = start + POLL * 3;
+    let mut todo = Vec::new();
+    for i in 3..20u32 {
+        for t in book.unanswered(&spec, since, start + POLL * i) {
+            todo.push((i, t));
+        }
+    }
+    let first = todo.first().map(|(i, _)| *i);
+    assert_eq!(first, Some(3 + DEAD_AFTER.as_secs() as u32), "{todo:?}");
+    let dead: Vec<&str> = todo
+        .iter()
+        .filter_map(|(_, t)| match t {
+            Todo::Dead { node, cause, .. } => {
+                assert_eq!(*cause, Cause::DeviceNotAnswering);
+                Some(node.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dead, ["node-b", "node-c", "node-d"]);
+    let device: Vec<(u32, bool)> = todo
+        .iter()
+        .filter_map(|(i, t)| match t {
+            Todo::RecreateDevice { .. } => Some((*i, true)),
+            Todo::DeviceBackOff { .. } => Some((*i, false)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(device, [(6, true), (11, false)]);
+    // The device made again answers: its pairs are judged afresh, idle ones idle.
+    let s = [(0, 0), (0, 0), (0, 0)];
+    book.observe(&spec, &read(&spec, &s), start + POLL * 21);
+    assert!(book.states().all(|(.., state)| *state == PairState::Idle));
+}
+
+#[test]
+fn a_roamed_endpoint_that_stops_answering_is_named_so() {
+    let cause = Cause::Unanswered {
+        endpoint: "203.0.113.9:40000".parse().ok(),
+        planned: "198.51.100.2:51820".parse().unwrap(),
+    };
+    assert_eq!(cause.label(), "roamed endpoint unanswered");
+    assert!(cause
+        .to_string()
+        .contains("the registry's is 198.51.100.2:51820"));
+}
+
+#[test]
+fn a_staged_key_and_a_peer_missing_from_the_device_are_not_judged() {
+    let mut spec = spec();
+    spec.peers[0].allowed_ips.clear(); // node-b's entry is a key being staged
+    let start = Instant::now();
+    let mut book = Book::default();
+    let mut todo = Vec::new();
+    for i in 0..20u32 {
+        let mut r = read(&spec, &[(1000 * u64::from(i), 0), (10, 10), (0, 0)]);
+        r.remove(&key(3)); // node-c is not on the device
+        todo.extend(book.observe(&spec, &r, start + POLL * i));
+    }
+    assert_eq!(todo, vec![]);
+    assert_eq!(
+        probe_target(&peer("node-c", 3)),
+        Some("10.244.3.0".parse().unwrap())
+    );
+}
