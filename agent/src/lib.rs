@@ -3,6 +3,7 @@
 //!   (`subnet.env`), the advertised address;
 //! - `registry`: where leases live (etcd, Kubernetes), behind one trait;
 //! - `keys`: key rotation, a peer's key switchover, the pre-shared key;
+//! - `liveness`: each WireGuard pair alive, or repaired (its own thread);
 //! - `observe`: the snapshot, metrics, the health endpoints and the control socket;
 //! - `cli` and `commands`: the command line and the operator's commands;
 //! - `cni`: the CNI plugin `weft-cni`;
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod cni;
 pub mod commands;
 pub mod keys;
+pub mod liveness;
 pub mod node;
 pub mod observe;
 pub mod pathmtu;

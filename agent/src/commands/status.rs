@@ -14,7 +14,7 @@ use weft_backends::apply::xfrm::{pairs, EspPair, Xfrm, XfrmSocket};
 use weft_backends::plan::ipsec::IF_ID;
 use weft_crypto::PublicKey;
 
-use crate::observe::snapshot::{PathInfo, PeerInfo, Snapshot};
+use crate::observe::snapshot::{PairLiveness, PathInfo, PeerInfo, Snapshot};
 
 /// WireGuard drops a session this long after its handshake (REJECT_AFTER_TIME).
 pub const HANDSHAKE_FRESH: Duration = Duration::from_secs(180);
@@ -37,6 +37,13 @@ pub struct Row {
     pub rx_bytes: Option<u64>,
     pub tx_bytes: Option<u64>,
     pub state: String,
+    /// WireGuard: the pair's liveness (`alive`, `idle`, `waiting`, `dead`), as the agent's
+    /// watcher last judged it; `None` before its first read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<String>,
+    /// Why a dead pair is dead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -84,10 +91,18 @@ pub fn rows(
                 .and_then(|w| w.last_handshake)
                 .filter(|t| !t.is_zero())
                 .map(|t| since_epoch.saturating_sub(t));
+            let live = snapshot
+                .liveness
+                .iter()
+                .find(|l| l.node == p.node && Some(&l.device) == p.device.as_ref());
             let state = match (key.is_some(), device, on_device, age) {
                 (false, ..) => "programmed".to_string(),
                 (true, None, ..) => "no device".to_string(),
                 (true, Some(_), None, _) => "not on device".to_string(),
+                // Sent to, and nothing came back: whatever its last handshake says.
+                (true, Some(_), Some(_), _) if live.is_some_and(|l| l.state == "dead") => {
+                    dead_state(live)
+                }
                 (true, Some(_), Some(_), Some(a)) if a <= HANDSHAKE_FRESH => "up".to_string(),
                 (true, Some(_), Some(_), _) => "no handshake".to_string(),
             };
@@ -104,6 +119,8 @@ pub fn rows(
                 rx_bytes: on_device.map(|w| w.rx_bytes),
                 tx_bytes: on_device.map(|w| w.tx_bytes),
                 state,
+                liveness: live.map(|l| l.state.clone()),
+                cause: live.and_then(|l| l.cause.clone()),
             }
         })
         .collect();
@@ -118,9 +135,23 @@ pub fn rows(
             rx_bytes: None,
             tx_bytes: None,
             state: format!("left out: {}", l.reason),
+            liveness: None,
+            cause: None,
         });
     }
     rows
+}
+
+/// A dead pair's state: `dead: <cause>, <n> s`.
+fn dead_state(live: Option<&PairLiveness>) -> String {
+    let Some(l) = live else {
+        return "dead".into();
+    };
+    let cause = l.cause.as_deref().unwrap_or("no answer");
+    match l.dead_secs {
+        Some(s) => format!("dead: {cause}, {s} s"),
+        None => format!("dead: {cause}"),
+    }
 }
 
 /// An ipsec peer's row: up when both its states are in the kernel.
@@ -142,6 +173,8 @@ fn esp_row(p: &PeerInfo, pair: Option<&EspPair>) -> Row {
         rx_bytes: inbound.map(|s| s.bytes),
         tx_bytes: outbound.map(|s| s.bytes),
         state: state.to_string(),
+        liveness: None,
+        cause: None,
     }
 }
 

@@ -52,6 +52,10 @@ impl Controller<'_> {
         let pass = self.passes;
         let span = tracing::info_span!("reconcile", pass);
         let (started, writes) = (Instant::now(), self.dataplane.writes());
+        let applying = self
+            .liveness
+            .as_ref()
+            .map(crate::liveness::Handle::applying);
         let result = if full {
             self.dataplane
                 .reconcile(&state, &self.keys.key)
@@ -63,6 +67,7 @@ impl Controller<'_> {
                 .instrument(span)
                 .await
         };
+        drop(applying);
         let outcome = error_policy::Outcome {
             pass,
             full,
@@ -89,6 +94,9 @@ impl Controller<'_> {
         // The staged entries are on the device now: the watcher looks for their handshakes.
         if let Some(watcher) = &self.switch_watch {
             watcher.follow(state.key_watch.as_ref());
+        }
+        if let Some(watcher) = &mut self.liveness {
+            watcher.follow(&state, self.keys.key.public_key());
         }
         self.last = Some(state);
     }

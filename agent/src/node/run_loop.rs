@@ -81,6 +81,8 @@ pub(super) struct Controller<'a> {
     pub(super) switchover: Switchover,
     /// The key-switch watcher (WireGuard only).
     pub(super) switch_watch: Option<switch_watch::Handle>,
+    /// The liveness watcher (WireGuard only).
+    pub(super) liveness: Option<crate::liveness::Handle>,
     pub(super) roaming: super::roaming::Roaming,
     /// The moment the last plan was made for (what PSK was in force then).
     pub(super) planned_at: SystemTime,
@@ -123,6 +125,16 @@ fn interval(period: Duration) -> tokio::time::Interval {
 async fn next_event(events: &mut Option<tokio::sync::mpsc::Receiver<()>>) -> Option<()> {
     match events {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The liveness watcher's next request; only polled while there is a watcher.
+async fn liveness_event(
+    watcher: &mut Option<crate::liveness::Handle>,
+) -> Option<crate::liveness::Event> {
+    match watcher {
+        Some(h) => h.events.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -185,6 +197,7 @@ pub(crate) async fn control_loop(
         }
         None => None,
     };
+    let liveness = start_liveness(dataplane, &inputs);
     let mut node = Controller {
         args,
         net,
@@ -199,6 +212,7 @@ pub(crate) async fn control_loop(
         me,
         switchover: Switchover::new(switched),
         switch_watch,
+        liveness,
         roaming: Default::default(),
         planned_at: SystemTime::UNIX_EPOCH,
         resync: interval(args.resync_period),
@@ -228,7 +242,43 @@ pub(crate) async fn control_loop(
     }
 }
 
+/// Starts the liveness watcher on a handle of its own (WireGuard only).
+fn start_liveness(dataplane: &Dataplane, inputs: &LoopInputs) -> Option<crate::liveness::Handle> {
+    let started = dataplane.another_wg_handle()?.and_then(|wg| {
+        crate::liveness::spawn(wg, inputs.snapshot.clone(), inputs.metrics.clone()).map_err(|e| {
+            weft_backends::apply::ApplyError::Io {
+                op: "starting the liveness watcher".into(),
+                source: e,
+            }
+        })
+    });
+    match started {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            warn!(error = %e, "no liveness watcher: dead pairs are repaired by the resync alone");
+            None
+        }
+    }
+}
+
 impl Controller<'_> {
+    /// What the liveness watcher asked for, before the full pass it calls for.
+    async fn liveness_event(&mut self, event: crate::liveness::Event) {
+        match event {
+            crate::liveness::Event::Drift { device, found } => {
+                info!(device = %device, drift = ?found, cause = "drift", "a full pass puts the device back as planned");
+            }
+            crate::liveness::Event::Recreate { device, cause } => {
+                match self.dataplane.remove_wg_device(&device).await {
+                    Ok(removed) => {
+                        info!(device = %device, removed, cause = %cause, "the device at fault is removed; the pass makes it again")
+                    }
+                    Err(e) => warn!(device = %device, error = %e, "removing the device at fault"),
+                }
+            }
+        }
+    }
+
     /// Waits for the registry's first full listing; false on shutdown. Nothing is planned
     /// before it: a plan made from the empty view would remove every peer that a previous
     /// run left in place, dropping traffic that the restart should not touch.
@@ -308,6 +358,12 @@ impl Controller<'_> {
                     if self.esp_newly_heard().await {
                         return Wake::Pass { full: false };
                     }
+                }
+                // A pair's device drifted from the plan, or is at fault: a full pass
+                // re-reads it and puts it back (after removing a device at fault).
+                Some(event) = liveness_event(&mut self.liveness) => {
+                    self.liveness_event(event).await;
+                    return Wake::Pass { full: true };
                 }
                 // The key-switch watcher moved a peer to its next key: the pass removes
                 // the entry it left.

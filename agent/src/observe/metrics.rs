@@ -35,6 +35,8 @@ pub struct Metrics {
     registry_events: Family<Labels, Counter>,
     /// Node → (its current key, generation).
     keys: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    /// Repairs of WireGuard pairs, by cause and step (`crate::liveness`).
+    pair_repairs: Family<Labels, Counter>,
     /// What the registry warned about; it counts into these.
     pub alerts: Alerts,
 }
@@ -48,6 +50,7 @@ impl Default for Metrics {
             pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             registry_events: Family::default(),
             keys: Arc::default(),
+            pair_repairs: Family::default(),
             alerts: Alerts::default(),
         }
     }
@@ -60,6 +63,16 @@ impl Metrics {
         if failed {
             self.pass_errors.inc();
         }
+    }
+
+    /// A repair of a pair (or of its device) for `cause`, by `step`.
+    pub fn pair_repaired(&self, cause: &str, step: &str) {
+        self.pair_repairs
+            .get_or_create(&vec![
+                ("cause", cause.to_string()),
+                ("step", step.to_string()),
+            ])
+            .inc();
     }
 
     pub fn registry_changes(&self, changes: &[ViewChange]) {
@@ -119,6 +132,7 @@ impl Metrics {
         register_plan(&mut registry, snapshot);
         register_paths(&mut registry, snapshot);
         self.register_peers(&mut registry, snapshot);
+        self.register_liveness(&mut registry, snapshot);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
@@ -212,6 +226,31 @@ impl Metrics {
             "peer_key_generation",
             "How many keys the peer has had since this agent started (1 = its first)",
             generation,
+        );
+    }
+}
+
+impl Metrics {
+    /// Each WireGuard pair's liveness (1 unless dead) and the repairs made.
+    fn register_liveness(&self, registry: &mut Registry, snapshot: &Snapshot) {
+        let alive: Family<Labels, Gauge> = Family::default();
+        for p in &snapshot.liveness {
+            alive
+                .get_or_create(&vec![
+                    ("node", p.node.clone()),
+                    ("device", p.device.clone()),
+                ])
+                .set(i64::from(p.state != "dead"));
+        }
+        registry.register(
+            "peer_alive",
+            "0 while the pair is dead: traffic sent and nothing authenticated came back, a probe included",
+            alive,
+        );
+        registry.register(
+            "peer_repairs",
+            "Repairs of dead pairs and of drifted or faulty devices, by cause and step",
+            self.pair_repairs.clone(),
         );
     }
 }

@@ -56,6 +56,12 @@ pub struct Snapshot {
     /// nftables table, say), oldest first: at most `REPAIRS_KEPT`.
     #[serde(default)]
     pub repairs: Vec<Repair>,
+    /// Each WireGuard pair's liveness, as the liveness watcher last judged it.
+    #[serde(default)]
+    pub liveness: Vec<PairLiveness>,
+    /// When it did, in milliseconds since the Unix epoch (0: never).
+    #[serde(default)]
+    pub liveness_at_ms: u64,
     /// Each WireGuard peer's counters as the last full pass read them, for `/metrics`
     /// (which must not read the device per request). Not sent to the CLI.
     #[serde(skip)]
@@ -94,6 +100,22 @@ pub struct PeerInfo {
     pub spi_in: Option<u32>,
     #[serde(default)]
     pub spi_out: Option<u32>,
+}
+
+/// One WireGuard pair's liveness (see `crate::liveness`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairLiveness {
+    pub node: String,
+    pub device: String,
+    /// `alive` (sent and answered), `idle` (nothing sent), `waiting` (sent, not answered
+    /// yet: probed) or `dead`.
+    pub state: String,
+    /// Why it is dead, as `/metrics` counts it (`endpoint unanswered`, …).
+    pub cause: Option<String>,
+    /// The cause in words.
+    pub detail: Option<String>,
+    /// How long it has been dead.
+    pub dead_secs: Option<u64>,
 }
 
 /// A change the agent's checks made to put back what something else had changed.

@@ -10,6 +10,7 @@
 //! error; the path carries the tunnel's largest packets with DF set.
 
 mod esp;
+mod liveness;
 mod local;
 mod path_mtu;
 mod probe;
@@ -160,6 +161,7 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
         out.push(esp::esp(snapshot).await);
     }
     if wireguard {
+        out.push(liveness::pairs(snapshot, std::time::SystemTime::now()));
         out.push(
             probe::handshakes(
                 snapshot,

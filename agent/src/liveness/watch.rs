@@ -1,0 +1,393 @@
+//! The watcher's thread: one read of each planned device per `POLL`, then what the book
+//! says to do (probe, repair, ask the loop), and the pairs' states for the operator.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+use weft_backends::apply::wireguard::devices::WgImpl;
+use weft_backends::apply::wireguard::diff::{DeviceChange, PeerChange, PeerFields};
+use weft_backends::apply::wireguard::drift::{drift, Drift};
+use weft_backends::apply::wireguard::{WgDevice, WgDevices};
+use weft_backends::model::{PeerSpec, TunnelSpec};
+use weft_backends::plan::liveness::{Book, Cause, Counters, PairState, PeerRead, Step, Todo, POLL};
+use weft_crypto::{PrivateKey, PublicKey};
+
+use super::probe::Prober;
+use super::{Event, Handle, Plan};
+use crate::observe::metrics::Metrics;
+use crate::observe::snapshot::{self, PairLiveness};
+
+/// A device that has not answered a read within this is not answering.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// The same drift found again after the pass that was to put it back is told again only
+/// after this, doubling up to `DRIFT_PAUSE_MAX`.
+const DRIFT_PAUSE: Duration = Duration::from_secs(10);
+const DRIFT_PAUSE_MAX: Duration = Duration::from_secs(300);
+
+/// Starts the watcher on a thread of its own, on device handle `wg` (see
+/// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
+pub fn spawn(wg: WgImpl, snapshot: snapshot::Shared, metrics: Metrics) -> std::io::Result<Handle> {
+    let (plan_tx, plan_rx) = watch::channel(None);
+    let applying = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let watcher = Watcher {
+        wg,
+        book: Book::default(),
+        prober: Prober::default(),
+        probe_failed: false,
+        not_answering: HashMap::new(),
+        drift_seen: HashMap::new(),
+        drift_told: HashMap::new(),
+        snapshot,
+        metrics,
+        events: events_tx,
+        applying: applying.clone(),
+    };
+    std::thread::Builder::new()
+        .name("liveness".into())
+        .spawn(move || runtime.block_on(watcher.run(plan_rx)))?;
+    Ok(Handle {
+        plan: plan_tx,
+        events: events_rx,
+        generation: 0,
+        applying,
+    })
+}
+
+struct Watcher {
+    wg: WgImpl,
+    book: Book,
+    prober: Prober,
+    /// A probe could not be sent (said once; verdicts then go by the counters alone).
+    probe_failed: bool,
+    /// Devices whose reads time out, since when.
+    not_answering: HashMap<String, Instant>,
+    /// Drift found at the last read, under which plan.
+    drift_seen: HashMap<String, (u64, Vec<Drift>)>,
+    /// Drift last told to the loop, when, and the pause before telling it again.
+    drift_told: HashMap<String, (Vec<Drift>, Instant, Duration)>,
+    snapshot: snapshot::Shared,
+    metrics: Metrics,
+    events: mpsc::Sender<Event>,
+    /// The loop is changing the devices (`Handle::applying`).
+    applying: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What one read of a device gave.
+enum Read {
+    Device(WgDevice),
+    /// No such device (being made again): nothing to judge.
+    Absent,
+    NotAnswering,
+}
+
+impl Watcher {
+    async fn run(mut self, mut plan: watch::Receiver<Option<Arc<Plan>>>) {
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = plan.changed() => if changed.is_err() {
+                    return;
+                },
+                _ = tick.tick() => {
+                    let current = plan.borrow().clone();
+                    if let Some(current) = current {
+                        self.round(&current).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One read of every planned device, and what follows from it.
+    async fn round(&mut self, plan: &Plan) {
+        let mut counters = BTreeMap::new();
+        for spec in &plan.tunnels {
+            let todo = match self.read(&spec.device).await {
+                Read::Device(device) => {
+                    self.not_answering.remove(&spec.device);
+                    self.check_drift(plan, spec, &device);
+                    let reads = peer_reads(&device);
+                    counters.extend(device.peers.iter().map(|(k, p)| {
+                        let c = snapshot::PeerCounters {
+                            last_handshake: p.last_handshake,
+                            rx_bytes: p.rx_bytes,
+                            tx_bytes: p.tx_bytes,
+                            ..Default::default()
+                        };
+                        (*k, c)
+                    }));
+                    self.book.observe(spec, &reads, Instant::now())
+                }
+                Read::Absent => {
+                    self.not_answering.remove(&spec.device);
+                    Vec::new()
+                }
+                // Slow to answer while the loop changes it: busy, not at fault.
+                Read::NotAnswering if self.applying.load(std::sync::atomic::Ordering::Acquire) => {
+                    self.not_answering.remove(&spec.device);
+                    Vec::new()
+                }
+                Read::NotAnswering => {
+                    let now = Instant::now();
+                    let since = *self
+                        .not_answering
+                        .entry(spec.device.clone())
+                        .or_insert_with(|| now.checked_sub(READ_TIMEOUT).unwrap_or(now));
+                    self.book.unanswered(spec, since, now)
+                }
+            };
+            for t in todo {
+                // A key switch under way moves peers' AllowedIPs outside the passes: a
+                // repair now would put them back on the key being left.
+                if plan.switching && matches!(t, Todo::Repair { .. } | Todo::RecreateDevice { .. })
+                {
+                    debug!(todo = ?t, "liveness: no repair during a key switch");
+                    continue;
+                }
+                self.act(t).await;
+            }
+        }
+        self.publish(plan, counters);
+    }
+
+    async fn read(&mut self, device: &str) -> Read {
+        match tokio::time::timeout(READ_TIMEOUT, self.wg.get(device)).await {
+            Ok(Ok(d)) => Read::Device(d),
+            Ok(Err(e)) => {
+                debug!(device, error = %e, "liveness: reading the device");
+                Read::Absent
+            }
+            Err(_) => Read::NotAnswering,
+        }
+    }
+
+    /// Drift seen in two reads in a row under the same plan is the loop's to put back.
+    fn check_drift(&mut self, plan: &Plan, spec: &TunnelSpec, device: &WgDevice) {
+        if plan.switching {
+            self.drift_seen.remove(&spec.device);
+            return;
+        }
+        let found = drift(spec, &plan.own, device);
+        if found.is_empty() {
+            self.drift_seen.remove(&spec.device);
+            self.drift_told.remove(&spec.device);
+            return;
+        }
+        let seen = (plan.generation, found);
+        if self.drift_seen.get(&spec.device) != Some(&seen) {
+            self.drift_seen.insert(spec.device.clone(), seen);
+            return;
+        }
+        self.drift_seen.remove(&spec.device);
+        // The same drift again after the pass that was to put it back (a change the
+        // device refuses): told again only after a doubling pause, never in a loop.
+        let now = Instant::now();
+        let pause = match self.drift_told.get(&spec.device) {
+            Some((told, at, pause)) if *told == seen.1 => {
+                if now.saturating_duration_since(*at) < *pause {
+                    return;
+                }
+                (*pause * 2).min(DRIFT_PAUSE_MAX)
+            }
+            _ => DRIFT_PAUSE,
+        };
+        self.drift_told
+            .insert(spec.device.clone(), (seen.1.clone(), now, pause));
+        let found: Vec<String> = seen.1.iter().map(ToString::to_string).collect();
+        warn!(device = %spec.device, drift = ?found, "the device differs from the plan: putting it back");
+        for d in &seen.1 {
+            self.metrics.pair_repaired(d.cause(), "pass");
+        }
+        let event = Event::Drift {
+            device: spec.device.clone(),
+            found,
+        };
+        if self.events.try_send(event).is_err() {
+            debug!("liveness: the loop has a request pending already");
+        }
+    }
+
+    async fn act(&mut self, todo: Todo) {
+        match todo {
+            Todo::Probe {
+                device, key, to, ..
+            } => self.probe(&device, &key, to),
+            Todo::Dead {
+                device,
+                node,
+                cause,
+                unanswered,
+            } => warn!(
+                node = %node,
+                device = %device,
+                cause = cause.label(),
+                unanswered_ms = unanswered.as_millis() as u64,
+                "pair dead: {cause}"
+            ),
+            Todo::Repair {
+                device,
+                peer,
+                step,
+                cause,
+            } => self.repair(&device, &peer, step, &cause).await,
+            Todo::BackOff {
+                device,
+                node,
+                pause,
+                cause,
+            } => warn!(
+                node = %node,
+                device = %device,
+                cause = cause.label(),
+                pause_s = pause.as_secs(),
+                "pair still dead after re-applying and re-handshaking it: the fault is outside \
+                 this node; trying again in {} s",
+                pause.as_secs()
+            ),
+            Todo::RecreateDevice { device, cause } => {
+                warn!(device = %device, cause = cause.label(), "re-creating the device: {cause}");
+                self.metrics
+                    .pair_repaired(cause.label(), Step::RecreateDevice.label());
+                let event = Event::Recreate {
+                    device,
+                    cause: cause.to_string(),
+                };
+                if self.events.try_send(event).is_err() {
+                    debug!("liveness: the loop has a request pending already");
+                }
+            }
+            Todo::DeviceBackOff { device, pause } => warn!(
+                device = %device,
+                pause_s = pause.as_secs(),
+                "the device is still at fault after it was re-created; trying again in {} s",
+                pause.as_secs()
+            ),
+            Todo::Alive {
+                device,
+                node,
+                dead_for,
+                repaired_by,
+            } => info!(
+                node = %node,
+                device = %device,
+                dead_ms = dead_for.as_millis() as u64,
+                repaired_by = repaired_by.map_or("nothing", Step::as_str),
+                "pair alive again"
+            ),
+        }
+    }
+
+    fn probe(&mut self, device: &str, key: &PublicKey, to: std::net::IpAddr) {
+        if let Err(e) = self.prober.send(to) {
+            if !self.probe_failed {
+                warn!(error = %e, "cannot probe pairs through the tunnel: dead pairs are told by their counters alone");
+                self.probe_failed = true;
+            }
+        }
+        // Marked probed even when the send failed: the verdict then waits as long.
+        self.book.probed(device, key, Instant::now());
+    }
+
+    /// A repair step on one pair, then a probe to see it work.
+    async fn repair(&mut self, device: &str, peer: &PeerSpec, step: Step, cause: &Cause) {
+        info!(
+            node = %peer.node,
+            device,
+            step = step.as_str(),
+            cause = cause.label(),
+            "repairing a dead pair"
+        );
+        self.metrics.pair_repaired(cause.label(), step.label());
+        let change = DeviceChange {
+            set_private_key: false,
+            listen_port: None,
+            peers: match step {
+                Step::Reapply => vec![PeerChange::Update {
+                    spec: peer.clone(),
+                    fields: PeerFields {
+                        endpoint: Some(peer.endpoint),
+                        allowed_ips: Some(peer.allowed_ips.clone()),
+                        keepalive: Some(peer.keepalive),
+                        psk: Some(peer.psk.clone()),
+                    },
+                }],
+                Step::Rehandshake => vec![
+                    PeerChange::Remove {
+                        key: peer.public_key,
+                    },
+                    PeerChange::Add(peer.clone()),
+                ],
+                // The book asks for the device as a whole (`Todo::RecreateDevice`).
+                Step::RecreateDevice => return,
+            },
+        };
+        // The change does not set the device's key, so no key is sent.
+        let unused = PrivateKey::from_bytes([0; 32]);
+        if let Err(e) = self.wg.apply(device, &change, &unused).await {
+            warn!(node = %peer.node, device, error = %e, "repairing a dead pair failed");
+        }
+        if let Some(to) = weft_backends::plan::liveness::probe_target(peer) {
+            self.probe(device, &peer.public_key, to);
+        }
+    }
+
+    /// The pairs' states and the counters just read, for the operator's views.
+    fn publish(&self, plan: &Plan, counters: BTreeMap<PublicKey, snapshot::PeerCounters>) {
+        let now = Instant::now();
+        let mut rows: Vec<PairLiveness> = self
+            .book
+            .states()
+            .map(|(device, key, node, state)| {
+                let (name, cause) = match state {
+                    PairState::Idle => ("idle", None),
+                    PairState::Alive => ("alive", None),
+                    PairState::Waiting => ("waiting", None),
+                    PairState::Dead { cause } => ("dead", Some(cause)),
+                };
+                PairLiveness {
+                    node: node.to_string(),
+                    device: device.to_string(),
+                    state: name.to_string(),
+                    cause: cause.map(|c| c.label().to_string()),
+                    detail: cause.map(ToString::to_string),
+                    dead_secs: self.book.dead_for(device, key, now).map(|d| d.as_secs()),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.node, &a.device).cmp(&(&b.node, &b.device)));
+        let read_all = plan.tunnels.len();
+        self.snapshot.update(|s| {
+            s.liveness = rows;
+            if read_all > 0 && !counters.is_empty() {
+                s.counters = Arc::new(counters);
+            }
+            s.liveness_at_ms = crate::keys::rotation::ms(SystemTime::now());
+        });
+    }
+}
+
+/// Each peer's endpoint and counters, as the book takes them.
+fn peer_reads(device: &WgDevice) -> HashMap<PublicKey, PeerRead> {
+    device
+        .peers
+        .iter()
+        .map(|(k, p)| {
+            let read = PeerRead {
+                endpoint: p.endpoint,
+                counters: Counters {
+                    tx_bytes: p.tx_bytes,
+                    rx_bytes: p.rx_bytes,
+                },
+            };
+            (*k, read)
+        })
+        .collect()
+}
