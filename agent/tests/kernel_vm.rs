@@ -4,7 +4,7 @@
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
-//! kernel devices, two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
+//! kernel devices, dead pairs and drift healed in seconds (liveness), two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
 //! from host-gw, `weft cleanup`, the Kubernetes lab, a mixed mesh of
 //! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), WireGuard's own
 //! netns conformance scenarios (which the userspace device passes on the host), and a
@@ -72,7 +72,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (dual_stack, ipip) = (sibling_test("dual_stack"), sibling_test("ipip"));
     let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
     let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
-    let conformance = sibling_test("netns_conformance");
+    let (conformance, liveness) = (sibling_test("netns_conformance"), sibling_test("liveness"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -107,6 +107,8 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "doctor_finds_each_broken_part_of_a_wireguard_node",
         ),
         ("port taken: kernel", kernel, &port_taken, "wireguard"),
+        // Dead pairs found and healed, drift put back, on kernel devices.
+        ("liveness: kernel", kernel, &liveness, ""),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),
         // Fail-closed windows on kernel devices: etcd wiped and restored, and the switch
@@ -208,6 +210,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
                 "route mtu",
                 "narrowed",
                 "widened",
+                "named after",
             ]
             .iter()
             .any(|m| l.contains(m))

@@ -24,21 +24,7 @@ fn holdings(lab: &Lab, i: usize) -> String {
 
 /// The userspace device processes running in network namespace `ns`.
 fn device_processes(ns: &str) -> usize {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(wanted) = std::fs::metadata(format!("/run/netns/{ns}")) else {
-        return 0;
-    };
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|p| {
-            let in_ns = std::fs::metadata(p.path().join("ns/net"))
-                .is_ok_and(|m| m.ino() == wanted.ino() && m.dev() == wanted.dev());
-            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            in_ns && cmdline.contains("userspace-device flannel-wg")
-        })
-        .count()
+    weft_lab::lab::read::device_pids_in(ns).len()
 }
 
 #[test]

@@ -201,7 +201,7 @@ pub fn ping_summary(text: &str) -> Option<(usize, usize)> {
 /// A reply in ping's `-D` output, `[<unix time>] 64 bytes from …: icmp_seq=N …`, as
 /// `(N, unix time)`; `None` for any other line (`-O` reports an unanswered one as
 /// `[<unix time>] no answer yet for icmp_seq=N`).
-fn ping_reply(line: &str) -> Option<(u64, f64)> {
+pub(crate) fn ping_reply(line: &str) -> Option<(u64, f64)> {
     if !line.contains(" bytes from ") {
         return None;
     }

@@ -1,10 +1,11 @@
-//! The benchmarks (`weft-lab bench control-plane|data-plane|path-mtu|rotation|soak`): figures as medians and
+//! The benchmarks (`weft-lab bench control-plane|data-plane|liveness|path-mtu|rotation|soak`): figures as medians and
 //! percentiles, from runs on this machine; the method and the tables are in BENCHMARKS.md.
 
 pub mod churn;
 pub mod control_plane;
 pub mod data_plane;
 pub mod iperf;
+pub mod liveness;
 pub mod path_mtu;
 pub mod rotation;
 pub mod soak;

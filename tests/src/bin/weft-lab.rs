@@ -4,7 +4,7 @@
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
 //!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--kernel | --vm]`, `weft-lab bench path-mtu
-//!   [--runs 3]` and `weft-lab bench rotation
+//!   [--runs 3]`, `weft-lab bench liveness [--runs 3]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
 //!   benchmarks of BENCHMARKS.md.
 //! - `weft-lab fuzz [--cases N] [--seed S] [--target NAME,…]`: every parser of outside data
@@ -162,6 +162,11 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{}", weft_lab::bench::path_mtu::run(&weft, runs)?);
             Ok(())
         }
+        Some("liveness") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            print!("{}", weft_lab::bench::liveness::run(&weft, runs)?);
+            Ok(())
+        }
         Some("rotation") => {
             let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
@@ -179,7 +184,7 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
         }
         _ => {
             anyhow::bail!(
-                "usage: weft-lab bench control-plane|data-plane|path-mtu|rotation|soak [options]"
+                "usage: weft-lab bench control-plane|data-plane|liveness|path-mtu|rotation|soak [options]"
             )
         }
     }

@@ -16,6 +16,15 @@ impl Node {
             .and_then(log_time)
     }
 
+    /// When this node's agent first logged a line containing `needle` at or after `since`.
+    pub fn logged_since(&self, needle: &str, since: SystemTime) -> Option<SystemTime> {
+        let text = std::fs::read_to_string(self.agent_log()).ok()?;
+        text.lines()
+            .filter(|l| l.contains(needle))
+            .filter_map(log_time)
+            .find(|t| *t >= since)
+    }
+
     /// When this node's agent logged the first line containing `then` after the last line
     /// containing `first` (say, the pass that applied a change it planned).
     pub fn logged_after(&self, first: &str, then: &str) -> Option<SystemTime> {

@@ -27,7 +27,7 @@ mod operator;
 pub use operator::SwitchWatch;
 mod pods;
 mod reach;
-mod read;
+pub mod read;
 mod secrets;
 mod turn;
 pub mod xfrm_record;

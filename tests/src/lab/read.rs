@@ -89,4 +89,32 @@ impl Lab {
             .trim()
             .to_string())
     }
+
+    /// The userspace device processes of node `i` (those in its network namespace).
+    pub fn device_pids(&self, i: usize) -> Vec<u32> {
+        device_pids_in(&self.nodes[i].ns)
+    }
+}
+
+/// The userspace device processes (`weft userspace-device flannel-wg`) running in network
+/// namespace `ns`.
+pub fn device_pids_in(ns: &str) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(wanted) = std::fs::metadata(format!("/run/netns/{ns}")) else {
+        return Vec::new();
+    };
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter(|p| {
+            let in_ns = std::fs::metadata(p.path().join("ns/net"))
+                .is_ok_and(|m| m.ino() == wanted.ino() && m.dev() == wanted.dev());
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            in_ns && cmdline.contains("userspace-device flannel-wg")
+        })
+        .filter_map(|p| p.file_name().to_str()?.parse().ok())
+        .collect()
 }
