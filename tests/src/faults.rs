@@ -210,7 +210,7 @@ impl Fault {
                     .with_context(|| format!("no wg-rx4 thread in process {pid}"))?;
                 return freeze(tid).map(Some);
             }
-            Fault::SocketsDestroyed => set(1, "ss -K -u sport = :51820 >/dev/null".into())?,
+            Fault::SocketsDestroyed => set(1, "ss -K -u -a sport = :51820 >/dev/null".into())?,
         }
         Ok(None)
     }
@@ -244,6 +244,10 @@ impl Fault {
                 bail!("{}: no traffic before the fault", self.name());
             }
         }
+        let pid_before = match self.userspace_only() {
+            true => Some(device_pid(lab)?),
+            false => None,
+        };
         let since = SystemTime::now();
         let t0 = unix_now();
         let frozen = self.make(lab)?;
@@ -269,7 +273,7 @@ impl Fault {
             from = unix_now();
             lab.on_node(0, script)?;
         }
-        let back = faulted.wait_reply_after(from + 0.05, back_limit);
+        let back = faulted.wait_reply_after(from, back_limit);
         if let Some(f) = frozen {
             f.thaw();
         }
@@ -279,6 +283,20 @@ impl Fault {
         }
         let back =
             back.with_context(|| format!("{}: no traffic within {back_limit:?}", self.name()))?;
+        if let Some(before) = pid_before {
+            // The faulty process is gone and one new device process serves the device.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while lab.device_pids(1) == [before] || lab.device_pids(1).len() != 1 {
+                if std::time::Instant::now() > deadline {
+                    bail!(
+                        "{}: node 1's device process {before} was not replaced: {:?}",
+                        self.name(),
+                        lab.device_pids(1)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let other_lost = other.lost_between(t0, unix_now());
         faulted.finish()?;
         other.finish()?;

@@ -1,5 +1,5 @@
-//! A steady ping from one pod to another whose replies can be read while it runs: when the
-//! first reply after a moment came (traffic back after a fault), whether any was missed in
+//! A steady ping from one pod to another whose replies can be read while it runs: when a
+//! request sent after a moment was first answered (traffic back after a fault), whether any was missed in
 //! a stretch (a pair that a repair must not disturb), and the totals at the end.
 
 use std::io::BufRead;
@@ -26,6 +26,9 @@ pub struct Pinger {
     replies: Replies,
     reader: JoinHandle<String>,
     interval: Duration,
+    /// When ping started (Unix seconds): request N goes out about `(N - 1) × interval`
+    /// after it.
+    started: f64,
 }
 
 /// What a finished ping saw.
@@ -39,6 +42,7 @@ pub struct PingLog {
 impl Pinger {
     /// Pings `to` from network namespace `from` every `interval`.
     pub fn start(from: &str, to: impl Into<IpAddr>, interval: Duration) -> anyhow::Result<Pinger> {
+        let started = unix_now();
         let mut child = Command::new("ip")
             .args(["netns", "exec", from, "ping", "-D", "-O", "-W", "1", "-i"])
             .arg(format!("{:.3}", interval.as_secs_f64()))
@@ -75,20 +79,12 @@ impl Pinger {
             replies,
             reader,
             interval,
+            started,
         })
     }
 
     fn replies(&self) -> Vec<(u64, f64)> {
         self.replies.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-
-    /// When the first reply after `t` (Unix seconds) came, if one has.
-    pub fn reply_after(&self, t: f64) -> Option<f64> {
-        self.replies()
-            .iter()
-            .map(|(_, at)| *at)
-            .filter(|at| *at > t)
-            .reduce(f64::min)
     }
 
     /// Echo requests left unanswered among those sent between `from` and `to` (Unix
@@ -107,11 +103,25 @@ impl Pinger {
         (last - first + 1).saturating_sub(within.len() as u64)
     }
 
-    /// Waits until a reply came after `t`; how long after `t` it came.
+    /// Waits until a request sent after `t` is answered (a reply to one sent before may
+    /// still be on its way: on a slow path, for longer than the interval); how long after
+    /// `t` the answer came.
     pub fn wait_reply_after(&self, t: f64, limit: Duration) -> Option<Duration> {
         let deadline = std::time::Instant::now() + limit;
+        // Request N leaves about (N - 1) intervals after the start: the first surely sent
+        // after `t`, with an interval of slack for ping's own timer.
+        let first = ((t - self.started) / self.interval.as_secs_f64())
+            .max(0.0)
+            .floor() as u64
+            + 2;
         loop {
-            if let Some(at) = self.reply_after(t) {
+            let answered = self
+                .replies()
+                .iter()
+                .filter(|(seq, _)| *seq >= first)
+                .map(|(_, at)| *at)
+                .reduce(f64::min);
+            if let Some(at) = answered {
                 return Some(Duration::from_secs_f64((at - t).max(0.0)));
             }
             if std::time::Instant::now() >= deadline {

@@ -1,5 +1,6 @@
-//! The liveness watcher: a thread of its own that reads this node's WireGuard devices every
-//! second, beside the control loop, and keeps every pair alive or says why not.
+//! The liveness watcher: a thread of its own that reads this node's WireGuard devices twice a
+//! second (less often past 5,000 peers), beside the control loop, and keeps every pair alive
+//! or says why not.
 //! - Each pair's verdict (alive, idle, waiting for an answer, dead and why) comes from
 //!   its counters (`weft_backends::plan::liveness`); a pair that sent and heard nothing
 //!   back is probed through the tunnel, and one that still hears nothing is dead.

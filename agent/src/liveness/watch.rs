@@ -1,4 +1,4 @@
-//! The watcher's thread: one read of each planned device per `POLL`, then what the book
+//! The watcher's thread: one read of each planned device per `poll_period`, then what the book
 //! says to do (probe, repair, ask the loop), and the pairs' states for the operator.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,7 +12,9 @@ use weft_backends::apply::wireguard::diff::{DeviceChange, PeerChange, PeerFields
 use weft_backends::apply::wireguard::drift::{drift, Drift};
 use weft_backends::apply::wireguard::{WgDevice, WgDevices};
 use weft_backends::model::{PeerSpec, TunnelSpec};
-use weft_backends::plan::liveness::{Book, Cause, Counters, PairState, PeerRead, Step, Todo, POLL};
+use weft_backends::plan::liveness::{
+    poll_period, Book, Cause, Counters, PairState, PeerRead, Step, Todo,
+};
 use weft_crypto::{PrivateKey, PublicKey};
 
 use super::probe::Prober;
@@ -88,20 +90,20 @@ enum Read {
 }
 
 impl Watcher {
-    async fn run(mut self, mut plan: watch::Receiver<Option<Arc<Plan>>>) {
-        let mut tick = tokio::time::interval(POLL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    /// A round every `poll_period` (longer for more peers), until the loop's end of the
+    /// plan is dropped.
+    async fn run(mut self, plan: watch::Receiver<Option<Arc<Plan>>>) {
         loop {
-            tokio::select! {
-                changed = plan.changed() => if changed.is_err() {
-                    return;
-                },
-                _ = tick.tick() => {
-                    let current = plan.borrow().clone();
-                    if let Some(current) = current {
-                        self.round(&current).await;
-                    }
-                }
+            let current = plan.borrow().clone();
+            let peers = current
+                .as_ref()
+                .map_or(0, |p| p.tunnels.iter().map(|t| t.peers.len()).sum());
+            tokio::time::sleep(poll_period(peers)).await;
+            if plan.has_changed().is_err() {
+                return;
+            }
+            if let Some(current) = plan.borrow().clone() {
+                self.round(&current).await;
             }
         }
     }

@@ -16,7 +16,7 @@ use weft_crypto::PublicKey;
 
 use crate::model::{PeerSpec, TunnelSpec};
 pub use repair::{Action, Repairs, Step};
-pub use track::{Counters, Track, Verdict, DEAD_AFTER, POLL};
+pub use track::{poll_period, Counters, Track, Verdict, DEAD_AFTER, POLL};
 
 /// A peer as one read of its device gave it: the endpoint WireGuard sends to, and the
 /// counters.

@@ -2,6 +2,9 @@
 //! carrying traffic, node-d idle.
 
 use super::*;
+
+/// The tests read once a second.
+const READ: Duration = Duration::from_secs(1);
 use weft_crypto::PrivateKey;
 
 fn key(seed: u8) -> PublicKey {
@@ -60,7 +63,7 @@ fn run(seconds: &[Second]) -> Vec<(usize, Todo)> {
     let mut book = Book::default();
     let mut out = Vec::new();
     for (i, s) in seconds.iter().enumerate() {
-        let now = start + POLL * i as u32;
+        let now = start + READ * i as u32;
         for t in book.observe(&spec, &read(&spec, s), now) {
             if let Todo::Probe { device, key, .. } = &t {
                 book.probed(device, key, now);
@@ -176,17 +179,17 @@ fn a_device_that_does_not_answer_is_recreated_then_left_a_pause() {
     // Traffic on b and c, then the device stops answering at second 3.
     for i in 0..3u32 {
         let s = [(1000 * u64::from(i), 900 * u64::from(i)), (10, 10), (0, 0)];
-        book.observe(&spec, &read(&spec, &s), start + POLL * i);
+        book.observe(&spec, &read(&spec, &s), start + READ * i);
     }
-    let since = start + POLL * 3;
+    let since = start + READ * 3;
     let mut todo = Vec::new();
     for i in 3..20u32 {
-        for t in book.unanswered(&spec, since, start + POLL * i) {
+        for t in book.unanswered(&spec, since, start + READ * i) {
             todo.push((i, t));
         }
     }
-    let first = todo.first().map(|(i, _)| *i);
-    assert_eq!(first, Some(3 + DEAD_AFTER.as_secs() as u32), "{todo:?}");
+    let first = 3 + DEAD_AFTER.as_secs() as u32;
+    assert_eq!(todo.first().map(|(i, _)| *i), Some(first), "{todo:?}");
     let dead: Vec<&str> = todo
         .iter()
         .filter_map(|(_, t)| match t {
@@ -206,10 +209,11 @@ fn a_device_that_does_not_answer_is_recreated_then_left_a_pause() {
             _ => None,
         })
         .collect();
-    assert_eq!(device, [(6, true), (11, false)]);
+    let pause_at = first + repair::RECREATE_WAIT.as_secs() as u32;
+    assert_eq!(device, [(first, true), (pause_at, false)]);
     // The device made again answers: its pairs are judged afresh, idle ones idle.
     let s = [(0, 0), (0, 0), (0, 0)];
-    book.observe(&spec, &read(&spec, &s), start + POLL * 21);
+    book.observe(&spec, &read(&spec, &s), start + READ * 21);
     assert!(book.states().all(|(.., state)| *state == PairState::Idle));
 }
 
@@ -235,7 +239,7 @@ fn a_staged_key_and_a_peer_missing_from_the_device_are_not_judged() {
     for i in 0..20u32 {
         let mut r = read(&spec, &[(1000 * u64::from(i), 0), (10, 10), (0, 0)]);
         r.remove(&key(3)); // node-c is not on the device
-        todo.extend(book.observe(&spec, &r, start + POLL * i));
+        todo.extend(book.observe(&spec, &r, start + READ * i));
     }
     assert_eq!(todo, vec![]);
     assert_eq!(
