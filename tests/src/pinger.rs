@@ -103,17 +103,19 @@ impl Pinger {
         (last - first + 1).saturating_sub(within.len() as u64)
     }
 
-    /// Waits until a request sent after `t` is answered (a reply to one sent before may
-    /// still be on its way: on a slow path, for longer than the interval); how long after
-    /// `t` the answer came.
-    pub fn wait_reply_after(&self, t: f64, limit: Duration) -> Option<Duration> {
-        let deadline = std::time::Instant::now() + limit;
-        // Request N leaves about (N - 1) intervals after the start: the first surely sent
-        // after `t`, with an interval of slack for ping's own timer.
-        let first = ((t - self.started) / self.interval.as_secs_f64())
+    /// The first request surely sent after `t`: request N leaves about (N - 1) intervals
+    /// after the start, and one interval is left for ping's own timer.
+    fn first_sent_after(&self, t: f64) -> u64 {
+        ((t - self.started) / self.interval.as_secs_f64())
             .max(0.0)
             .floor() as u64
-            + 2;
+            + 2
+    }
+
+    /// Waits until a request sent after `t` is answered; how long after `t` that was.
+    pub fn wait_reply_after(&self, t: f64, limit: Duration) -> Option<Duration> {
+        let deadline = std::time::Instant::now() + limit;
+        let first = self.first_sent_after(t);
         loop {
             let answered = self
                 .replies()
