@@ -26,9 +26,6 @@ pub struct Pinger {
     replies: Replies,
     reader: JoinHandle<String>,
     interval: Duration,
-    /// When ping started (Unix seconds): request N goes out about `(N - 1) × interval`
-    /// after it.
-    started: f64,
 }
 
 /// What a finished ping saw.
@@ -42,7 +39,6 @@ pub struct PingLog {
 impl Pinger {
     /// Pings `to` from network namespace `from` every `interval`.
     pub fn start(from: &str, to: impl Into<IpAddr>, interval: Duration) -> anyhow::Result<Pinger> {
-        let started = unix_now();
         let mut child = Command::new("ip")
             .args(["netns", "exec", from, "ping", "-D", "-O", "-W", "1", "-i"])
             .arg(format!("{:.3}", interval.as_secs_f64()))
@@ -79,7 +75,6 @@ impl Pinger {
             replies,
             reader,
             interval,
-            started,
         })
     }
 
@@ -103,16 +98,22 @@ impl Pinger {
         (last - first + 1).saturating_sub(within.len() as u64)
     }
 
-    /// The first request surely sent after `t`: request N leaves about (N - 1) intervals
-    /// after the start, and one interval is left for ping's own timer.
+    /// The first request that was surely sent after `t`: past the last one answered by
+    /// then, and past a second's worth more (replies to requests sent before `t` may
+    /// still be on their way: on a slow path, for longer than the interval).
     fn first_sent_after(&self, t: f64) -> u64 {
-        ((t - self.started) / self.interval.as_secs_f64())
-            .max(0.0)
-            .floor() as u64
-            + 2
+        let answered_by_then = self
+            .replies()
+            .iter()
+            .filter(|(_, at)| *at <= t)
+            .map(|(seq, _)| *seq)
+            .max();
+        let in_flight = (1.0 / self.interval.as_secs_f64()).ceil() as u64;
+        answered_by_then.map_or(0, |last| last + 1 + in_flight)
     }
 
-    /// Waits until a request sent after `t` is answered; how long after `t` that was.
+    /// Waits until a request sent after `t` is answered (`first_sent_after`); how long
+    /// after `t` that was: traffic back after a fault made, or lifted, at `t`.
     pub fn wait_reply_after(&self, t: f64, limit: Duration) -> Option<Duration> {
         let deadline = std::time::Instant::now() + limit;
         let first = self.first_sent_after(t);
