@@ -117,15 +117,12 @@ impl Watcher {
                     self.not_answering.remove(&spec.device);
                     self.check_drift(plan, spec, &device);
                     let reads = peer_reads(&device);
-                    counters.extend(device.peers.iter().map(|(k, p)| {
-                        let c = snapshot::PeerCounters {
-                            last_handshake: p.last_handshake,
-                            rx_bytes: p.rx_bytes,
-                            tx_bytes: p.tx_bytes,
-                            ..Default::default()
-                        };
-                        (*k, c)
-                    }));
+                    counters.extend(
+                        device
+                            .peers
+                            .iter()
+                            .map(|(k, p)| (*k, snapshot::PeerCounters::wireguard(p))),
+                    );
                     self.book.observe(spec, &reads, Instant::now())
                 }
                 Read::Absent => {

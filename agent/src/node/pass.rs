@@ -106,15 +106,7 @@ impl Controller<'_> {
         let mut counters: BTreeMap<PublicKey, snapshot::PeerCounters> = self
             .dataplane
             .last_read_peers()
-            .map(|(key, p)| {
-                let counters = snapshot::PeerCounters {
-                    last_handshake: p.last_handshake,
-                    rx_bytes: p.rx_bytes,
-                    tx_bytes: p.tx_bytes,
-                    ..Default::default()
-                };
-                (*key, counters)
-            })
+            .map(|(key, p)| (*key, snapshot::PeerCounters::wireguard(p)))
             .collect();
         for (key, pair) in self.dataplane.esp_counters(state) {
             let inbound = pair.inbound.as_ref();

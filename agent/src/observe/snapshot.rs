@@ -82,6 +82,18 @@ pub struct PeerCounters {
     pub esp_integrity_failed: Option<u64>,
 }
 
+impl PeerCounters {
+    /// A WireGuard peer's, as read from its device.
+    pub fn wireguard(peer: &weft_backends::apply::wireguard::WgPeer) -> Self {
+        PeerCounters {
+            last_handshake: peer.last_handshake,
+            rx_bytes: peer.rx_bytes,
+            tx_bytes: peer.tx_bytes,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PeerInfo {
     pub node: String,

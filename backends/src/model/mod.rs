@@ -5,6 +5,8 @@ pub mod alloc;
 pub mod annotations;
 pub mod backend_data;
 mod desired;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod lease;
 mod left_out;
 pub mod net;

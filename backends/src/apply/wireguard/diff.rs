@@ -173,11 +173,7 @@ impl fmt::Display for PeerChange {
 mod tests {
     use super::*;
     use crate::apply::wireguard::WgPeer;
-    use weft_crypto::PrivateKey;
-
-    fn key(seed: u8) -> PublicKey {
-        PrivateKey::from_bytes([seed; 32]).public_key()
-    }
+    use crate::model::fixtures::{key, tunnel};
 
     fn spec_peer(node: &str, seed: u8, endpoint: &str, allowed: &str) -> PeerSpec {
         PeerSpec {
@@ -197,16 +193,6 @@ mod tests {
             keepalive: spec.keepalive,
             psk: spec.psk.clone(),
             ..WgPeer::default()
-        }
-    }
-
-    fn tunnel(peers: Vec<PeerSpec>) -> TunnelSpec {
-        TunnelSpec {
-            device: "flannel-wg".into(),
-            listen_port: 51820,
-            mtu: 1420,
-            addresses: vec![],
-            peers,
         }
     }
 

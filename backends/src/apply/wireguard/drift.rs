@@ -139,12 +139,8 @@ pub fn drift(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> Vec<Dri
 mod tests {
     use super::*;
     use crate::apply::wireguard::WgPeer;
+    use crate::model::fixtures::{key, tunnel};
     use crate::model::PeerSpec;
-    use weft_crypto::PrivateKey;
-
-    fn key(seed: u8) -> PublicKey {
-        PrivateKey::from_bytes([seed; 32]).public_key()
-    }
 
     fn peer(node: &str, seed: u8, allowed: &str) -> PeerSpec {
         PeerSpec {
@@ -179,16 +175,10 @@ mod tests {
     }
 
     fn spec() -> TunnelSpec {
-        TunnelSpec {
-            device: "flannel-wg".into(),
-            listen_port: 51820,
-            mtu: 1420,
-            addresses: vec![],
-            peers: vec![
-                peer("node-b", 2, "10.244.2.0/24"),
-                peer("node-c", 3, "10.244.3.0/24"),
-            ],
-        }
+        tunnel(vec![
+            peer("node-b", 2, "10.244.2.0/24"),
+            peer("node-c", 3, "10.244.3.0/24"),
+        ])
     }
 
     #[test]

@@ -252,17 +252,12 @@ impl Book {
         for peer in spec.peers.iter().filter(|p| carries(p)) {
             if let Some(pair) = pairs.get_mut(&peer.public_key) {
                 pair.dead_since.get_or_insert(since);
-                if !matches!(pair.state, PairState::Dead { .. }) {
-                    todo.push(Todo::Dead {
-                        device: dev.into(),
-                        node: peer.node.clone(),
-                        cause: cause.clone(),
-                        unanswered: now.saturating_duration_since(since),
-                    });
-                }
-                pair.state = PairState::Dead {
-                    cause: cause.clone(),
-                };
+                pair.turn_dead(
+                    dev,
+                    cause.clone(),
+                    now.saturating_duration_since(since),
+                    &mut todo,
+                );
             }
         }
         let repairs = self.devices.entry(dev.to_string()).or_default();
@@ -328,6 +323,19 @@ impl Book {
 }
 
 impl Pair {
+    /// The pair is dead of `cause`; says so once, when it turns.
+    fn turn_dead(&mut self, dev: &str, cause: Cause, unanswered: Duration, todo: &mut Vec<Todo>) {
+        if !matches!(self.state, PairState::Dead { .. }) {
+            todo.push(Todo::Dead {
+                device: dev.into(),
+                node: self.node.clone(),
+                cause: cause.clone(),
+                unanswered,
+            });
+        }
+        self.state = PairState::Dead { cause };
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
@@ -373,17 +381,12 @@ impl Pair {
             };
             return;
         };
-        if !matches!(self.state, PairState::Dead { .. }) {
-            todo.push(Todo::Dead {
-                device: dev.into(),
-                node: peer.node.clone(),
-                cause: cause.clone(),
-                unanswered: now.saturating_duration_since(since),
-            });
-        }
-        self.state = PairState::Dead {
-            cause: cause.clone(),
-        };
+        self.turn_dead(
+            dev,
+            cause.clone(),
+            now.saturating_duration_since(since),
+            todo,
+        );
         match self.repairs.next(now, device_wide) {
             Action::Wait => {}
             Action::Do(step) => {

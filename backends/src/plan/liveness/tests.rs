@@ -5,11 +5,7 @@ use super::*;
 
 /// The tests read once a second.
 const READ: Duration = Duration::from_secs(1);
-use weft_crypto::PrivateKey;
-
-fn key(seed: u8) -> PublicKey {
-    PrivateKey::from_bytes([seed; 32]).public_key()
-}
+use crate::model::fixtures::{key, tunnel};
 
 fn peer(node: &str, seed: u8) -> PeerSpec {
     PeerSpec {
@@ -23,13 +19,11 @@ fn peer(node: &str, seed: u8) -> PeerSpec {
 }
 
 fn spec() -> TunnelSpec {
-    TunnelSpec {
-        device: "flannel-wg".into(),
-        listen_port: 51820,
-        mtu: 1420,
-        addresses: vec![],
-        peers: vec![peer("node-b", 2), peer("node-c", 3), peer("node-d", 4)],
-    }
+    tunnel(vec![
+        peer("node-b", 2),
+        peer("node-c", 3),
+        peer("node-d", 4),
+    ])
 }
 
 /// Counters per peer, each second: `(tx, rx)` for b, c, d.
