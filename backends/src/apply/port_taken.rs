@@ -152,8 +152,11 @@ mod tests {
 
     #[test]
     fn a_process_holding_the_port_is_named() {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = socket.local_addr().unwrap().port();
+        // A port below the ephemeral range: once it is freed, no other test's socket bound
+        // to port 0 can take it before the second look (one did, in a full run).
+        let (socket, port) = (20000..20100)
+            .find_map(|p| Some((std::net::UdpSocket::bind(("127.0.0.1", p)).ok()?, p)))
+            .unwrap();
         let who = holder(port);
         let me = std::process::id();
         assert!(who.starts_with(&format!("pid {me} (")), "{who}");
