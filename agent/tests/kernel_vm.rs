@@ -107,8 +107,14 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "doctor_finds_each_broken_part_of_a_wireguard_node",
         ),
         ("port taken: kernel", kernel, &port_taken, "wireguard"),
-        // Dead pairs found and healed, drift put back, on kernel devices.
-        ("liveness: kernel", kernel, &liveness, ""),
+        // Dead pairs found and healed, drift put back, on kernel devices (the device
+        // process's own faults are the userspace device's: the host runs them).
+        (
+            "liveness: kernel",
+            kernel,
+            &liveness,
+            "--skip a_device_that_stops_stalls_or_loses_its_sockets",
+        ),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),
         // Fail-closed windows on kernel devices: etcd wiped and restored, and the switch
@@ -185,8 +191,8 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     script += "if [ -n \"$failed\" ]; then echo \"=== failed:$failed\"; exit 1; fi\n";
 
     let run = vm
-        // The steps take about 33 minutes under emulation; the limit leaves room for a
-        // slower run without letting a hung step hold CI much longer.
+        // The steps take about 37 minutes under emulation (2026-11-27); the limit leaves
+        // room for a slower run without letting a hung step hold CI much longer.
         .run(&script, Duration::from_secs(2700))
         .unwrap_or_else(|e| panic!("the VM did not run: {e:#}"));
     let summary: Vec<&str> = run
@@ -216,6 +222,12 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             .any(|m| l.contains(m))
         })
         .collect();
+    // The whole log, kept for reading each step's time after a run that passed (cargo
+    // shows a passing test's output only with --nocapture).
+    let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel_vm.log");
+    if let Err(e) = std::fs::write(&kept, &run.log) {
+        eprintln!("could not keep the VM's log in {}: {e}", kept.display());
+    }
     eprintln!(
         "VM ({} {}) ran for {:.1?}:\n{}",
         vm.package,

@@ -78,9 +78,12 @@ impl Handle {
     /// Hands the watcher the plan a pass just applied.
     pub fn follow(&mut self, state: &DesiredState, own: PublicKey) {
         let switching = state.key_watch.is_some();
-        let same = self.plan.borrow().as_ref().is_some_and(|p| {
-            p.own == own && p.switching == switching && p.tunnels == state.tunnels
-        });
+        let tunnels = published(state);
+        let same = self
+            .plan
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.own == own && p.switching == switching && p.tunnels == tunnels);
         if same {
             return; // the device, once this pass is done, is what the same plan wants
         }
@@ -88,9 +91,72 @@ impl Handle {
         let plan = Plan {
             generation: self.generation,
             own,
-            tunnels: state.tunnels.clone(),
+            tunnels,
             switching,
         };
         self.plan.send_replace(Some(Arc::new(plan)));
+    }
+}
+
+/// The plan's tunnels with each peer's endpoint as the registry publishes it. The plan
+/// keeps an endpoint the device learned by roaming (or that was set by hand: the agent
+/// cannot tell them apart) while its session is fresh; a pair dead on such an endpoint is
+/// repaired onto the published one, which is also what its cause names.
+fn published(state: &DesiredState) -> Vec<TunnelSpec> {
+    let mut tunnels = state.tunnels.clone();
+    for tunnel in &mut tunnels {
+        for peer in &mut tunnel.peers {
+            let id = (tunnel.device.clone(), peer.public_key);
+            if let Some(endpoint) = state.planned_endpoints.get(&id) {
+                peer.endpoint = *endpoint;
+            }
+        }
+    }
+    tunnels
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_backends::model::{PeerSpec, TunnelSpec};
+    use weft_crypto::PrivateKey;
+
+    use super::*;
+
+    #[test]
+    fn the_watcher_repairs_onto_the_registrys_endpoint_not_a_roamed_one() {
+        let key = PrivateKey::from_bytes([2; 32]).public_key();
+        let other = PrivateKey::from_bytes([3; 32]).public_key();
+        let peer = |key, endpoint: &str| PeerSpec {
+            node: "node-b".into(),
+            public_key: key,
+            endpoint: endpoint.parse().unwrap(),
+            allowed_ips: vec!["10.244.2.0/24".parse().unwrap()],
+            keepalive: 0,
+            psk: None,
+        };
+        let mut state = DesiredState::default();
+        state.tunnels.push(TunnelSpec {
+            device: "flannel-wg".into(),
+            listen_port: 51820,
+            mtu: 1420,
+            addresses: vec![],
+            // Node b's endpoint kept from roaming (or a `wg set` by hand); another peer
+            // the registry's endpoints do not list.
+            peers: vec![
+                peer(key, "198.51.100.2:51999"),
+                peer(other, "198.51.100.3:51820"),
+            ],
+        });
+        state.planned_endpoints.insert(
+            ("flannel-wg".into(), key),
+            "198.51.100.2:51820".parse().unwrap(),
+        );
+        let tunnels = published(&state);
+        let endpoints: Vec<String> = tunnels[0]
+            .peers
+            .iter()
+            .map(|p| p.endpoint.to_string())
+            .collect();
+        assert_eq!(endpoints, ["198.51.100.2:51820", "198.51.100.3:51820"]);
     }
 }

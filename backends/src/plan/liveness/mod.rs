@@ -59,7 +59,7 @@ impl std::fmt::Display for Cause {
                 Some(e) if e != planned => write!(
                     f,
                     "nothing authenticated comes back from {e}, an endpoint learned by roaming \
-                     (the registry's is {planned})"
+                     or set by hand (the registry's is {planned})"
                 ),
                 Some(e) => write!(f, "nothing authenticated comes back from {e}"),
                 None => write!(f, "no endpoint to send to (the registry's is {planned})"),
