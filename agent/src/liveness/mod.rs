@@ -1,5 +1,5 @@
 //! The liveness watcher: a thread of its own that reads this node's WireGuard devices twice a
-//! second (less often past 5,000 peers), beside the control loop, and keeps every pair alive
+//! second (less often past 2,000 peers), beside the control loop, and keeps every pair alive
 //! or says why not.
 //! - Each pair's verdict (alive, idle, waiting for an answer, dead and why) comes from
 //!   its counters (`weft_backends::plan::liveness`); a pair that sent and heard nothing
