@@ -6,6 +6,7 @@
 //! peer's underlay address is listed in `DesiredState::paths`, which is what the agent
 //! measures.
 
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::PlanInput;
@@ -48,25 +49,33 @@ fn encapsulation(backend: &Backend, role: &RouteRole, address: IpAddr) -> (u32, 
     }
 }
 
+/// Each tunnel peer's underlay address, by device and node (the first peer of a node on a
+/// device, as the plan lists them).
+fn tunnel_addresses(state: &DesiredState) -> HashMap<(&str, &str), IpAddr> {
+    let mut addresses = HashMap::new();
+    for tunnel in &state.tunnels {
+        for peer in &tunnel.peers {
+            addresses
+                .entry((tunnel.device.as_str(), peer.node.as_str()))
+                .or_insert(peer.endpoint.ip());
+        }
+    }
+    addresses
+}
+
 /// The underlay address `node`'s traffic to `route_family` pod addresses, routed into
 /// `device`, goes to: the endpoint of the node's peer on that tunnel device (in WireGuard's
 /// `separate` mode, IPv6 pod traffic goes over IPv6 to another endpoint), else the address
 /// the node publishes for that family.
 fn address_of(
-    state: &DesiredState,
+    tunnels: &HashMap<(&str, &str), IpAddr>,
     input: &PlanInput<'_>,
     node: &str,
     device: &str,
     family: Family,
 ) -> Option<IpAddr> {
-    let tunnel_peer = state
-        .tunnels
-        .iter()
-        .filter(|t| t.device == device)
-        .flat_map(|t| t.peers.iter())
-        .find(|p| p.node == node);
-    if let Some(peer) = tunnel_peer {
-        return Some(peer.endpoint.ip());
+    if let Some(address) = tunnels.get(&(device, node)) {
+        return Some(*address);
     }
     let lease = input.view.leases.get(node)?;
     match family {
@@ -79,15 +88,19 @@ fn address_of(
 }
 
 /// Lists every peer's path and gives each peer route the MTU its measured path allows.
+/// Linear in the number of routes: a pass at 10,000 nodes plans 10,000 routes.
 pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
     let pod_mtu = state.subnet_env.mtu;
     let mut paths: Vec<PeerPath> = Vec::new();
+    let mut listed: HashSet<(String, IpAddr)> = HashSet::new();
     let mut routes = std::mem::take(&mut state.routes);
+    let tunnels = tunnel_addresses(state);
     for route in &mut routes {
         let (RouteRole::Peer(node) | RouteRole::Direct(node)) = &route.role else {
             continue;
         };
-        let Some(address) = address_of(state, input, node, &route.device, Family::of(&route.dst))
+        let Some(address) =
+            address_of(&tunnels, input, node, &route.device, Family::of(&route.dst))
         else {
             continue;
         };
@@ -108,10 +121,7 @@ pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
             .map(|p| p.saturating_sub(overhead))
             .filter(|inner| *inner < limit)
             .map(|inner| (inner / pad * pad).max(floor));
-        if !paths
-            .iter()
-            .any(|p| p.node == *node && p.address == address)
-        {
+        if listed.insert((node.clone(), address)) {
             paths.push(PeerPath {
                 node: node.clone(),
                 address,
@@ -121,6 +131,7 @@ pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
             });
         }
     }
+    drop(tunnels);
     state.routes = routes;
     paths.sort_by(|a, b| (&a.node, a.address).cmp(&(&b.node, b.address)));
     state.paths = paths;
