@@ -337,12 +337,7 @@ impl Controller<'_> {
                 () = sleep_until(rekey) => self.rekey().await,
                 // This node's announced switch.
                 () = sleep_until(self.keys.due()) => {
-                    let published = self.inputs.local.borrow().next_key.clone();
-                    // The device takes the key in an event's pass, which reads only what
-                    // it changes: a full pass first re-reads every link, address and route
-                    // (0.9 s under the VM's emulation), and each peer switches to the new
-                    // key by its clock 2 s after the moment whether the device has it or not.
-                    if self.keys.switch(published.as_ref()).await {
+                    if self.switch_own_key().await {
                         return Wake::Pass { full: false };
                     }
                 }
@@ -406,6 +401,16 @@ impl Controller<'_> {
                 }
             }
         }
+    }
+
+    /// This node's announced key switch, at its moment; whether a pass must follow. The
+    /// device takes the key in an event's pass, which reads only what it changes: a full
+    /// pass first re-reads every link, address and route (0.9 s under the VM's emulation),
+    /// and each peer switches to the new key by its clock 2 s after the moment whether the
+    /// device has it or not.
+    async fn switch_own_key(&mut self) -> bool {
+        let published = self.inputs.local.borrow().next_key.clone();
+        self.keys.switch(published.as_ref()).await
     }
 
     /// Whether the periodic resync runs now: not while this node's announced key switch
