@@ -17,11 +17,12 @@
 pub mod probe;
 mod watch;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
-use weft_backends::model::{DesiredState, TunnelSpec};
+use weft_backends::model::{DesiredState, PeerSpec, TunnelSpec};
 use weft_crypto::PublicKey;
 
 pub use watch::spawn;
@@ -78,12 +79,9 @@ impl Handle {
     /// Hands the watcher the plan a pass just applied.
     pub fn follow(&mut self, state: &DesiredState, own: PublicKey) {
         let switching = state.key_watch.is_some();
-        let tunnels = published(state);
-        let same = self
-            .plan
-            .borrow()
-            .as_ref()
-            .is_some_and(|p| p.own == own && p.switching == switching && p.tunnels == tunnels);
+        let same = self.plan.borrow().as_ref().is_some_and(|p| {
+            p.own == own && p.switching == switching && is_published(&p.tunnels, state)
+        });
         if same {
             return; // the device, once this pass is done, is what the same plan wants
         }
@@ -91,7 +89,7 @@ impl Handle {
         let plan = Plan {
             generation: self.generation,
             own,
-            tunnels,
+            tunnels: published(state),
             switching,
         };
         self.plan.send_replace(Some(Arc::new(plan)));
@@ -106,18 +104,54 @@ fn published(state: &DesiredState) -> Vec<TunnelSpec> {
     let mut tunnels = state.tunnels.clone();
     for tunnel in &mut tunnels {
         for peer in &mut tunnel.peers {
-            let id = (tunnel.device.clone(), peer.public_key);
-            if let Some(endpoint) = state.planned_endpoints.get(&id) {
-                peer.endpoint = *endpoint;
-            }
+            peer.endpoint = published_endpoint(state, &tunnel.device, peer);
         }
     }
     tunnels
 }
 
+/// The registry's endpoint of `peer` on `device`, or the plan's where it names none.
+fn published_endpoint(state: &DesiredState, device: &str, peer: &PeerSpec) -> SocketAddr {
+    let id = (device.to_string(), peer.public_key);
+    state
+        .planned_endpoints
+        .get(&id)
+        .copied()
+        .unwrap_or(peer.endpoint)
+}
+
+/// Whether `tunnels` is what `published(state)` makes, without copying the plan: each
+/// pass asks, and most passes leave the plan as it was.
+fn is_published(tunnels: &[TunnelSpec], state: &DesiredState) -> bool {
+    tunnels.len() == state.tunnels.len()
+        && tunnels.iter().zip(&state.tunnels).all(|(have, want)| {
+            have.device == want.device
+                && have.listen_port == want.listen_port
+                && have.mtu == want.mtu
+                && have.addresses == want.addresses
+                && have.peers.len() == want.peers.len()
+                && have.peers.iter().zip(&want.peers).all(|(h, w)| {
+                    // Every field named: one added later is compared too.
+                    let PeerSpec {
+                        node,
+                        public_key,
+                        endpoint: _,
+                        allowed_ips,
+                        keepalive,
+                        psk,
+                    } = w;
+                    h.endpoint == published_endpoint(state, &want.device, w)
+                        && h.node == *node
+                        && h.public_key == *public_key
+                        && h.allowed_ips == *allowed_ips
+                        && h.keepalive == *keepalive
+                        && h.psk == *psk
+                })
+        })
+}
+
 #[cfg(test)]
 mod tests {
-    use weft_backends::model::{PeerSpec, TunnelSpec};
     use weft_crypto::PrivateKey;
 
     use super::*;
@@ -158,5 +192,10 @@ mod tests {
             .map(|p| p.endpoint.to_string())
             .collect();
         assert_eq!(endpoints, ["198.51.100.2:51820", "198.51.100.3:51820"]);
+        assert!(is_published(&tunnels, &state));
+        assert!(
+            !is_published(&state.tunnels, &state),
+            "the roamed endpoint differs"
+        );
     }
 }
