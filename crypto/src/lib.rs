@@ -10,6 +10,7 @@ pub mod atomic_file;
 pub mod esp;
 mod keyfile;
 mod keys;
+pub mod pq;
 pub mod proof;
 
 pub use keyfile::{
