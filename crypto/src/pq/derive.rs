@@ -9,6 +9,7 @@ use std::fmt;
 use ring::{hkdf, hmac};
 use zeroize::Zeroize;
 
+use super::message::CONFIRM_LEN;
 use super::SharedSecret;
 use crate::{PresharedKey, PrivateKey, PublicKey, KEY_LEN};
 
@@ -88,13 +89,14 @@ impl AuthKey {
         &self.pair
     }
 
-    pub(crate) fn tag(&self, data: &[u8]) -> hmac::Tag {
-        hmac::sign(&self.key, data)
+    /// HMAC-SHA256 of `data`, cut to `N` bytes.
+    pub(crate) fn tag<const N: usize>(&self, data: &[u8]) -> [u8; N] {
+        truncated(&self.key, data)
     }
 
-    /// Constant-time check of `tag` over `data`.
+    /// Constant-time check of a tag of `tag.len()` bytes over `data`.
     pub(crate) fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
-        hmac::verify(&self.key, data, tag).is_ok()
+        verify_truncated(&self.key, data, tag)
     }
 }
 
@@ -165,17 +167,30 @@ impl RoundSecret {
         &self.psk
     }
 
-    /// A tag that proves holding this round's secret, for a message `kind` and its fields.
-    pub fn confirm(&self, fields: &[u8]) -> [u8; 32] {
-        let mut out = [0; 32];
-        out.copy_from_slice(hmac::sign(&self.confirm, fields).as_ref());
-        out
+    /// A tag that proves holding this round's secret, over `fields` (a message's kind and
+    /// what it commits to).
+    pub fn confirm(&self, fields: &[u8]) -> [u8; CONFIRM_LEN] {
+        truncated(&self.confirm, fields)
     }
 
-    /// Constant-time check of a confirmation tag.
-    pub fn confirms(&self, fields: &[u8], tag: &[u8]) -> bool {
-        hmac::verify(&self.confirm, fields, tag).is_ok()
+    /// Constant-time check of a confirmation.
+    pub fn confirms(&self, fields: &[u8], tag: &[u8; CONFIRM_LEN]) -> bool {
+        verify_truncated(&self.confirm, fields, tag)
     }
+}
+
+/// HMAC-SHA256 cut to its first `N` bytes (at most 32).
+fn truncated<const N: usize>(key: &hmac::Key, data: &[u8]) -> [u8; N] {
+    let tag = hmac::sign(key, data);
+    let mut out = [0; N];
+    out.copy_from_slice(&tag.as_ref()[..N]);
+    out
+}
+
+fn verify_truncated(key: &hmac::Key, data: &[u8], tag: &[u8]) -> bool {
+    let want = hmac::sign(key, data);
+    let want = &want.as_ref()[..tag.len().min(want.as_ref().len())];
+    !tag.is_empty() && bool::from(subtle::ConstantTimeEq::ct_eq(want, tag))
 }
 
 impl fmt::Debug for RoundSecret {

@@ -146,6 +146,13 @@ impl EncapsKey {
         out
     }
 
+    /// The fingerprint's first bytes, as a message names the key.
+    pub fn short_fingerprint(&self) -> [u8; super::FINGERPRINT_LEN] {
+        let mut out = [0; super::FINGERPRINT_LEN];
+        out.copy_from_slice(&self.fingerprint()[..super::FINGERPRINT_LEN]);
+        out
+    }
+
     fn fingerprint_hex(&self) -> String {
         self.fingerprint()[..6]
             .iter()

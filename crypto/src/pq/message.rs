@@ -1,11 +1,12 @@
 //! The exchange's wire format: one UDP datagram per message, fixed-size per kind,
 //! authenticated with the pair's `AuthKey`. Sizes are checked before the tag, and the tag
 //! before anything is parsed or decapsulated, so a stranger's datagram costs one length
-//! check or one HMAC.
+//! check or one HMAC. The largest message is 1216 bytes: with IPv6's and UDP's headers it
+//! fits the smallest MTU an IPv6 path may have (1280), unfragmented.
 //!
 //! ```text
-//! 0      4     5      8        40      72      80         112       …        end-32  end
-//! | wpq1 | kind | 0 0 0 | sender | receiver | round | ek fingerprint | body | HMAC-SHA256 |
+//! 0      4      5       8        40         72      80               96      end-16   end
+//! | wpq1 | kind | 0 0 0 | sender | receiver | round | ek fingerprint | body | HMAC-SHA256-128 |
 //! ```
 //! Bodies: `Init` a ciphertext; `Reply` a ciphertext and a confirmation; `Commit` the
 //! switch moment (ms since the Unix epoch) and a confirmation; `Ack` a confirmation.
@@ -14,9 +15,12 @@ use super::{AuthKey, Ciphertext, CIPHERTEXT_LEN};
 use crate::{PublicKey, KEY_LEN};
 
 const MAGIC: &[u8; 4] = b"wpq1";
-const HEADER_LEN: usize = 4 + 4 + 2 * KEY_LEN + 8 + 32;
-const TAG_LEN: usize = 32;
-const CONFIRM_LEN: usize = 32;
+const HEADER_LEN: usize = 4 + 4 + 2 * KEY_LEN + 8 + FINGERPRINT_LEN;
+const TAG_LEN: usize = 16;
+/// Bytes of a confirmation: HMAC-SHA256 under the round's confirmation key, cut to 128 bits.
+pub const CONFIRM_LEN: usize = 16;
+/// Bytes of an encapsulation key's fingerprint in a message.
+pub const FINGERPRINT_LEN: usize = 16;
 /// The largest message (a `Reply`); anything longer is refused unread.
 pub const MAX_LEN: usize = HEADER_LEN + CIPHERTEXT_LEN + CONFIRM_LEN + TAG_LEN;
 
@@ -26,11 +30,11 @@ pub enum Body {
     /// The round's leader: a secret for the follower.
     Init { ct: Ciphertext },
     /// The follower: a secret for the leader, and proof it derived the round's secret.
-    Reply { ct: Ciphertext, confirm: [u8; 32] },
+    Reply { ct: Ciphertext, confirm: [u8; CONFIRM_LEN] },
     /// The leader: it derived the same secret; both switch at `switch_at_ms`.
-    Commit { switch_at_ms: u64, confirm: [u8; 32] },
+    Commit { switch_at_ms: u64, confirm: [u8; CONFIRM_LEN] },
     /// The follower: it has the commit (the leader stops sending it).
-    Ack { confirm: [u8; 32] },
+    Ack { confirm: [u8; CONFIRM_LEN] },
 }
 
 impl Body {
@@ -72,7 +76,7 @@ pub struct Message {
     pub round: u64,
     /// The fingerprint of the receiver's encapsulation key the sender used (zeros when the
     /// message carries no ciphertext).
-    pub ek: [u8; 32],
+    pub ek: [u8; FINGERPRINT_LEN],
     pub body: Body,
 }
 
@@ -118,8 +122,8 @@ impl Message {
             }
             Body::Ack { confirm } => out.extend_from_slice(confirm),
         }
-        let tag = auth.tag(&out);
-        out.extend_from_slice(tag.as_ref());
+        let tag: [u8; TAG_LEN] = auth.tag(&out);
+        out.extend_from_slice(&tag);
         out
     }
 
@@ -150,7 +154,7 @@ impl Message {
             part
         };
         let round = u64::from_be_bytes(array(take(8)));
-        let ek: [u8; 32] = array(take(32));
+        let ek: [u8; FINGERPRINT_LEN] = array(take(FINGERPRINT_LEN));
         let body = match kind {
             1 => Body::Init {
                 ct: Ciphertext::from_array(array(take(CIPHERTEXT_LEN))),

@@ -14,7 +14,7 @@ pub use kem::{
     encapsulate, Ciphertext, EncapsKey, KemError, KemKeyPair, SharedSecret, CIPHERTEXT_LEN,
     ENCAPS_KEY_BASE64_LEN, ENCAPS_KEY_LEN, SECRET_LEN, SEED_LEN,
 };
-pub use message::{Body, Message, MessageError, MAX_LEN};
+pub use message::{Body, Message, MessageError, CONFIRM_LEN, FINGERPRINT_LEN, MAX_LEN};
 
 #[cfg(test)]
 mod kat;

@@ -177,7 +177,7 @@ fn a_confirmation_proves_the_same_round_secret() {
     assert!(theirs.confirms(b"reply 5", &tag));
     assert!(!theirs.confirms(b"reply 6", &tag));
     assert!(!wrong.confirms(b"reply 5", &tag));
-    assert_ne!(mine.confirm(b"reply 5")[..], mine.psk().as_bytes()[..]);
+    assert_ne!(mine.confirm(b"reply 5")[..], mine.psk().as_bytes()[..CONFIRM_LEN]);
 }
 
 fn sample(from: &Node, to: &Node, body: Body) -> Message {
@@ -185,7 +185,7 @@ fn sample(from: &Node, to: &Node, body: Body) -> Message {
         from: from.key.public_key(),
         to: to.key.public_key(),
         round: 1_700_000_000_000,
-        ek: [4; 32],
+        ek: [4; FINGERPRINT_LEN],
         body,
     }
 }
@@ -197,13 +197,13 @@ fn bodies() -> Vec<Body> {
         Body::Init { ct: ct.clone() },
         Body::Reply {
             ct,
-            confirm: [5; 32],
+            confirm: [5; CONFIRM_LEN],
         },
         Body::Commit {
             switch_at_ms: 1_700_000_002_000,
-            confirm: [6; 32],
+            confirm: [6; CONFIRM_LEN],
         },
-        Body::Ack { confirm: [7; 32] },
+        Body::Ack { confirm: [7; CONFIRM_LEN] },
     ]
 }
 
@@ -216,6 +216,8 @@ fn each_message_kind_goes_from_one_node_of_the_pair_to_the_other() {
         let msg = sample(&a, &b, body);
         let bytes = msg.encode(&at_a);
         assert!(bytes.len() <= MAX_LEN, "{}: {}", msg.body.name(), bytes.len());
+        // IPv6's minimum MTU less its and UDP's headers: never fragmented.
+        assert!(bytes.len() <= 1280 - 40 - 8);
         assert_eq!(
             Message::addressed(&bytes).unwrap(),
             (a.key.public_key(), b.key.public_key())
@@ -240,7 +242,7 @@ fn a_message_from_outside_the_pair_or_altered_is_refused() {
             "{name}"
         );
         let good = msg.encode(&AuthKey::new(&a.key, &b.key.public_key()).unwrap());
-        for at in [0usize, 4, 5, 8, 40, 72, 80, 112, good.len() - 33, good.len() - 1] {
+        for at in [0usize, 4, 5, 8, 40, 72, 80, 96, good.len() - 17, good.len() - 1] {
             let mut bad = good.clone();
             bad[at] ^= 0x80;
             assert!(Message::decode(&bad, &at_b).is_err(), "{name}: byte {at}");
@@ -252,7 +254,7 @@ fn a_message_from_outside_the_pair_or_altered_is_refused() {
 fn sizes_are_refused_before_any_tag_is_computed() {
     let (a, b) = two_nodes();
     let at_b = AuthKey::new(&b.key, &a.key.public_key()).unwrap();
-    let good = sample(&a, &b, Body::Ack { confirm: [0; 32] })
+    let good = sample(&a, &b, Body::Ack { confirm: [0; CONFIRM_LEN] })
         .encode(&AuthKey::new(&a.key, &b.key.public_key()).unwrap());
     let long = vec![0u8; 65_000];
     assert_eq!(
