@@ -17,6 +17,7 @@ const AUTH_LABEL: &[u8] = b"weft pq auth v1";
 const ROUND_LABEL: &[u8] = b"weft pq round v1";
 const PSK_INFO: &[u8] = b"psk";
 const CONFIRM_INFO: &[u8] = b"confirm";
+const COMBINE_LABEL: &[u8] = b"weft pq with cluster psk v1";
 
 /// The two nodes of a pair in the pair's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,9 +119,6 @@ pub struct RoundInput<'a> {
     /// Fingerprints of the encapsulation keys used: the higher node's and the lower's.
     pub ek_hi: &'a [u8; 32],
     pub ek_lo: &'a [u8; 32],
-    /// The cluster's PSK, when one is set: it salts the derivation, so the round's secret
-    /// is never weaker than the cluster's PSK alone.
-    pub cluster_psk: Option<&'a PresharedKey>,
 }
 
 /// A round's secret: the pair's PSK and the key that confirms both nodes hold it.
@@ -130,26 +128,18 @@ pub struct RoundSecret {
 }
 
 impl RoundSecret {
-    /// HKDF-SHA256: salt the cluster PSK (or none), input both shared secrets in the pair's
-    /// order, info the label, both X25519 keys, both encapsulation keys and the round.
+    /// HKDF-SHA256: input both shared secrets in the pair's order, info the label, both
+    /// X25519 keys, both encapsulation keys and the round.
     pub fn derive(input: &RoundInput<'_>) -> RoundSecret {
-        let salt = input.cluster_psk.map(|k| &k.as_bytes()[..]).unwrap_or(&[]);
         let mut ikm = [0u8; 64];
         ikm[..32].copy_from_slice(input.lo_to_hi.as_bytes());
         ikm[32..].copy_from_slice(input.hi_to_lo.as_bytes());
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, salt).extract(&ikm);
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, ROUND_LABEL).extract(&ikm);
         ikm.zeroize();
         let pair = input.pair.bytes();
         let round = input.round.to_be_bytes();
         let expand = |what: &[u8]| -> [u8; 32] {
-            let info: [&[u8]; 6] = [
-                ROUND_LABEL,
-                &pair,
-                input.ek_lo,
-                input.ek_hi,
-                &round,
-                what,
-            ];
+            let info: [&[u8]; 6] = [ROUND_LABEL, &pair, input.ek_lo, input.ek_hi, &round, what];
             let mut out = [0u8; 32];
             prk.expand(&info, hkdf::HKDF_SHA256)
                 .and_then(|okm| okm.fill(&mut out))
@@ -177,6 +167,22 @@ impl RoundSecret {
     pub fn confirms(&self, fields: &[u8], tag: &[u8; CONFIRM_LEN]) -> bool {
         verify_truncated(&self.confirm, fields, tag)
     }
+}
+
+/// The PSK a WireGuard peer gets: the pair's post-quantum PSK combined with the cluster's
+/// PSK when one is set (HKDF-SHA256, the cluster PSK as salt), so that it is never weaker
+/// than either alone, and a rotation of the cluster PSK changes it at the same moment on
+/// both nodes without a new round.
+pub fn combine(pair: &PresharedKey, cluster: Option<&PresharedKey>) -> PresharedKey {
+    let Some(cluster) = cluster else {
+        return pair.clone();
+    };
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, cluster.as_bytes()).extract(pair.as_bytes());
+    let mut out = [0u8; 32];
+    prk.expand(&[COMBINE_LABEL], hkdf::HKDF_SHA256)
+        .and_then(|okm| okm.fill(&mut out))
+        .expect("32 bytes are within HKDF-SHA256's limit of 8160");
+    PresharedKey::from_bytes(out)
 }
 
 /// HMAC-SHA256 cut to its first `N` bytes (at most 32).

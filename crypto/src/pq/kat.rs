@@ -56,7 +56,11 @@ fn encapsulation_matches_the_acvp_vectors() {
         let m: [u8; 32] = hex(&case["m"]).try_into().unwrap();
         let (ct, ss) = encapsulate_with(&ek, m);
         let id = &case["tcId"];
-        assert_eq!(sha3_256(ct.as_bytes()), hex(&case["c_sha3"]), "c of case {id}");
+        assert_eq!(
+            sha3_256(ct.as_bytes()),
+            hex(&case["c_sha3"]),
+            "c of case {id}"
+        );
         assert_eq!(ss.as_bytes().to_vec(), hex(&case["k"]), "k of case {id}");
     }
 }

@@ -9,7 +9,7 @@
 //! | wpq1 | kind | 0 0 0 | sender | receiver | round | ek fingerprint | body | HMAC-SHA256-128 |
 //! ```
 //! Bodies: `Init` a ciphertext; `Reply` a ciphertext and a confirmation; `Commit` the
-//! switch moment (ms since the Unix epoch) and a confirmation; `Ack` a confirmation.
+//! delay until the switch (ms) and a confirmation; `Ack` a confirmation.
 
 use super::{AuthKey, Ciphertext, CIPHERTEXT_LEN};
 use crate::{PublicKey, KEY_LEN};
@@ -30,9 +30,16 @@ pub enum Body {
     /// The round's leader: a secret for the follower.
     Init { ct: Ciphertext },
     /// The follower: a secret for the leader, and proof it derived the round's secret.
-    Reply { ct: Ciphertext, confirm: [u8; CONFIRM_LEN] },
-    /// The leader: it derived the same secret; both switch at `switch_at_ms`.
-    Commit { switch_at_ms: u64, confirm: [u8; CONFIRM_LEN] },
+    Reply {
+        ct: Ciphertext,
+        confirm: [u8; CONFIRM_LEN],
+    },
+    /// The leader: it derived the same secret; both switch `switch_in_ms` from now (a
+    /// delay, not a moment: the two clocks need not agree).
+    Commit {
+        switch_in_ms: u64,
+        confirm: [u8; CONFIRM_LEN],
+    },
     /// The follower: it has the commit (the leader stops sending it).
     Ack { confirm: [u8; CONFIRM_LEN] },
 }
@@ -114,10 +121,10 @@ impl Message {
                 out.extend_from_slice(confirm);
             }
             Body::Commit {
-                switch_at_ms,
+                switch_in_ms,
                 confirm,
             } => {
-                out.extend_from_slice(&switch_at_ms.to_be_bytes());
+                out.extend_from_slice(&switch_in_ms.to_be_bytes());
                 out.extend_from_slice(confirm);
             }
             Body::Ack { confirm } => out.extend_from_slice(confirm),
@@ -164,7 +171,7 @@ impl Message {
                 confirm: array(take(CONFIRM_LEN)),
             },
             3 => Body::Commit {
-                switch_at_ms: u64::from_be_bytes(array(take(8))),
+                switch_in_ms: u64::from_be_bytes(array(take(8))),
                 confirm: array(take(CONFIRM_LEN)),
             },
             _ => Body::Ack {

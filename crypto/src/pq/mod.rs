@@ -6,16 +6,20 @@
 //! ML-KEM is broken too. Pure: no I/O beyond the system's random source.
 
 mod derive;
+mod exchange;
 mod kem;
 mod message;
 
-pub use derive::{AuthKey, Pair, PairKeyError, RoundInput, RoundSecret};
+pub use derive::{combine, AuthKey, Pair, PairKeyError, RoundInput, RoundSecret};
+pub use exchange::{Exchange, Installed, Own, Poll, Refused, Timing};
 pub use kem::{
     encapsulate, Ciphertext, EncapsKey, KemError, KemKeyPair, SharedSecret, CIPHERTEXT_LEN,
     ENCAPS_KEY_BASE64_LEN, ENCAPS_KEY_LEN, SECRET_LEN, SEED_LEN,
 };
 pub use message::{Body, Message, MessageError, CONFIRM_LEN, FINGERPRINT_LEN, MAX_LEN};
 
+#[cfg(test)]
+mod exchange_tests;
 #[cfg(test)]
 mod kat;
 #[cfg(test)]

@@ -118,7 +118,6 @@ fn round_input<'a>(
     ss: (&'a SharedSecret, &'a SharedSecret),
     eks: (&'a [u8; 32], &'a [u8; 32]),
     round: u64,
-    psk: Option<&'a PresharedKey>,
 ) -> RoundInput<'a> {
     RoundInput {
         pair,
@@ -127,7 +126,6 @@ fn round_input<'a>(
         hi_to_lo: ss.1,
         ek_hi: eks.0,
         ek_lo: eks.1,
-        cluster_psk: psk,
     }
 }
 
@@ -142,19 +140,17 @@ fn every_input_of_a_round_changes_its_psk() {
     .unwrap();
     let (s1, s2, s3) = (ss(1), ss(2), ss(3));
     let (e1, e2, e3) = ([1u8; 32], [2u8; 32], [3u8; 32]);
-    let cluster = PresharedKey::from_bytes([9; 32]);
-    let base = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e1, &e2), 100, None));
-    let again = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e1, &e2), 100, None));
+    let base = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e1, &e2), 100));
+    let again = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e1, &e2), 100));
     assert_eq!(base.psk(), again.psk(), "deterministic");
     let variants = [
-        round_input(&other, (&s1, &s2), (&e1, &e2), 100, None),
-        round_input(&pair, (&s3, &s2), (&e1, &e2), 100, None),
-        round_input(&pair, (&s1, &s3), (&e1, &e2), 100, None),
-        round_input(&pair, (&s2, &s1), (&e1, &e2), 100, None),
-        round_input(&pair, (&s1, &s2), (&e3, &e2), 100, None),
-        round_input(&pair, (&s1, &s2), (&e1, &e3), 100, None),
-        round_input(&pair, (&s1, &s2), (&e1, &e2), 101, None),
-        round_input(&pair, (&s1, &s2), (&e1, &e2), 100, Some(&cluster)),
+        round_input(&other, (&s1, &s2), (&e1, &e2), 100),
+        round_input(&pair, (&s3, &s2), (&e1, &e2), 100),
+        round_input(&pair, (&s1, &s3), (&e1, &e2), 100),
+        round_input(&pair, (&s2, &s1), (&e1, &e2), 100),
+        round_input(&pair, (&s1, &s2), (&e3, &e2), 100),
+        round_input(&pair, (&s1, &s2), (&e1, &e3), 100),
+        round_input(&pair, (&s1, &s2), (&e1, &e2), 101),
     ];
     let mut seen = vec![base.psk().clone()];
     for (i, input) in variants.iter().enumerate() {
@@ -165,19 +161,35 @@ fn every_input_of_a_round_changes_its_psk() {
 }
 
 #[test]
+fn the_cluster_psk_changes_the_peer_psk_and_none_leaves_it() {
+    let pq = PresharedKey::from_bytes([1; 32]);
+    let (c1, c2) = (
+        PresharedKey::from_bytes([2; 32]),
+        PresharedKey::from_bytes([3; 32]),
+    );
+    assert_eq!(combine(&pq, None), pq);
+    let (with1, with2) = (combine(&pq, Some(&c1)), combine(&pq, Some(&c2)));
+    assert!(with1 != pq && with1 != c1 && with1 != with2);
+    assert_eq!(with1, combine(&pq, Some(&c1)));
+}
+
+#[test]
 fn a_confirmation_proves_the_same_round_secret() {
     let (lo, hi) = two_nodes();
     let pair = Pair::new(lo.key.public_key(), hi.key.public_key()).unwrap();
     let (s1, s2) = (ss(1), ss(2));
     let e = [0u8; 32];
-    let mine = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e, &e), 5, None));
-    let theirs = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e, &e), 5, None));
-    let wrong = RoundSecret::derive(&round_input(&pair, (&s2, &s1), (&e, &e), 5, None));
+    let mine = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e, &e), 5));
+    let theirs = RoundSecret::derive(&round_input(&pair, (&s1, &s2), (&e, &e), 5));
+    let wrong = RoundSecret::derive(&round_input(&pair, (&s2, &s1), (&e, &e), 5));
     let tag = mine.confirm(b"reply 5");
     assert!(theirs.confirms(b"reply 5", &tag));
     assert!(!theirs.confirms(b"reply 6", &tag));
     assert!(!wrong.confirms(b"reply 5", &tag));
-    assert_ne!(mine.confirm(b"reply 5")[..], mine.psk().as_bytes()[..CONFIRM_LEN]);
+    assert_ne!(
+        mine.confirm(b"reply 5")[..],
+        mine.psk().as_bytes()[..CONFIRM_LEN]
+    );
 }
 
 fn sample(from: &Node, to: &Node, body: Body) -> Message {
@@ -200,10 +212,12 @@ fn bodies() -> Vec<Body> {
             confirm: [5; CONFIRM_LEN],
         },
         Body::Commit {
-            switch_at_ms: 1_700_000_002_000,
+            switch_in_ms: 1_000,
             confirm: [6; CONFIRM_LEN],
         },
-        Body::Ack { confirm: [7; CONFIRM_LEN] },
+        Body::Ack {
+            confirm: [7; CONFIRM_LEN],
+        },
     ]
 }
 
@@ -215,7 +229,12 @@ fn each_message_kind_goes_from_one_node_of_the_pair_to_the_other() {
     for body in bodies() {
         let msg = sample(&a, &b, body);
         let bytes = msg.encode(&at_a);
-        assert!(bytes.len() <= MAX_LEN, "{}: {}", msg.body.name(), bytes.len());
+        assert!(
+            bytes.len() <= MAX_LEN,
+            "{}: {}",
+            msg.body.name(),
+            bytes.len()
+        );
         // IPv6's minimum MTU less its and UDP's headers: never fragmented.
         assert!(bytes.len() <= 1280 - 40 - 8);
         assert_eq!(
@@ -242,7 +261,18 @@ fn a_message_from_outside_the_pair_or_altered_is_refused() {
             "{name}"
         );
         let good = msg.encode(&AuthKey::new(&a.key, &b.key.public_key()).unwrap());
-        for at in [0usize, 4, 5, 8, 40, 72, 80, 96, good.len() - 17, good.len() - 1] {
+        for at in [
+            0usize,
+            4,
+            5,
+            8,
+            40,
+            72,
+            80,
+            96,
+            good.len() - 17,
+            good.len() - 1,
+        ] {
             let mut bad = good.clone();
             bad[at] ^= 0x80;
             assert!(Message::decode(&bad, &at_b).is_err(), "{name}: byte {at}");
@@ -254,8 +284,14 @@ fn a_message_from_outside_the_pair_or_altered_is_refused() {
 fn sizes_are_refused_before_any_tag_is_computed() {
     let (a, b) = two_nodes();
     let at_b = AuthKey::new(&b.key, &a.key.public_key()).unwrap();
-    let good = sample(&a, &b, Body::Ack { confirm: [0; CONFIRM_LEN] })
-        .encode(&AuthKey::new(&a.key, &b.key.public_key()).unwrap());
+    let good = sample(
+        &a,
+        &b,
+        Body::Ack {
+            confirm: [0; CONFIRM_LEN],
+        },
+    )
+    .encode(&AuthKey::new(&a.key, &b.key.public_key()).unwrap());
     let long = vec![0u8; 65_000];
     assert_eq!(
         Message::decode(&long, &at_b),
