@@ -95,6 +95,22 @@ impl fmt::Debug for KemKeyPair {
     }
 }
 
+/// A seed from its base64 line (a key file's content).
+pub fn seed_from_base64(text: &str) -> Result<[u8; SEED_LEN], KeyError> {
+    let mut bytes = STANDARD
+        .decode(text.trim())
+        .map_err(|e| KeyError::Base64(e.to_string()))?;
+    let seed = <[u8; SEED_LEN]>::try_from(bytes.as_slice())
+        .map_err(|_| KeyError::SeedLength { got: bytes.len() });
+    bytes.zeroize();
+    seed
+}
+
+/// A seed's base64 line (secret).
+pub fn seed_to_base64(seed: &[u8; SEED_LEN]) -> String {
+    STANDARD.encode(seed)
+}
+
 /// An ML-KEM-768 encapsulation key that passed FIPS 203's input check. Not secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EncapsKey(Box<[u8; ENCAPS_KEY_LEN]>);
