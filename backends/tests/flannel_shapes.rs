@@ -40,6 +40,7 @@ fn ours(backend: &str) -> LeaseAttrs {
         backend_v6_data: None,
         next_key: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -199,4 +200,43 @@ fn the_key_proof_is_a_field_of_its_own_and_round_trips() {
         ..ours("wireguard")
     };
     assert_eq!(garbled.into_lease("n".into(), None, None).key_proof, None);
+}
+
+/// weft's ML-KEM key rides in its own field (etcd: `WeftMlKemKey`) and annotation
+/// (`weft.dev/ml-kem-key`), beside flannel's values, which stay exactly flannel's; it comes
+/// back raw for the planner to decode.
+#[test]
+fn the_ml_kem_key_is_a_field_and_an_annotation_of_its_own() {
+    let ek = weft_crypto::pq::KemKeyPair::from_seed([3; 64])
+        .encaps_key()
+        .to_base64();
+    let attrs = LeaseAttrs {
+        ml_kem_key: Some(ek.clone()),
+        ..ours("wireguard")
+    };
+    let written = serde_json::to_string(&attrs).unwrap();
+    let flannels = serde_json::to_string(&ours("wireguard")).unwrap();
+    assert_eq!(
+        written,
+        format!(
+            "{},\"WeftMlKemKey\":\"{ek}\"}}",
+            flannels.strip_suffix('}').unwrap()
+        )
+    );
+    let back: LeaseAttrs = serde_json::from_str(&written).unwrap();
+    assert_eq!(
+        back.into_lease("n".into(), None, None).ml_kem_key,
+        Some(ek.clone())
+    );
+
+    let p = "flannel.alpha.coreos.com";
+    let published = publish(p, &ours("wireguard"));
+    let mut annotations = published.clone();
+    annotations.insert("weft.dev/ml-kem-key".into(), ek.clone());
+    let lease = read(p, "node-b", &[], &annotations).unwrap().unwrap();
+    assert_eq!(lease.ml_kem_key, Some(ek));
+    assert!(
+        published.keys().all(|k| k.starts_with(p)),
+        "flannel's annotations only: {published:?}"
+    );
 }

@@ -29,6 +29,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

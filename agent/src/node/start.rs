@@ -233,6 +233,7 @@ fn local_attrs(
         next_key: rotation.pending().cloned(),
         // Made once the registry has named this node's entry (`KeyState::prove`).
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

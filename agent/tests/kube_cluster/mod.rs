@@ -138,6 +138,7 @@ pub fn request(ip: u8, seed: u8) -> AcquireRequest {
             backend_v6_data: None,
             next_key: None,
             key_proof: None,
+            ml_kem_key: None,
         },
         previous: None,
         previous_v6: None,

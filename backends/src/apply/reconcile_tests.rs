@@ -41,6 +41,7 @@ pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

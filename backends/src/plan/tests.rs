@@ -32,6 +32,7 @@ pub(super) fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lea
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

@@ -38,6 +38,7 @@ pub(super) fn lease(
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
