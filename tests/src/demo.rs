@@ -119,6 +119,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
         let state = plan(&PlanInput {
             observed: &Default::default(),
             path_mtus: &Default::default(),
+            pair_psks: &Default::default(),
             local: lease,
             view: &view,
             config: net,

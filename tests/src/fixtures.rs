@@ -55,6 +55,7 @@ pub fn plan_with(conf: &str, me: &Lease, peers: Vec<Lease>, options: &PlanOption
     plan(&PlanInput {
         observed: &Default::default(),
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         local: me,
         view: &view,
         config: &config,

@@ -146,6 +146,7 @@ impl Controller<'_> {
             observed: &observed,
             now,
             path_mtus: &path_mtus,
+            pair_psks: &Default::default(),
         });
         let state = match state {
             Ok(state) => state,

@@ -104,6 +104,7 @@ impl Member {
         let view = self.handle.views.borrow().clone();
         plan(&PlanInput {
             path_mtus: &Default::default(),
+            pair_psks: &Default::default(),
             observed: &Default::default(),
             local: &me,
             view: &view,

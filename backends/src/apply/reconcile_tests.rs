@@ -75,6 +75,7 @@ pub(super) fn plan_for(backend: &str, view: &ClusterView) -> DesiredState {
     .unwrap();
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         local: &me,
         view: &view,
         config: &config,

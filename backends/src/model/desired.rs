@@ -47,6 +47,22 @@ pub struct DesiredState {
     /// Every peer's underlay address, whose path MTU the agent measures, and what the
     /// plan made of the measurement (`plan::path_mtu`).
     pub paths: Vec<PeerPath>,
+    /// With `PostQuantum`, every peer this node runs post-quantum rounds with, or why a
+    /// pair stays classical (`plan::post_quantum`).
+    pub post_quantum: Vec<PqPeer>,
+}
+
+/// A peer's part in post-quantum rounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PqPeer {
+    pub node: String,
+    /// Its X25519 key in use: the pair is this node's key and this one.
+    pub public_key: PublicKey,
+    /// Its agent's underlay address: the exchange goes there.
+    pub address: std::net::IpAddr,
+    /// Its ML-KEM-768 encapsulation key, or why there is none to use (the pair stays
+    /// classical, never down).
+    pub ek: Result<weft_crypto::pq::EncapsKey, String>,
 }
 
 /// One peer's path on the underlay.

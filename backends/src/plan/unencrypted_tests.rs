@@ -94,6 +94,7 @@ pub(super) fn run_observed_at(
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         observed,
         local: &me,
         view: &view,

@@ -1,0 +1,84 @@
+//! Post-quantum pairs (`Backend.PostQuantum`): the peers this node runs rounds with, from
+//! the plan's peers and the ML-KEM keys they publish, and the PSK each WireGuard peer gets
+//! from a completed round. Pure: the rounds themselves are the agent's.
+
+use std::collections::BTreeMap;
+
+use weft_crypto::pq::EncapsKey;
+use weft_crypto::{PresharedKey, PublicKey};
+
+use super::PlanInput;
+use crate::model::{DesiredState, PqPeer};
+use crate::netconf::{Backend, NetConf, WireguardConf};
+
+/// Whether the config asks for post-quantum rounds.
+pub(crate) fn enabled(config: &NetConf) -> bool {
+    match &config.backend {
+        Backend::Wireguard(w) => w.post_quantum,
+        Backend::Ipsec(i) => i.post_quantum,
+        _ => false,
+    }
+}
+
+/// The PSK of the WireGuard peer with `key`: the pair's post-quantum PSK combined with the
+/// cluster's, or the cluster's alone while the pair is classical.
+pub(super) fn peer_psk(
+    input: &PlanInput<'_>,
+    wg: &WireguardConf,
+    key: &PublicKey,
+) -> Option<PresharedKey> {
+    match input.pair_psks.get(key).filter(|_| wg.post_quantum) {
+        Some(pair) => Some(weft_crypto::pq::combine(pair, wg.psk.as_ref())),
+        None => wg.psk.clone(),
+    }
+}
+
+/// Why a peer's pair stays classical when it publishes no key.
+pub const NO_KEY: &str =
+    "it publishes no ML-KEM key (an older weft, flanneld, or PostQuantum off on that node)";
+
+/// Notes in `state` every planned peer's part in post-quantum rounds.
+pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
+    if !enabled(input.config) {
+        return;
+    }
+    // Peers by node, with the key in use: a WireGuard peer with AllowedIPs (not a next key
+    // staged beside it), an ipsec peer.
+    let mut keys: BTreeMap<&str, PublicKey> = BTreeMap::new();
+    for t in &state.tunnels {
+        for p in t.peers.iter().filter(|p| !p.allowed_ips.is_empty()) {
+            keys.entry(&p.node).or_insert(p.public_key);
+        }
+    }
+    for p in state.ipsec.iter().flat_map(|s| &s.peers) {
+        keys.entry(&p.node).or_insert(p.public_key);
+    }
+    let addresses: BTreeMap<&str, std::net::IpAddr> = state
+        .paths
+        .iter()
+        .map(|p| (p.node.as_str(), p.address))
+        .collect();
+    let peers: Vec<PqPeer> = keys
+        .into_iter()
+        .filter_map(|(node, public_key)| {
+            let address = *addresses.get(node)?;
+            let ek = match input
+                .view
+                .leases
+                .get(node)
+                .and_then(|l| l.ml_kem_key.as_deref())
+            {
+                None => Err(NO_KEY.to_string()),
+                Some(text) => EncapsKey::from_base64(text)
+                    .map_err(|e| format!("its ML-KEM key does not decode: {e}")),
+            };
+            Some(PqPeer {
+                node: node.to_string(),
+                public_key,
+                address,
+                ek,
+            })
+        })
+        .collect();
+    state.post_quantum = peers;
+}
