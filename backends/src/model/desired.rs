@@ -58,7 +58,9 @@ pub struct PqPeer {
     pub node: String,
     /// Its X25519 key in use: the pair is this node's key and this one.
     pub public_key: PublicKey,
-    /// Its agent's underlay address: the exchange goes there.
+    /// Its tunnel address (its subnet's network address, IPv4 when it has one): the
+    /// exchange goes there, inside the pair's tunnel, so it needs no port of its own on
+    /// the underlay and crosses NAT as the tunnel does.
     pub address: std::net::IpAddr,
     /// Its ML-KEM-768 encapsulation key, or why there is none to use (the pair stays
     /// classical, never down).

@@ -3,6 +3,7 @@
 //! from a completed round. Pure: the rounds themselves are the agent's.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use weft_crypto::pq::EncapsKey;
 use weft_crypto::{PresharedKey, PublicKey};
@@ -42,26 +43,27 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
     if !enabled(input.config) {
         return;
     }
-    // Peers by node, with the key in use: a WireGuard peer with AllowedIPs (not a next key
-    // staged beside it), an ipsec peer.
-    let mut keys: BTreeMap<&str, PublicKey> = BTreeMap::new();
-    for t in &state.tunnels {
-        for p in t.peers.iter().filter(|p| !p.allowed_ips.is_empty()) {
-            keys.entry(&p.node).or_insert(p.public_key);
+    // Peers by node, with the key in use and the tunnel address: a WireGuard peer with
+    // AllowedIPs (not a next key staged beside it; IPv4 first), an ipsec peer.
+    let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr)> = BTreeMap::new();
+    let wireguard = state.tunnels.iter().flat_map(|t| &t.peers).filter_map(|p| {
+        let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
+        Some((p.node.as_str(), p.public_key, net.network()))
+    });
+    let ipsec = state
+        .ipsec
+        .iter()
+        .flat_map(|s| &s.peers)
+        .map(|p| (p.node.as_str(), p.public_key, p.subnet.network()));
+    for (node, key, address) in wireguard.chain(ipsec) {
+        let entry = peers_of.entry(node).or_insert((key, address));
+        if address.is_ipv4() && entry.1.is_ipv6() {
+            entry.1 = address;
         }
     }
-    for p in state.ipsec.iter().flat_map(|s| &s.peers) {
-        keys.entry(&p.node).or_insert(p.public_key);
-    }
-    let addresses: BTreeMap<&str, std::net::IpAddr> = state
-        .paths
-        .iter()
-        .map(|p| (p.node.as_str(), p.address))
-        .collect();
-    let peers: Vec<PqPeer> = keys
+    let peers: Vec<PqPeer> = peers_of
         .into_iter()
-        .filter_map(|(node, public_key)| {
-            let address = *addresses.get(node)?;
+        .map(|(node, (public_key, address))| {
             let ek = match input
                 .view
                 .leases
@@ -72,12 +74,12 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
                 Some(text) => EncapsKey::from_base64(text)
                     .map_err(|e| format!("its ML-KEM key does not decode: {e}")),
             };
-            Some(PqPeer {
+            PqPeer {
                 node: node.to_string(),
                 public_key,
                 address,
                 ek,
-            })
+            }
         })
         .collect();
     state.post_quantum = peers;
