@@ -62,9 +62,18 @@ pub struct PqPeer {
     /// exchange goes there, inside the pair's tunnel, so it needs no port of its own on
     /// the underlay and crosses NAT as the tunnel does.
     pub address: std::net::IpAddr,
-    /// Its ML-KEM-768 encapsulation key, or why there is none to use (the pair stays
-    /// classical, never down).
-    pub ek: Result<weft_crypto::pq::EncapsKey, String>,
+    pub ek: PqKey,
+}
+
+/// A peer's ML-KEM-768 key as the plan found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PqKey {
+    Published(weft_crypto::pq::EncapsKey),
+    /// It publishes none (an older weft, flanneld, or `PostQuantum` off there): the pair is
+    /// classical on both sides.
+    None,
+    /// What it publishes does not decode (why): no new round starts; a PSK in force stays.
+    Bad(String),
 }
 
 /// One peer's path on the underlay.

@@ -9,7 +9,7 @@ use weft_crypto::pq::EncapsKey;
 use weft_crypto::{PresharedKey, PublicKey};
 
 use super::PlanInput;
-use crate::model::{DesiredState, PqPeer};
+use crate::model::{DesiredState, PqKey, PqPeer};
 use crate::netconf::{Backend, NetConf, WireguardConf};
 
 /// Whether the config asks for post-quantum rounds.
@@ -33,10 +33,6 @@ pub(super) fn peer_psk(
         None => wg.psk.clone(),
     }
 }
-
-/// Why a peer's pair stays classical when it publishes no key.
-pub const NO_KEY: &str =
-    "it publishes no ML-KEM key (an older weft, flanneld, or PostQuantum off on that node)";
 
 /// Notes in `state` every planned peer's part in post-quantum rounds.
 pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
@@ -70,9 +66,11 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
                 .get(node)
                 .and_then(|l| l.ml_kem_key.as_deref())
             {
-                None => Err(NO_KEY.to_string()),
-                Some(text) => EncapsKey::from_base64(text)
-                    .map_err(|e| format!("its ML-KEM key does not decode: {e}")),
+                None => PqKey::None,
+                Some(text) => match EncapsKey::from_base64(text) {
+                    Ok(ek) => PqKey::Published(ek),
+                    Err(e) => PqKey::Bad(format!("its ML-KEM key does not decode: {e}")),
+                },
             };
             PqPeer {
                 node: node.to_string(),

@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use weft_crypto::pq::{combine, KemKeyPair};
 use weft_crypto::PresharedKey;
 
-use super::post_quantum::NO_KEY;
 use super::tests::{good_peer, ip, key, lease, local, run_with_psks, NOW};
-use crate::model::{DesiredState, Lease};
+use crate::model::{DesiredState, Lease, PqKey};
 
 const PQ: &str =
     r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PostQuantum": true}}"#;
@@ -48,21 +47,17 @@ fn psk_of(state: &DesiredState, node: &str) -> Option<PresharedKey> {
 #[test]
 fn every_peer_is_listed_with_its_key_or_why_its_pair_stays_classical() {
     let state = run(PQ, &Default::default());
-    let listed: Vec<(&str, Result<(), String>)> = state
+    let listed: Vec<(&str, &PqKey)> = state
         .post_quantum
         .iter()
-        .map(|p| {
-            (
-                p.node.as_str(),
-                p.ek.as_ref().map(|_| ()).map_err(Clone::clone),
-            )
-        })
+        .map(|p| (p.node.as_str(), &p.ek))
         .collect();
     assert_eq!(listed.len(), 3, "{listed:?}");
-    assert_eq!(listed[0], ("node-b", Ok(())));
-    assert_eq!(listed[1], ("node-c", Err(NO_KEY.to_string())));
-    assert_eq!(listed[2].0, "node-d");
-    let why = listed[2].1.as_ref().unwrap_err();
+    assert!(matches!(listed[0], ("node-b", PqKey::Published(_))));
+    assert_eq!(listed[1], ("node-c", &PqKey::None));
+    let ("node-d", PqKey::Bad(why)) = listed[2] else {
+        panic!("{listed:?}")
+    };
     assert!(
         why.contains("does not decode") && why.contains("bytes"),
         "{why}"
@@ -71,8 +66,8 @@ fn every_peer_is_listed_with_its_key_or_why_its_pair_stays_classical() {
     let tunnel: std::net::IpAddr = "10.244.2.0".parse().unwrap();
     assert_eq!((b.public_key, b.address), (key(2), tunnel));
     assert_eq!(
-        b.ek.as_ref().unwrap(),
-        &KemKeyPair::from_seed([2; 64]).encaps_key()
+        b.ek,
+        PqKey::Published(KemKeyPair::from_seed([2; 64]).encaps_key())
     );
     // Every peer keeps its tunnel, whatever its ML-KEM key.
     assert_eq!(state.tunnels[0].peers.len(), 3);
