@@ -128,6 +128,11 @@ pub struct AgentArgs {
     #[arg(long, default_value = "51822")]
     pub path_mtu_port: u16,
 
+    /// UDP port of the post-quantum rounds (`Backend.PostQuantum`), between the nodes'
+    /// tunnel addresses: the datagrams go inside the tunnel, so no underlay port is opened.
+    #[arg(long, default_value = "51823")]
+    pub post_quantum_port: u16,
+
     /// How often, in seconds, each peer's path is checked for a changed MTU (two
     /// datagrams per peer); a changed path is measured again at once.
     #[arg(long, default_value = "2", value_parser = parse_seconds)]

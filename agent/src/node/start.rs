@@ -419,6 +419,7 @@ async fn serve<R: Registry>(
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
+    let kem = crate::pq::load_key(&net, &state_dir)?;
     let setup = backend_setup::prepare(
         &net,
         &key.public_key(),
@@ -428,7 +429,10 @@ async fn serve<R: Registry>(
     .await?;
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
     let request = AcquireRequest {
-        attrs: local_attrs(args, &net, public_ip, &setup, &rotation),
+        attrs: LocalAttrs {
+            ml_kem_key: kem.as_ref().map(|k| k.encaps_key().to_base64()),
+            ..local_attrs(args, &net, public_ip, &setup, &rotation)
+        },
         previous,
         previous_v6,
     };
@@ -466,8 +470,10 @@ async fn serve<R: Registry>(
         state: None,
     };
     let path_mtu = path_mtu_prober(args);
+    let pq = crate::pq::start(kem, &key, args.post_quantum_port, &state_dir);
     let inputs = LoopInputs {
         path_mtu,
+        pq,
         psk,
         registry_rotations,
         views: handle.views.clone(),

@@ -50,7 +50,7 @@ pub(super) struct Manager {
 /// What wakes the task besides its sockets and its timers.
 pub(super) struct Inputs {
     pub(super) peers: watch::Receiver<Vec<PqPeer>>,
-    pub(super) fall_back: mpsc::Receiver<PublicKey>,
+    pub(super) fall_back: mpsc::Receiver<String>,
     pub(super) own_key: mpsc::Receiver<PrivateKey>,
 }
 
@@ -125,7 +125,7 @@ impl Manager {
                     let listed = inputs.peers.borrow_and_update().clone();
                     self.set_peers(listed);
                 }
-                Some(key) = inputs.fall_back.recv() => self.fall_back(&key),
+                Some(node) = inputs.fall_back.recv() => self.fall_back(&node),
                 Some(key) = inputs.own_key.recv() => self.set_own_key(key),
                 () = tokio::time::sleep(wait) => {}
             }
@@ -208,8 +208,8 @@ impl Manager {
         self.set_peers(listed);
     }
 
-    fn fall_back(&mut self, key: &PublicKey) {
-        if let Some(pair) = self.pairs.get_mut(key) {
+    fn fall_back(&mut self, node: &str) {
+        if let Some(pair) = self.pairs.values_mut().find(|p| p.node == node) {
             if pair.in_force.is_some() {
                 warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes");
             }

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use weft_backends::model::PqPeer;
-use weft_crypto::pq::{Own, Timing};
+use weft_crypto::pq::{KemKeyPair, Own, Timing};
 use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
 
 /// The UDP port the rounds use, on the tunnel addresses.
@@ -57,8 +57,8 @@ pub struct Handle {
     pub peers: watch::Sender<Vec<PqPeer>>,
     pub published: watch::Receiver<Published>,
     pub status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
-    /// A pair that cannot handshake: back to classical, and a new round.
-    pub fall_back: mpsc::Sender<PublicKey>,
+    /// A pair that cannot handshake (its peer's node): back to classical, and a new round.
+    pub fall_back: mpsc::Sender<String>,
     /// This node's new X25519 key, at the moment it takes over.
     pub own_key: mpsc::Sender<PrivateKey>,
     /// With the task off, the sender `published` waits on: kept, so it never changes.
@@ -89,6 +89,51 @@ pub struct Config {
     /// Where the PSKs in force are kept across restarts (`saved`).
     pub state_dir: PathBuf,
     pub timing: Timing,
+}
+
+/// This node's ML-KEM-768 key pair, kept beside its WireGuard key (`mlkem.key`, 0600),
+/// when the config asks for post-quantum rounds.
+pub fn load_key(
+    net: &weft_backends::netconf::NetConf,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<Option<KemKeyPair>> {
+    use anyhow::Context;
+    if !weft_backends::plan::post_quantum::enabled(net) {
+        return Ok(None);
+    }
+    let path = state_dir.join(weft_crypto::KEM_SEED_FILE);
+    let (kem, origin) = weft_crypto::load_or_create_secret::<KemKeyPair>(&path)
+        .context("loading the node's ML-KEM key (Backend.PostQuantum)")?;
+    tracing::info!(path = %path.display(), origin = ?origin, key = ?kem.encaps_key(), "ML-KEM-768 key");
+    Ok(Some(kem))
+}
+
+/// The task for `kem` (none without it: every pair classical). A port that cannot be bound
+/// costs the protection, never the mesh.
+pub fn start(
+    kem: Option<KemKeyPair>,
+    key: &PrivateKey,
+    port: u16,
+    state_dir: &std::path::Path,
+) -> Handle {
+    let Some(kem) = kem else {
+        return Handle::off();
+    };
+    let config = Config {
+        own: Own {
+            key: key.clone(),
+            kem,
+            previous_kem: None,
+        },
+        bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        port,
+        state_dir: state_dir.to_path_buf(),
+        timing: Timing::default(),
+    };
+    spawn(config).unwrap_or_else(|e| {
+        tracing::warn!(port, error = %e, "post-quantum rounds are off: their UDP port (--post-quantum-port) cannot be bound; every pair stays classical");
+        Handle::off()
+    })
 }
 
 /// Binds the port and starts the task. Fails only if no family can bind.

@@ -162,7 +162,7 @@ async fn strangers_junk_and_huge_datagrams_change_nothing() {
         Some(&before)
     );
     // The task is alive and the pair still works: a new round gives both a new PSK.
-    ha.fall_back.send(b.key.public_key()).await.unwrap();
+    ha.fall_back.send(b.as_peer().node).await.unwrap();
     let after = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let now = hb

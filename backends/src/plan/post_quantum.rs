@@ -13,7 +13,7 @@ use crate::model::{DesiredState, PqKey, PqPeer};
 use crate::netconf::{Backend, NetConf, WireguardConf};
 
 /// Whether the config asks for post-quantum rounds.
-pub(crate) fn enabled(config: &NetConf) -> bool {
+pub fn enabled(config: &NetConf) -> bool {
     match &config.backend {
         Backend::Wireguard(w) => w.post_quantum,
         Backend::Ipsec(i) => i.post_quantum,
