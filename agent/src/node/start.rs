@@ -419,7 +419,10 @@ async fn serve<R: Registry>(
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
-    let kem = crate::pq::load_key(&net, &state_dir)?;
+    let kem = match args.post_quantum_off {
+        true => None,
+        false => crate::pq::load_key(&net, &state_dir)?,
+    };
     let setup = backend_setup::prepare(
         &net,
         &key.public_key(),
@@ -470,7 +473,13 @@ async fn serve<R: Registry>(
         state: None,
     };
     let path_mtu = path_mtu_prober(args);
-    let pq = crate::pq::start(kem, &key, args.post_quantum_port, &state_dir);
+    let pq = crate::pq::start(
+        kem,
+        &key,
+        args.post_quantum_port,
+        args.post_quantum_period,
+        &state_dir,
+    );
     let inputs = LoopInputs {
         path_mtu,
         pq,

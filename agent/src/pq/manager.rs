@@ -73,6 +73,12 @@ impl Manager {
         if !restored.is_empty() {
             info!(pairs = restored.len(), path = %saved.path().display(), "post-quantum PSKs restored from the last run");
         }
+        // In force from the first pass on, before the plan has listed any peer: a pass
+        // without them would give the peers the classical PSK for a moment.
+        published.send_replace(Published {
+            psks: restored.iter().map(|(k, i)| (*k, i.psk.clone())).collect(),
+            next_switch: None,
+        });
         Manager {
             own: config.own,
             own_public,

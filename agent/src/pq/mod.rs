@@ -114,6 +114,7 @@ pub fn start(
     kem: Option<KemKeyPair>,
     key: &PrivateKey,
     port: u16,
+    period: std::time::Duration,
     state_dir: &std::path::Path,
 ) -> Handle {
     let Some(kem) = kem else {
@@ -128,7 +129,13 @@ pub fn start(
         bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         port,
         state_dir: state_dir.to_path_buf(),
-        timing: Timing::default(),
+        timing: Timing {
+            // At least a second: a round takes a round trip and the switch delay.
+            period: u64::try_from(period.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1_000),
+            ..Timing::default()
+        },
     };
     spawn(config).unwrap_or_else(|e| {
         tracing::warn!(port, error = %e, "post-quantum rounds are off: their UDP port (--post-quantum-port) cannot be bound; every pair stays classical");

@@ -118,6 +118,11 @@ async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
     drop(ha);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut ha = a.start(port);
+    assert_eq!(
+        ha.published.borrow().psks.get(&b.key.public_key()),
+        Some(&at_b),
+        "in force before the plan lists the peer"
+    );
     ha.peers.send_replace(vec![b.as_peer()]);
     assert_eq!(psk_for(&mut ha, &b.key.public_key()).await, at_b);
 }

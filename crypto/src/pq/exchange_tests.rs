@@ -343,3 +343,21 @@ fn an_unanswered_init_is_repeated_less_and_less_often() {
     assert_eq!(inits, 6);
     assert!(a.psk(T0 + 40_000).is_none());
 }
+
+#[test]
+fn a_commit_is_sent_until_it_is_acknowledged() {
+    let (mut a, mut b) = nodes(Timing::default());
+    let mut acks_lost = 0;
+    let first = run(&mut a, &mut b, 0, 20_000, &mut |d| {
+        let lost = kind(d) == 4;
+        acks_lost += usize::from(lost);
+        lost
+    });
+    let commits = |w: &Wire| w.sent.iter().filter(|d| kind(d) == 3).count();
+    // Sent at 0, 1, 3, 7 and 15 s, each acknowledged and each ack lost.
+    assert_eq!((commits(&first), acks_lost), (5, 5));
+    assert_eq!(a.psk(T0 + 20_000), b.psk(T0 + 20_000), "both switched");
+    let rest = run(&mut a, &mut b, 20_010, 60_000, &mut never);
+    assert_eq!(commits(&rest), 1, "one more, acknowledged, and no other");
+    assert_eq!(a.psk(T0 + 60_000), b.psk(T0 + 60_000));
+}

@@ -151,10 +151,6 @@ enum State {
     },
 }
 
-/// The leader sends a `Commit` at most this many times without an `Ack`: by then the
-/// follower has it, or the pair's path is down and the next round starts afresh.
-const MAX_COMMIT_SENDS: u32 = 8;
-
 /// One pair's exchange from this node's side.
 pub struct Exchange {
     auth: AuthKey,
@@ -299,11 +295,11 @@ impl Exchange {
                 self.begin(now)?;
             }
         }
-        if let State::Committing { round, sends, .. } = self.state {
-            if sends >= MAX_COMMIT_SENDS {
-                self.state = State::Idle {
-                    next_at: round.saturating_add(timing.period),
-                };
+        // A commit is sent until it is acknowledged (the leader has switched: the follower
+        // must too), or until the next round, which supersedes it, is due.
+        if let State::Committing { round, .. } = self.state {
+            if now >= round.saturating_add(timing.period) {
+                self.begin(now)?;
             }
         }
         let mut send = Vec::new();
