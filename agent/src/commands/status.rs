@@ -435,6 +435,7 @@ mod tests {
             public_ip: Some("198.51.100.1".into()),
             peers: r,
             paths: vec![],
+            post_quantum: vec![],
         });
         assert!(
             text.contains("n2    10.244.2.0/24  198.51.100.2:40000  10 s ago"),

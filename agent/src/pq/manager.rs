@@ -310,6 +310,21 @@ impl Manager {
         for (node, round, rounds) in completed {
             info!(peer = %node, round, rounds, "post-quantum PSK in force");
         }
+        // The status first: the pass that the news wakes reads it.
+        if let Ok(mut status) = self.status.lock() {
+            for (key, pair) in &self.pairs {
+                let s = status.entry(*key).or_default();
+                s.node = pair.node.clone();
+                s.protected_round = in_force.get(key).map(|i| i.round);
+                s.rounds = pair.rounds;
+                if s.protected_round.is_some() {
+                    s.classical_because = None;
+                } else if s.classical_because.is_none() {
+                    s.classical_because = Some("its first round has not completed".into());
+                }
+                s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
+            }
+        }
         let psks: BTreeMap<PublicKey, PresharedKey> =
             in_force.iter().map(|(k, i)| (*k, i.psk.clone())).collect();
         let published = Published {
@@ -326,20 +341,6 @@ impl Manager {
                 warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
             }
             self.stored = in_force.clone();
-        }
-        if let Ok(mut status) = self.status.lock() {
-            for (key, pair) in &self.pairs {
-                let s = status.entry(*key).or_default();
-                s.node = pair.node.clone();
-                s.protected_round = in_force.get(key).map(|i| i.round);
-                s.rounds = pair.rounds;
-                if s.protected_round.is_some() {
-                    s.classical_because = None;
-                } else if s.classical_because.is_none() {
-                    s.classical_because = Some("its first round has not completed".into());
-                }
-                s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
-            }
         }
     }
 
