@@ -21,3 +21,4 @@ pub mod pathmtu;
 pub mod pq;
 pub mod registry;
 pub mod report;
+pub(crate) mod udp;

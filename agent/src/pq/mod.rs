@@ -184,21 +184,9 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
     })
 }
 
-/// A UDP socket on `addr`; the IPv6 one is IPv6 only, so both families share the port.
+/// A UDP socket on `addr`.
 fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
-    let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    UdpSocket::from_std(socket.into())
+    crate::udp::bind(crate::udp::socket(addr)?, addr)
 }
 
 #[cfg(test)]

@@ -302,7 +302,8 @@ impl Exchange {
                 self.begin(now)?;
             }
         }
-        let mut send = Vec::new();
+        // What is due now: (round, the fingerprint it names, body).
+        let mut due: Option<(u64, [u8; FINGERPRINT_LEN], Body)> = None;
         let wake_at = match &mut self.state {
             State::Idle { next_at } => *next_at,
             State::Offered {
@@ -313,14 +314,8 @@ impl Exchange {
                 ..
             } => {
                 if now >= *next_send {
-                    let msg = Message {
-                        from: self.own_key,
-                        to: self.peer_key,
-                        round: *round,
-                        ek: self.peer_ek.short_fingerprint(),
-                        body: Body::Init { ct: ct.clone() },
-                    };
-                    send.push(msg.encode(&self.auth));
+                    let body = Body::Init { ct: ct.clone() };
+                    due = Some((*round, self.peer_ek.short_fingerprint(), body));
                     *sends += 1;
                     *next_send = now.saturating_add(backoff(&timing, *sends));
                 }
@@ -334,21 +329,12 @@ impl Exchange {
                 next_send,
             } => {
                 if now >= *next_send {
-                    let msg = Message {
-                        from: self.own_key,
-                        to: self.peer_key,
-                        round: *round,
-                        ek: [0; FINGERPRINT_LEN],
-                        body: Body::Commit {
-                            switch_in_ms: switch_at.saturating_sub(now),
-                            confirm: secret.confirm(&fields(
-                                b"commit",
-                                *round,
-                                Some(switch_at.saturating_sub(now)),
-                            )),
-                        },
+                    let delay = switch_at.saturating_sub(now);
+                    let body = Body::Commit {
+                        switch_in_ms: delay,
+                        confirm: secret.confirm(&fields(b"commit", *round, Some(delay))),
                     };
-                    send.push(msg.encode(&self.auth));
+                    due = Some((*round, [0; FINGERPRINT_LEN], body));
                     *sends += 1;
                     *next_send = now.saturating_add(backoff(&timing, *sends));
                 }
@@ -356,6 +342,10 @@ impl Exchange {
             }
             State::Following | State::Replied { .. } => now.saturating_add(timing.period),
         };
+        let send = due
+            .map(|(round, ek, body)| self.message(round, ek, body).encode(&self.auth))
+            .into_iter()
+            .collect();
         let wake_at = self.next.as_ref().map_or(wake_at, |n| wake_at.min(n.at_ms));
         Ok(Poll { send, wake_at })
     }
