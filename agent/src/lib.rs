@@ -18,5 +18,7 @@ pub mod liveness;
 pub mod node;
 pub mod observe;
 pub mod pathmtu;
+pub mod pq;
 pub mod registry;
 pub mod report;
+pub(crate) mod udp;

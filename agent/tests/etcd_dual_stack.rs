@@ -30,6 +30,7 @@ fn attrs(n: u8) -> LocalAttrs {
         backend_v6_data: Some(json!({ "PublicKey": format!("k{n}"), "Port": 51821 })),
         next_key: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

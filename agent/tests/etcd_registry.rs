@@ -36,6 +36,7 @@ fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
         backend_v6_data: None,
         next_key: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

@@ -4,7 +4,8 @@
 //! transfer, masquerade and self-heal, the hitless restart and membership, the device
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
-//! kernel devices, dead pairs and drift healed in seconds (liveness), two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
+//! kernel devices, dead pairs and drift healed in seconds (liveness), post-quantum pair
+//! PSKs (netlink PSKs from ML-KEM rounds), two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
 //! from host-gw, `weft cleanup`, the Kubernetes lab, a mixed mesh of
 //! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), WireGuard's own
 //! netns conformance scenarios (which the userspace device passes on the host), and a
@@ -73,6 +74,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
     let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
     let (conformance, liveness) = (sibling_test("netns_conformance"), sibling_test("liveness"));
+    let post_quantum = sibling_test("post_quantum");
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -114,6 +116,13 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             kernel,
             &liveness,
             "--skip a_device_that_stops_stalls_or_loses_its_sockets",
+        ),
+        // Each pair's PSK from its ML-KEM rounds, on kernel devices (netlink PSKs).
+        (
+            "post-quantum: kernel",
+            kernel,
+            &post_quantum,
+            "every_pair_gets_a_psk_of_its_own",
         ),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),

@@ -330,6 +330,7 @@ fn synthetic_lease(i: u32) -> Lease {
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 

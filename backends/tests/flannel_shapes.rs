@@ -40,6 +40,7 @@ fn ours(backend: &str) -> LeaseAttrs {
         backend_v6_data: None,
         next_key: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -171,6 +172,19 @@ fn dual_stack_values_are_flannels_both_ways() {
     }
 }
 
+/// `attrs` as weft writes them to etcd, checked to be a wireguard node's flannel values
+/// byte for byte with one field of weft's, `field`: `value`, after them.
+fn flannels_and(attrs: &LeaseAttrs, field: &str, value: &str) -> String {
+    let written = serde_json::to_string(attrs).unwrap();
+    let flannels = serde_json::to_string(&ours("wireguard")).unwrap();
+    let want = format!(
+        "{},\"{field}\":\"{value}\"}}",
+        flannels.strip_suffix('}').unwrap()
+    );
+    assert_eq!(written, want);
+    written
+}
+
 /// weft's key proof rides in its own field, `WeftKeyProof`, beside flannel's (which flannel
 /// ignores), and comes back as the lease's proof; one that does not decode is no proof.
 #[test]
@@ -181,16 +195,7 @@ fn the_key_proof_is_a_field_of_its_own_and_round_trips() {
         key_proof: Some(weft_crypto::proof::to_text(&proof)),
         ..ours("wireguard")
     };
-    let written = serde_json::to_string(&attrs).unwrap();
-    let flannels = serde_json::to_string(&ours("wireguard")).unwrap();
-    assert_eq!(
-        written,
-        format!(
-            "{},\"WeftKeyProof\":\"{}\"}}",
-            flannels.strip_suffix('}').unwrap(),
-            weft_crypto::proof::to_text(&proof)
-        )
-    );
+    let written = flannels_and(&attrs, "WeftKeyProof", &weft_crypto::proof::to_text(&proof));
     let back: LeaseAttrs = serde_json::from_str(&written).unwrap();
     let lease = back.into_lease("10.244.3.0-24".into(), None, None);
     assert_eq!(lease.key_proof, Some(proof));
@@ -199,4 +204,35 @@ fn the_key_proof_is_a_field_of_its_own_and_round_trips() {
         ..ours("wireguard")
     };
     assert_eq!(garbled.into_lease("n".into(), None, None).key_proof, None);
+}
+
+/// weft's ML-KEM key rides in its own field (etcd: `WeftMlKemKey`) and annotation
+/// (`weft.dev/ml-kem-key`), beside flannel's values, which stay exactly flannel's; it comes
+/// back raw for the planner to decode.
+#[test]
+fn the_ml_kem_key_is_a_field_and_an_annotation_of_its_own() {
+    let ek = weft_crypto::pq::KemKeyPair::from_seed([3; 64])
+        .encaps_key()
+        .to_base64();
+    let attrs = LeaseAttrs {
+        ml_kem_key: Some(ek.clone()),
+        ..ours("wireguard")
+    };
+    let written = flannels_and(&attrs, "WeftMlKemKey", &ek);
+    let back: LeaseAttrs = serde_json::from_str(&written).unwrap();
+    assert_eq!(
+        back.into_lease("n".into(), None, None).ml_kem_key,
+        Some(ek.clone())
+    );
+
+    let p = "flannel.alpha.coreos.com";
+    let published = publish(p, &ours("wireguard"));
+    let mut annotations = published.clone();
+    annotations.insert("weft.dev/ml-kem-key".into(), ek.clone());
+    let lease = read(p, "node-b", &[], &annotations).unwrap().unwrap();
+    assert_eq!(lease.ml_kem_key, Some(ek));
+    assert!(
+        published.keys().all(|k| k.starts_with(p)),
+        "flannel's annotations only: {published:?}"
+    );
 }

@@ -1,5 +1,5 @@
 //! The node's private key on disk: `/var/lib/weft/wireguard.key` unless `WIREGUARD_KEY_FILE`
-//! names another path.
+//! names another path; its ML-KEM seed (`mlkem.key`) in the same directory.
 //!
 //! Load-or-create: an existing file is used as it is (a reboot must not change the key);
 //! a missing one is created atomically (temp file, fsync, `link` into place so a concurrent
@@ -15,6 +15,52 @@ use crate::keys::{KeyError, PrivateKey};
 
 pub const DEFAULT_KEY_FILE: &str = "/var/lib/weft/wireguard.key";
 pub const KEY_FILE_ENV: &str = "WIREGUARD_KEY_FILE";
+/// The ML-KEM seed's file name, in the WireGuard key's directory.
+pub const KEM_SEED_FILE: &str = "mlkem.key";
+
+/// A secret kept in a key file as one line of base64.
+pub trait StoredSecret: Sized {
+    /// What the file holds, for messages.
+    const WHAT: &'static str;
+    /// How to restore it, for messages about a file that does not hold one.
+    const RESTORE: &'static str;
+    /// The longest file worth reading.
+    const MAX_FILE: u64;
+    fn generate() -> Result<Self, KeyError>;
+    fn from_text(text: &str) -> Result<Self, KeyError>;
+    /// The line to store (secret).
+    fn to_text_secret(&self) -> String;
+}
+
+impl StoredSecret for PrivateKey {
+    const WHAT: &'static str = "a WireGuard private key";
+    const RESTORE: &'static str = "restore the node's key (one base64 line, as `wg genkey` prints), or delete the file to generate a new key (peers then learn a new public key)";
+    const MAX_FILE: u64 = 1024;
+    fn generate() -> Result<Self, KeyError> {
+        PrivateKey::generate()
+    }
+    fn from_text(text: &str) -> Result<Self, KeyError> {
+        text.parse()
+    }
+    fn to_text_secret(&self) -> String {
+        self.to_base64_secret()
+    }
+}
+
+impl StoredSecret for crate::pq::KemKeyPair {
+    const WHAT: &'static str = "an ML-KEM-768 seed";
+    const RESTORE: &'static str = "delete the file to generate a new ML-KEM key pair (peers then learn its new key, and every pair runs a new round)";
+    const MAX_FILE: u64 = 1024;
+    fn generate() -> Result<Self, KeyError> {
+        crate::pq::KemKeyPair::generate()
+    }
+    fn from_text(text: &str) -> Result<Self, KeyError> {
+        crate::pq::seed_from_base64(text).map(crate::pq::KemKeyPair::from_seed)
+    }
+    fn to_text_secret(&self) -> String {
+        crate::pq::seed_to_base64(self.seed())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
@@ -31,9 +77,11 @@ pub enum KeyFileError {
     DirTooOpen { path: PathBuf, mode: u32 },
     #[error("key file {} is not a regular file; fix: remove it so weft can create the key", path.display())]
     NotAFile { path: PathBuf },
-    #[error("key file {} does not hold a WireGuard private key: {source}; fix: restore the node's key (one base64 line, as `wg genkey` prints), or delete the file to generate a new key (peers then learn a new public key)", path.display())]
+    #[error("key file {} does not hold {what}: {source}; fix: {restore}", path.display())]
     Malformed {
         path: PathBuf,
+        what: &'static str,
+        restore: &'static str,
         #[source]
         source: KeyError,
     },
@@ -62,13 +110,18 @@ pub enum Origin {
 
 /// Loads the key at `path`, creating it if there is none.
 pub fn load_or_create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
+    load_or_create_secret(path)
+}
+
+/// Loads the secret at `path`, creating it if there is none.
+pub fn load_or_create_secret<T: StoredSecret>(path: &Path) -> Result<(T, Origin), KeyFileError> {
     match load(path)? {
         Some(key) => Ok((key, Origin::Loaded)),
         None => create(path),
     }
 }
 
-fn load(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
+fn load<T: StoredSecret>(path: &Path) -> Result<Option<T>, KeyFileError> {
     let meta = match fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -86,11 +139,13 @@ fn load(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
             mode,
         });
     }
-    // A key is 44 characters; the file holds one line.
-    let mut text = crate::atomic_file::read_bounded(path, 1024).map_err(|e| {
+    // A key is 44 characters (a seed 88); the file holds one line.
+    let mut text = crate::atomic_file::read_bounded(path, T::MAX_FILE).map_err(|e| {
         if e.kind() == io::ErrorKind::InvalidData {
             KeyFileError::Malformed {
                 path: path.to_path_buf(),
+                what: T::WHAT,
+                restore: T::RESTORE,
                 // Too large (read_bounded's own message), or not UTF-8.
                 source: KeyError::Base64(match e.get_ref() {
                     Some(why) if why.to_string().contains("bytes") => why.to_string(),
@@ -101,8 +156,10 @@ fn load(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
             io_err("reading key file", path)(e)
         }
     })?;
-    let key = text.parse().map_err(|source| KeyFileError::Malformed {
+    let key = T::from_text(&text).map_err(|source| KeyFileError::Malformed {
         path: path.to_path_buf(),
+        what: T::WHAT,
+        restore: T::RESTORE,
         source,
     });
     zeroize::Zeroize::zeroize(&mut text);
@@ -117,7 +174,12 @@ pub fn read_key(path: &Path) -> Result<Option<PrivateKey>, KeyFileError> {
 /// A new key written to `path` (0600, in a 0700 directory), replacing whatever was there
 /// in one rename: a reader sees the old file or the new one. For a rotation's next key.
 pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
-    let (key, tmp) = new_key_beside(path)?;
+    write_new_secret(path)
+}
+
+/// A new secret written to `path`, as `write_new_key`.
+pub fn write_new_secret<T: StoredSecret>(path: &Path) -> Result<T, KeyFileError> {
+    let (key, tmp) = new_key_beside::<T>(path)?;
     let written = write_secret(&tmp, &key).and_then(|()| {
         crate::atomic_file::rename_durably(&tmp, path).map_err(|e| KeyFileError::Io {
             op: e.op,
@@ -133,13 +195,13 @@ pub fn write_new_key(path: &Path) -> Result<PrivateKey, KeyFileError> {
 
 /// A new key, and the temporary file name beside `path` (in its 0700 directory) to write
 /// it to before it is moved into place.
-fn new_key_beside(path: &Path) -> Result<(PrivateKey, PathBuf), KeyFileError> {
+fn new_key_beside<T: StoredSecret>(path: &Path) -> Result<(T, PathBuf), KeyFileError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     ensure_private_dir(&dir)?;
-    let key = PrivateKey::generate().map_err(|source| KeyFileError::Generate {
+    let key = T::generate().map_err(|source| KeyFileError::Generate {
         path: path.to_path_buf(),
         source,
     })?;
@@ -151,8 +213,8 @@ fn new_key_beside(path: &Path) -> Result<(PrivateKey, PathBuf), KeyFileError> {
     Ok((key, tmp))
 }
 
-fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
-    let (key, tmp) = new_key_beside(path)?;
+fn create<T: StoredSecret>(path: &Path) -> Result<(T, Origin), KeyFileError> {
+    let (key, tmp) = new_key_beside::<T>(path)?;
     let _ = fs::remove_file(&tmp);
     let written = write_secret(&tmp, &key);
     let linked = written.and_then(|()| match fs::hard_link(&tmp, path) {
@@ -176,14 +238,14 @@ fn create(path: &Path) -> Result<(PrivateKey, Origin), KeyFileError> {
     Ok((key, Origin::Created))
 }
 
-fn write_secret(tmp: &Path, key: &PrivateKey) -> Result<(), KeyFileError> {
+fn write_secret<T: StoredSecret>(tmp: &Path, key: &T) -> Result<(), KeyFileError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(tmp)
         .map_err(io_err("creating temporary key file", tmp))?;
-    let mut line = key.to_base64_secret();
+    let mut line = key.to_text_secret();
     line.push('\n');
     let result = file
         .write_all(line.as_bytes())
@@ -262,6 +324,31 @@ mod tests {
         assert!(matches!(err, KeyFileError::Malformed { .. }), "{err:?}");
         assert!(err.to_string().contains("delete the file"), "{err}");
         assert_eq!(fs::read_to_string(&path).unwrap(), "hello\n");
+    }
+
+    #[test]
+    fn an_ml_kem_seed_is_kept_like_the_key() {
+        use crate::pq::KemKeyPair;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lib/weft").join(KEM_SEED_FILE);
+        let (created, origin) = load_or_create_secret::<KemKeyPair>(&path).unwrap();
+        assert_eq!(origin, Origin::Created);
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        let (loaded, origin) = load_or_create_secret::<KemKeyPair>(&path).unwrap();
+        assert_eq!(origin, Origin::Loaded);
+        assert_eq!(loaded.encaps_key(), created.encaps_key());
+        let rotated = write_new_secret::<KemKeyPair>(&path).unwrap();
+        assert_ne!(rotated.encaps_key(), created.encaps_key());
+        let (loaded, _) = load_or_create_secret::<KemKeyPair>(&path).unwrap();
+        assert_eq!(loaded.encaps_key(), rotated.encaps_key());
+
+        // A WireGuard key where a seed belongs: named, and the file left alone.
+        let (wg, _) = load_or_create(&dir.path().join("wireguard.key")).unwrap();
+        fs::write(&path, wg.to_base64_secret()).unwrap();
+        let err = load_or_create_secret::<KemKeyPair>(&path).unwrap_err();
+        assert!(err.to_string().contains("ML-KEM-768 seed"), "{err}");
+        assert!(err.to_string().contains("32 bytes"), "{err}");
+        assert!(!err.to_string().contains(&wg.to_base64_secret()), "{err}");
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub enum KeyError {
     Base64(String),
     #[error("decodes to {got} bytes, but a WireGuard key is exactly {KEY_LEN} bytes (44 base64 characters)")]
     Length { got: usize },
+    #[error(
+        "decodes to {got} bytes, but an ML-KEM seed is exactly 64 bytes (88 base64 characters)"
+    )]
+    SeedLength { got: usize },
     #[error("the system random number generator failed")]
     Random,
 }

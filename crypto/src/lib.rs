@@ -10,9 +10,11 @@ pub mod atomic_file;
 pub mod esp;
 mod keyfile;
 mod keys;
+pub mod pq;
 pub mod proof;
 
 pub use keyfile::{
-    load_or_create, read_key, write_new_key, KeyFileError, Origin, DEFAULT_KEY_FILE, KEY_FILE_ENV,
+    load_or_create, load_or_create_secret, read_key, write_new_key, write_new_secret, KeyFileError,
+    Origin, StoredSecret, DEFAULT_KEY_FILE, KEM_SEED_FILE, KEY_FILE_ENV,
 };
 pub use keys::{random_bytes, KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};

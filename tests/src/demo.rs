@@ -61,6 +61,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
             backend_v6_data: None,
             next_key: None,
             key_proof: None,
+            ml_kem_key: None,
         };
         let lease = reg
             .acquire(
@@ -118,6 +119,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
         let state = plan(&PlanInput {
             observed: &Default::default(),
             path_mtus: &Default::default(),
+            pair_psks: &Default::default(),
             local: lease,
             view: &view,
             config: net,

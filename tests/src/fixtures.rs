@@ -29,6 +29,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -54,6 +55,7 @@ pub fn plan_with(conf: &str, me: &Lease, peers: Vec<Lease>, options: &PlanOption
     plan(&PlanInput {
         observed: &Default::default(),
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         local: me,
         view: &view,
         config: &config,

@@ -128,6 +128,21 @@ pub struct AgentArgs {
     #[arg(long, default_value = "51822")]
     pub path_mtu_port: u16,
 
+    /// UDP port of the post-quantum rounds (`Backend.PostQuantum`), between the nodes'
+    /// tunnel addresses: the datagrams go inside the tunnel, so no underlay port is opened.
+    #[arg(long, default_value = "51823")]
+    pub post_quantum_port: u16,
+
+    /// This node takes no part in post-quantum rounds whatever the config says: it publishes
+    /// no ML-KEM key, and its pairs stay classical (a node-by-node rollout, as a node of an
+    /// older weft would be).
+    #[arg(long, env = "WEFT_POST_QUANTUM_OFF", hide = true)]
+    pub post_quantum_off: bool,
+
+    /// Seconds between a pair's post-quantum rounds.
+    #[arg(long, default_value = "120", value_parser = parse_seconds, hide = true)]
+    pub post_quantum_period: Duration,
+
     /// How often, in seconds, each peer's path is checked for a changed MTU (two
     /// datagrams per peer); a changed path is measured again at once.
     #[arg(long, default_value = "2", value_parser = parse_seconds)]

@@ -7,6 +7,7 @@ pub mod config_check;
 pub mod doctor;
 pub mod install_cni;
 pub mod keys;
+pub mod pq_status;
 pub mod rotate;
 pub mod rotate_cluster;
 pub mod status;

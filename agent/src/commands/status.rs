@@ -57,6 +57,8 @@ pub struct Report {
     pub peers: Vec<Row>,
     /// Each peer's underlay path and its measured MTU.
     pub paths: Vec<PathInfo>,
+    /// With `PostQuantum`: each pair's protection.
+    pub post_quantum: Vec<crate::observe::snapshot::PqPairInfo>,
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -273,6 +275,7 @@ pub fn table(report: &Report) -> String {
         out += "(no peers)\n";
     }
     out += &path_lines(&report.paths, SystemTime::now());
+    out += &super::pq_status::lines(&report.post_quantum, SystemTime::now());
     out
 }
 
@@ -337,6 +340,7 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
         device: snapshot.device.clone(),
         public_ip: snapshot.public_ip.map(|i| i.to_string()),
         paths: snapshot.paths.clone(),
+        post_quantum: snapshot.post_quantum.clone(),
     })
 }
 
@@ -431,6 +435,7 @@ mod tests {
             public_ip: Some("198.51.100.1".into()),
             peers: r,
             paths: vec![],
+            post_quantum: vec![],
         });
         assert!(
             text.contains("n2    10.244.2.0/24  198.51.100.2:40000  10 s ago"),

@@ -67,6 +67,7 @@ mod tests {
             backend_v6_data: None,
             next_key: None,
             key_proof: None,
+            ml_kem_key: None,
         }
         .into_lease(node.into(), None, None);
         l.next_key = next;

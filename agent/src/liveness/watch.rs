@@ -31,7 +31,12 @@ const DRIFT_PAUSE_MAX: Duration = Duration::from_secs(300);
 
 /// Starts the watcher on a thread of its own, on device handle `wg` (see
 /// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
-pub fn spawn(wg: WgImpl, snapshot: snapshot::Shared, metrics: Metrics) -> std::io::Result<Handle> {
+pub fn spawn(
+    wg: WgImpl,
+    snapshot: snapshot::Shared,
+    metrics: Metrics,
+    dead_pairs: Option<mpsc::Sender<String>>,
+) -> std::io::Result<Handle> {
     let (plan_tx, plan_rx) = watch::channel(None);
     let applying = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (events_tx, events_rx) = mpsc::channel(16);
@@ -49,6 +54,7 @@ pub fn spawn(wg: WgImpl, snapshot: snapshot::Shared, metrics: Metrics) -> std::i
         snapshot,
         metrics,
         events: events_tx,
+        dead_pairs,
         applying: applying.clone(),
     };
     std::thread::Builder::new()
@@ -77,6 +83,9 @@ struct Watcher {
     snapshot: snapshot::Shared,
     metrics: Metrics,
     events: mpsc::Sender<Event>,
+    /// Each pair that turns dead, by node (the post-quantum task falls back to the
+    /// classical PSK: two different PSKs on the two sides would leave it dead).
+    dead_pairs: Option<mpsc::Sender<String>>,
     /// The loop is changing the devices (`Handle::applying`).
     applying: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -224,13 +233,18 @@ impl Watcher {
                 node,
                 cause,
                 unanswered,
-            } => warn!(
-                node = %node,
-                device = %device,
-                cause = cause.label(),
-                unanswered_ms = unanswered.as_millis() as u64,
-                "pair dead: {cause}"
-            ),
+            } => {
+                warn!(
+                    node = %node,
+                    device = %device,
+                    cause = cause.label(),
+                    unanswered_ms = unanswered.as_millis() as u64,
+                    "pair dead: {cause}"
+                );
+                if let Some(tx) = &self.dead_pairs {
+                    let _ = tx.try_send(node);
+                }
+            }
             Todo::Repair {
                 device,
                 peer,

@@ -138,6 +138,7 @@ impl Controller<'_> {
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
+        let pair_psks = self.inputs.pq.published.borrow_and_update().psks.clone();
         let state = plan(&PlanInput {
             local: &self.me,
             view,
@@ -146,6 +147,7 @@ impl Controller<'_> {
             observed: &observed,
             now,
             path_mtus: &path_mtus,
+            pair_psks: &pair_psks,
         });
         let state = match state {
             Ok(state) => state,
@@ -171,6 +173,21 @@ impl Controller<'_> {
             .collect();
         self.inputs.metrics.peer_keys(&peer_keys);
         self.measure_paths(&state);
+        let pq_rows = self
+            .inputs
+            .pq
+            .status
+            .lock()
+            .map(|s| snapshot::pq_rows(&s))
+            .unwrap_or_default();
+        self.inputs.snapshot.update(|s| s.post_quantum = pq_rows);
+        self.inputs.pq.peers.send_if_modified(|p| {
+            let changed = *p != state.post_quantum;
+            if changed {
+                p.clone_from(&state.post_quantum);
+            }
+            changed
+        });
         Some(state)
     }
 

@@ -45,6 +45,8 @@ pub(crate) struct LoopInputs {
     pub(crate) psk: PskSources,
     /// The path MTU prober: what to measure, and what it measured.
     pub(crate) path_mtu: crate::pathmtu::Handle,
+    /// The post-quantum task: each plan's pairs to it, the PSKs in force from it.
+    pub(crate) pq: crate::pq::Handle,
 }
 
 /// How often the periodic checks run (liveness, the node's address, ipsec's states; the
@@ -245,11 +247,16 @@ pub(crate) async fn control_loop(
 /// Starts the liveness watcher on a handle of its own (WireGuard only).
 fn start_liveness(dataplane: &Dataplane, inputs: &LoopInputs) -> Option<crate::liveness::Handle> {
     let started = dataplane.another_wg_handle()?.and_then(|wg| {
-        crate::liveness::spawn(wg, inputs.snapshot.clone(), inputs.metrics.clone()).map_err(|e| {
-            weft_backends::apply::ApplyError::Io {
-                op: "starting the liveness watcher".into(),
-                source: e,
-            }
+        let dead_pairs = Some(inputs.pq.fall_back.clone());
+        crate::liveness::spawn(
+            wg,
+            inputs.snapshot.clone(),
+            inputs.metrics.clone(),
+            dead_pairs,
+        )
+        .map_err(|e| weft_backends::apply::ApplyError::Io {
+            op: "starting the liveness watcher".into(),
+            source: e,
         })
     });
     match started {
@@ -367,6 +374,8 @@ impl Controller<'_> {
                 // A path's MTU was measured, or changed, or went silent: its routes and
                 // the snapshot follow.
                 _ = self.inputs.path_mtu.mtus.changed() => return Wake::Pass { full: false },
+                // A post-quantum PSK took over (or a pair fell back): the peer's PSK follows.
+                _ = self.inputs.pq.published.changed() => return Wake::Pass { full: false },
                 _ = self.inputs.local.changed() => return Wake::Pass { full: false },
                 // Links, addresses, routes and neighbours are read in every pass, and a
                 // deleted device is recreated and read afresh; so a deletion (often one of
@@ -410,7 +419,12 @@ impl Controller<'_> {
     /// device has it or not.
     async fn switch_own_key(&mut self) -> bool {
         let published = self.inputs.local.borrow().next_key.clone();
-        self.keys.switch(published.as_ref()).await
+        let switched = self.keys.switch(published.as_ref()).await;
+        if switched {
+            // Every pair is a new one under the new key: classical until its round.
+            let _ = self.inputs.pq.own_key.try_send(self.keys.key.clone());
+        }
+        switched
     }
 
     /// Whether the periodic resync runs now: not while this node's announced key switch

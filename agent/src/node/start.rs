@@ -233,6 +233,7 @@ fn local_attrs(
         next_key: rotation.pending().cloned(),
         // Made once the registry has named this node's entry (`KeyState::prove`).
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -418,6 +419,10 @@ async fn serve<R: Registry>(
     let state_dir = key_path
         .parent()
         .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
+    let kem = match args.post_quantum_off {
+        true => None,
+        false => crate::pq::load_key(&net, &state_dir)?,
+    };
     let setup = backend_setup::prepare(
         &net,
         &key.public_key(),
@@ -427,7 +432,10 @@ async fn serve<R: Registry>(
     .await?;
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
     let request = AcquireRequest {
-        attrs: local_attrs(args, &net, public_ip, &setup, &rotation),
+        attrs: LocalAttrs {
+            ml_kem_key: kem.as_ref().map(|k| k.encaps_key().to_base64()),
+            ..local_attrs(args, &net, public_ip, &setup, &rotation)
+        },
         previous,
         previous_v6,
     };
@@ -465,8 +473,16 @@ async fn serve<R: Registry>(
         state: None,
     };
     let path_mtu = path_mtu_prober(args);
+    let pq = crate::pq::start(
+        kem,
+        &key,
+        args.post_quantum_port,
+        args.post_quantum_period,
+        &state_dir,
+    );
     let inputs = LoopInputs {
         path_mtu,
+        pq,
         psk,
         registry_rotations,
         views: handle.views.clone(),

@@ -133,6 +133,7 @@ impl Metrics {
         register_paths(&mut registry, snapshot);
         self.register_peers(&mut registry, snapshot);
         self.register_liveness(&mut registry, snapshot);
+        register_post_quantum(&mut registry, snapshot, std::time::SystemTime::now());
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
@@ -253,6 +254,38 @@ impl Metrics {
             self.pair_repairs.clone(),
         );
     }
+}
+
+/// With `PostQuantum`: each pair's protection (1 once a round completed) and the age of
+/// its secret.
+fn register_post_quantum(registry: &mut Registry, snapshot: &Snapshot, now: std::time::SystemTime) {
+    if snapshot.post_quantum.is_empty() {
+        return;
+    }
+    let protected: Family<Labels, Gauge> = Family::default();
+    let age: Family<Labels, Gauge> = Family::default();
+    for p in &snapshot.post_quantum {
+        let labels = vec![("node", p.node.clone())];
+        protected
+            .get_or_create(&labels)
+            .set(i64::from(p.round_ms.is_some()));
+        if let Some(ms) = p.round_ms {
+            let at = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            let secs = now.duration_since(at).unwrap_or_default().as_secs();
+            age.get_or_create(&labels)
+                .set(i64::try_from(secs).unwrap_or(i64::MAX));
+        }
+    }
+    registry.register(
+        "peer_post_quantum",
+        "1 while the pair's PSK comes from a completed ML-KEM-768 round; 0 while it is classical",
+        protected,
+    );
+    registry.register(
+        "peer_post_quantum_secret_age_seconds",
+        "How long ago the round of the pair's PSK in force began",
+        age,
+    );
 }
 
 /// The plan: peers left out (by reason) and the peers in it.

@@ -62,6 +62,9 @@ pub struct Snapshot {
     /// When it did, in milliseconds since the Unix epoch (0: never).
     #[serde(default)]
     pub liveness_at_ms: u64,
+    /// With `PostQuantum`: each pair's post-quantum protection (`crate::pq`).
+    #[serde(default)]
+    pub post_quantum: Vec<PqPairInfo>,
     /// Each WireGuard peer's counters as the last full pass read them, for `/metrics`
     /// (which must not read the device per request). Not sent to the CLI.
     #[serde(skip)]
@@ -128,6 +131,39 @@ pub struct PairLiveness {
     pub detail: Option<String>,
     /// How long it has been dead.
     pub dead_secs: Option<u64>,
+}
+
+/// One pair's post-quantum protection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PqPairInfo {
+    pub node: String,
+    /// When the round of the PSK in force began (ms since the Unix epoch): the pair is
+    /// protected; `None`: classical.
+    pub round_ms: Option<u64>,
+    /// Rounds completed since the agent started.
+    pub rounds: u64,
+    /// Why the pair is classical, when it is.
+    pub classical_because: Option<String>,
+    /// The last of the pair's messages that was refused, and why.
+    pub last_refusal: Option<String>,
+}
+
+/// The rows of the post-quantum task's `status`, by node.
+pub fn pq_rows(
+    status: &BTreeMap<weft_crypto::PublicKey, crate::pq::PairStatus>,
+) -> Vec<PqPairInfo> {
+    let mut rows: Vec<PqPairInfo> = status
+        .values()
+        .map(|s| PqPairInfo {
+            node: s.node.clone(),
+            round_ms: s.protected_round,
+            rounds: s.rounds,
+            classical_because: s.classical_because.clone(),
+            last_refusal: s.last_refusal.clone(),
+        })
+        .collect();
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    rows
 }
 
 /// A change the agent's checks made to put back what something else had changed.

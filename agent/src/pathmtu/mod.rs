@@ -158,13 +158,7 @@ pub fn spawn(port: u16, check: Duration) -> std::io::Result<Handle> {
 /// kernel's path MTU cache (`IP_PMTUDISC_PROBE`): a probe either crosses whole or is lost.
 /// The IPv6 socket is IPv6 only, so it and the IPv4 one share the port.
 fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let domain = if addr.is_ipv4() {
-        Domain::IPV4
-    } else {
-        Domain::IPV6
-    };
-    let socket = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let socket = crate::udp::socket(addr)?;
     let fd = socket.as_raw_fd();
     if addr.is_ipv4() {
         setsockopt(
@@ -174,7 +168,6 @@ fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
             libc::IP_PMTUDISC_PROBE,
         )?;
     } else {
-        socket.set_only_v6(true)?;
         setsockopt(
             fd,
             libc::IPPROTO_IPV6,
@@ -184,9 +177,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
         // IPv6 fragments at the source unless told not to; a probe must not be.
         setsockopt(fd, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)?;
     }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    UdpSocket::from_std(socket.into())
+    crate::udp::bind(socket, addr)
 }
 
 fn setsockopt(fd: i32, level: i32, option: i32, value: i32) -> std::io::Result<()> {

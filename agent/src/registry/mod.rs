@@ -40,6 +40,8 @@ pub struct LocalAttrs {
     /// Its proof of holding its key, for its name in the registry (base64;
     /// `weft_crypto::proof`).
     pub key_proof: Option<String>,
+    /// Its ML-KEM-768 encapsulation key (base64), when post-quantum rounds are on.
+    pub ml_kem_key: Option<String>,
 }
 
 impl LocalAttrs {
@@ -52,6 +54,7 @@ impl LocalAttrs {
             backend_v6_data: self.backend_v6_data.clone(),
             next_key: self.next_key.clone(),
             key_proof: self.key_proof.clone(),
+            ml_kem_key: self.ml_kem_key.clone(),
         }
     }
 }

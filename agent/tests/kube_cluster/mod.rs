@@ -104,6 +104,7 @@ impl Member {
         let view = self.handle.views.borrow().clone();
         plan(&PlanInput {
             path_mtus: &Default::default(),
+            pair_psks: &Default::default(),
             observed: &Default::default(),
             local: &me,
             view: &view,
@@ -138,6 +139,7 @@ pub fn request(ip: u8, seed: u8) -> AcquireRequest {
             backend_v6_data: None,
             next_key: None,
             key_proof: None,
+            ml_kem_key: None,
         },
         previous: None,
         previous_v6: None,

@@ -41,6 +41,7 @@ pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -74,6 +75,7 @@ pub(super) fn plan_for(backend: &str, view: &ClusterView) -> DesiredState {
     .unwrap();
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         local: &me,
         view: &view,
         config: &config,

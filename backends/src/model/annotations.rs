@@ -15,6 +15,8 @@ pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
 pub const NEXT_KEY: &str = "weft.dev/next-key";
 /// weft's proof that the node holds its key (`weft_crypto::proof`, base64), for its name.
 pub const KEY_PROOF: &str = "weft.dev/key-proof";
+/// weft's ML-KEM-768 encapsulation key (base64), for post-quantum pair secrets.
+pub const ML_KEM_KEY: &str = "weft.dev/ml-kem-key";
 
 /// The annotations a node running `attrs` publishes under `prefix`. Values are strings;
 /// backend data is its JSON text (`null` for host-gw, as flannel writes it).
@@ -126,6 +128,8 @@ pub fn read(
             .and_then(|t| serde_json::from_str(t).ok()),
         // A proof that does not decode is no proof: the node is only not proven.
         key_proof: annotations.get(KEY_PROOF).cloned(),
+        // Decoded by the planner: a bad one leaves only this node's pairs classical.
+        ml_kem_key: annotations.get(ML_KEM_KEY).cloned(),
     };
     let v4 = pod_cidrs
         .iter()

@@ -47,6 +47,33 @@ pub struct DesiredState {
     /// Every peer's underlay address, whose path MTU the agent measures, and what the
     /// plan made of the measurement (`plan::path_mtu`).
     pub paths: Vec<PeerPath>,
+    /// With `PostQuantum`, every peer this node runs post-quantum rounds with, or why a
+    /// pair stays classical (`plan::post_quantum`).
+    pub post_quantum: Vec<PqPeer>,
+}
+
+/// A peer's part in post-quantum rounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PqPeer {
+    pub node: String,
+    /// Its X25519 key in use: the pair is this node's key and this one.
+    pub public_key: PublicKey,
+    /// Its tunnel address (its subnet's network address, IPv4 when it has one): the
+    /// exchange goes there, inside the pair's tunnel, so it needs no port of its own on
+    /// the underlay and crosses NAT as the tunnel does.
+    pub address: std::net::IpAddr,
+    pub ek: PqKey,
+}
+
+/// A peer's ML-KEM-768 key as the plan found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PqKey {
+    Published(weft_crypto::pq::EncapsKey),
+    /// It publishes none (an older weft, flanneld, or `PostQuantum` off there): the pair is
+    /// classical on both sides.
+    None,
+    /// What it publishes does not decode (why): no new round starts; a PSK in force stays.
+    Bad(String),
 }
 
 /// One peer's path on the underlay.

@@ -39,6 +39,11 @@ pub struct Lease {
     /// `weft.dev/key-proof` annotation). Of two entries claiming one key, a proven one
     /// keeps it over one that is not, whichever is older.
     pub key_proof: Option<[u8; weft_crypto::proof::PROOF_LEN]>,
+    /// Its ML-KEM-768 encapsulation key as published (base64; etcd: the `WeftMlKemKey`
+    /// field, Kubernetes: the `weft.dev/ml-kem-key` annotation): peers run post-quantum
+    /// rounds to it. Raw, as `backend_data`: the planner decodes it, and one that does not
+    /// decode leaves the pair classical, never down.
+    pub ml_kem_key: Option<String>,
 }
 
 /// An announced key rotation: weft's addition to a lease (etcd: the `WeftNextKey` field,
@@ -114,6 +119,13 @@ pub struct LeaseAttrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub key_proof: Option<String>,
+    /// weft's own field: the node's ML-KEM-768 encapsulation key (base64).
+    #[serde(
+        rename = "WeftMlKemKey",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ml_kem_key: Option<String>,
 }
 
 impl LeaseAttrs {
@@ -142,6 +154,7 @@ impl LeaseAttrs {
                 .key_proof
                 .as_deref()
                 .and_then(weft_crypto::proof::from_text),
+            ml_kem_key: self.ml_kem_key,
         }
     }
 
@@ -154,6 +167,7 @@ impl LeaseAttrs {
             backend_v6_data: lease.backend_v6_data.clone(),
             next_key: lease.next_key.clone(),
             key_proof: lease.key_proof.as_ref().map(weft_crypto::proof::to_text),
+            ml_kem_key: lease.ml_kem_key.clone(),
         }
     }
 }
@@ -251,6 +265,7 @@ mod tests {
             next_key: None,
             created: None,
             key_proof: None,
+            ml_kem_key: None,
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

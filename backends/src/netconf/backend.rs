@@ -169,6 +169,8 @@ pub struct WireguardConf {
     pub persistent_keepalive: u16,
     pub mode: WireguardMode,
     pub implementation: Implementation,
+    /// `PostQuantum`: each pair's PSK from an ML-KEM-768 exchange between the two agents.
+    pub post_quantum: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +224,7 @@ impl Backend {
                 "PersistentKeepaliveInterval": w.persistent_keepalive,
                 "Mode": w.mode.as_str(),
                 "Implementation": w.implementation.as_str(),
+                "PostQuantum": w.post_quantum,
             }),
             Backend::Vxlan(v) => json!({
                 "Type": "vxlan",
@@ -245,10 +248,15 @@ impl Backend {
                 "ESPProposal": i.algorithm.as_str(),
                 "MTU": i.mtu,
                 "RekeyAfter": i.rekey_after.map(|d| d.as_secs()),
+                "PostQuantum": i.post_quantum,
             }),
         }
     }
 }
+
+/// `PostQuantum` when the config does not say: off until the post-quantum exchange has
+/// its lab proofs on every encrypting backend.
+pub const POST_QUANTUM_DEFAULT: bool = false;
 
 const WIREGUARD_KEYS: &[&str] = &[
     "Type",
@@ -259,6 +267,7 @@ const WIREGUARD_KEYS: &[&str] = &[
     "PersistentKeepaliveInterval",
     "Mode",
     "Implementation",
+    "PostQuantum",
 ];
 const VXLAN_KEYS: &[&str] = &[
     "Type",
@@ -278,6 +287,7 @@ const IPSEC_KEYS: &[&str] = &[
     "ESPProposal",
     "MTU",
     "RekeyAfter",
+    "PostQuantum",
 ];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
@@ -341,6 +351,7 @@ pub(super) fn parse(
                     .map_or(0, |n| n as u16),
                 mode: WireguardMode::parse_key(&mut f).unwrap_or_default(),
                 implementation: Implementation::parse_key(&mut f).unwrap_or_default(),
+                post_quantum: f.bool("PostQuantum").unwrap_or(POST_QUANTUM_DEFAULT),
             })
         }
         BackendKind::Vxlan => {
@@ -382,6 +393,7 @@ pub(super) fn parse(
                         "seconds after which a node starts a new epoch by itself",
                     )
                     .map(std::time::Duration::from_secs),
+                post_quantum: f.bool("PostQuantum").unwrap_or(POST_QUANTUM_DEFAULT),
             })
         }
     };

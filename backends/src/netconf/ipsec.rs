@@ -92,6 +92,9 @@ pub struct IpsecConf {
     /// weft's `RekeyAfter` (seconds): each node rotates to a new epoch (new keys for every
     /// pair) once its epoch is this old. `None`: only on request or lost state.
     pub rekey_after: Option<std::time::Duration>,
+    /// `PostQuantum`: each pair's keys also from an ML-KEM-768 exchange between the two
+    /// agents.
+    pub post_quantum: bool,
 }
 
 pub(super) fn ipsec_psk(f: &mut Fields<'_, '_>) -> Option<IpsecPsk> {

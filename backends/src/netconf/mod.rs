@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 
 pub use self::backend::{
     Backend, BackendKind, EspAlgorithm, Implementation, IpipConf, IpsecConf, IpsecPsk,
-    UnknownBackend, VxlanConf, WireguardConf, WireguardMode,
+    UnknownBackend, VxlanConf, WireguardConf, WireguardMode, POST_QUANTUM_DEFAULT,
 };
 pub use self::error::{ConfigError, ConfigErrors};
 use self::fields::Fields;

@@ -16,7 +16,7 @@ fn each_bad_input_names_key_value_and_what_is_valid() {
         (r#"{"Network": "10.244.0.0/16", "Netwrok": 1}"#,
          "unknown key `Netwrok` (did you mean `Network`?); valid keys: Network, IPv6Network, EnableIPv4, EnableIPv6, SubnetLen, SubnetMin, SubnetMax, IPv6SubnetLen, IPv6SubnetMin, IPv6SubnetMax, EnableNFTables, Backend"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "ListenPrt": 1}}"#,
-         "unknown key `Backend.ListenPrt` (did you mean `ListenPort`?); valid keys in Backend: Type, ListenPort, ListenPortV6, MTU, PSK, PersistentKeepaliveInterval, Mode, Implementation"),
+         "unknown key `Backend.ListenPrt` (did you mean `ListenPort`?); valid keys in Backend: Type, ListenPort, ListenPortV6, MTU, PSK, PersistentKeepaliveInterval, Mode, Implementation, PostQuantum"),
         (r#"{"Network": "10.244.0.0/33"}"#,
          "`Network` = \"10.244.0.0/33\": not a CIDR; expected an IPv4 network such as \"10.244.0.0/16\""),
         (r#"{"Network": "ten.244/16"}"#,
@@ -64,13 +64,19 @@ fn each_bad_input_names_key_value_and_what_is_valid() {
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "RekeyAfter": 5}}"#,
          "`Backend.RekeyAfter` = 5: out of range for seconds after which a node starts a new epoch by itself; valid: 10–4294967295"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "VNI": 1}}"#,
-         "unknown key `Backend.VNI`; valid keys in Backend: Type, PSK, UDPEncap, ESPProposal, MTU, RekeyAfter"),
+         "unknown key `Backend.VNI`; valid keys in Backend: Type, PSK, UDPEncap, ESPProposal, MTU, RekeyAfter, PostQuantum"),
         (r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/56", "Backend": {"Type": "ipsec"}}"#,
          "`Backend.Type` = \"ipsec\": ipsec carries IPv4 only (as flannel's): with EnableIPv6, or EnableIPv4 false, use wireguard, vxlan or host-gw"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "Mode": "both"}}"#,
          "`Backend.Mode` = \"both\": valid: separate, auto, ipv4, ipv6"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "Implementation": "ebpf"}}"#,
          "`Backend.Implementation` = \"ebpf\": valid: auto, kernel, userspace"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PostQuantum": "yes"}}"#,
+         "`Backend.PostQuantum` = \"yes\": expected true or false"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "PostQuantum": 1}}"#,
+         "`Backend.PostQuantum` = 1: expected true or false"),
+        (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan", "PostQuantum": true}}"#,
+         "unknown key `Backend.PostQuantum`; valid keys in Backend: Type, VNI, Port, GBP, Learning, DirectRouting, MTU"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "ListenPort": 70000}}"#,
          "`Backend.ListenPort` = 70000: out of range for a UDP port; valid: 1–65535"),
         (r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "ListenPortV6": 0}}"#,
@@ -197,6 +203,28 @@ fn dual_stack_and_custom_ranges() {
         (wg.persistent_keepalive, wg.mode, wg.mtu),
         (25, WireguardMode::Auto, Some(9000))
     );
+    assert_eq!(wg.post_quantum, POST_QUANTUM_DEFAULT);
+}
+
+#[test]
+fn post_quantum_is_a_switch_of_the_encrypting_backends() {
+    for (backend, on) in [
+        ("wireguard", true),
+        ("wireguard", false),
+        ("ipsec", true),
+        ("ipsec", false),
+    ] {
+        let conf = parse(&format!(
+            r#"{{"Network": "10.244.0.0/16", "Backend": {{"Type": "{backend}", "PostQuantum": {on}}}}}"#
+        ))
+        .unwrap();
+        let got = match &conf.backend {
+            Backend::Wireguard(w) => w.post_quantum,
+            Backend::Ipsec(i) => i.post_quantum,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(got, on, "{backend}");
+    }
 }
 
 #[test]

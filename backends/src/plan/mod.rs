@@ -12,6 +12,7 @@ pub mod liveness;
 mod masquerade;
 pub mod path_mtu;
 mod peers;
+pub mod post_quantum;
 pub mod roaming;
 mod unencrypted;
 mod wireguard;
@@ -53,6 +54,11 @@ pub struct PlanInput<'a> {
     pub now: SystemTime,
     /// The path MTU measured to each peer's underlay address (the agent's prober).
     pub path_mtus: &'a std::collections::BTreeMap<std::net::IpAddr, u32>,
+    /// With `PostQuantum`: the PSK of each pair's last completed post-quantum round, by
+    /// the peer's X25519 key (pairs of this node's current key only). A pair not in it is
+    /// classical.
+    pub pair_psks:
+        &'a std::collections::BTreeMap<weft_crypto::PublicKey, weft_crypto::PresharedKey>,
 }
 
 /// A problem with this node's own lease or setup: nothing can be planned.
@@ -135,6 +141,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
     };
     guard::add(&mut state, input, &ours);
     path_mtu::apply(&mut state, input);
+    post_quantum::add(&mut state, input);
     if input.options.ip_masq {
         state.masquerade = masquerade::tables(input.config, &ours);
     }
@@ -176,6 +183,8 @@ mod claims_tests;
 mod ipip_tests;
 #[cfg(test)]
 mod ipsec_tests;
+#[cfg(test)]
+mod post_quantum_tests;
 #[cfg(test)]
 mod switchover_tests;
 #[cfg(test)]

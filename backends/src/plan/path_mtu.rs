@@ -167,6 +167,7 @@ mod tests {
         };
         plan(&PlanInput {
             path_mtus: &path_mtus,
+            pair_psks: &Default::default(),
             observed: &Default::default(),
             local: view.leases.get("node-a").unwrap(),
             view: &view,

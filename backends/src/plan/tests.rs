@@ -32,6 +32,7 @@ pub(super) fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lea
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -72,6 +73,18 @@ pub(super) fn run_observing(
     ip_masq: bool,
     observed: &crate::model::Observed,
 ) -> Result<DesiredState, PlanError> {
+    run_with_psks(me, config, peers, ip_masq, observed, &Default::default())
+}
+
+/// `run_observing`, with the pairs' post-quantum PSKs.
+pub(super) fn run_with_psks(
+    me: Lease,
+    config: &str,
+    peers: Vec<Lease>,
+    ip_masq: bool,
+    observed: &crate::model::Observed,
+    pair_psks: &std::collections::BTreeMap<weft_crypto::PublicKey, weft_crypto::PresharedKey>,
+) -> Result<DesiredState, PlanError> {
     let config = parse(config).unwrap();
     let mut view = ClusterView::default();
     view.insert(me.clone());
@@ -86,6 +99,7 @@ pub(super) fn run_observing(
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks,
         observed,
         local: &me,
         view: &view,
@@ -392,6 +406,7 @@ fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,
@@ -483,6 +498,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     me.subnet = Some("10.9.0.0/24".parse().unwrap());
     let err = plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,
@@ -496,6 +512,7 @@ fn problems_with_our_own_lease_fail_the_plan() {
     me.backend_data = None;
     let err = plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         observed: &Default::default(),
         local: &me,
         view: &view,

@@ -38,6 +38,7 @@ pub(super) fn lease(
         next_key: None,
         created: None,
         key_proof: None,
+        ml_kem_key: None,
     }
 }
 
@@ -93,6 +94,7 @@ pub(super) fn run_observed_at(
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
+        pair_psks: &Default::default(),
         observed,
         local: &me,
         view: &view,

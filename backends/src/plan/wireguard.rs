@@ -170,7 +170,7 @@ pub(crate) fn plan(
             if allowed.is_empty() {
                 continue;
             }
-            match peer(input.local, c, &dev, wg, own_key, allowed) {
+            match peer(input, c, &dev, wg, own_key, allowed) {
                 Ok(p) => {
                     // A rotation announced by the peer: before its moment the next key is
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
@@ -284,14 +284,14 @@ fn device_addresses(
 }
 
 fn peer(
-    local: &Lease,
+    input: &PlanInput<'_>,
     c: &Candidate<'_>,
     dev: &DevicePlan,
     wg: &WireguardConf,
     own_key: PublicKey,
     allowed_ips: Vec<IpNet>,
 ) -> Result<PeerSpec, LeaveReason> {
-    let lease = c.lease;
+    let (local, lease) = (input.local, c.lease);
     let (field, raw) = if dev.v6_data {
         (
             "backend-v6-data",
@@ -346,7 +346,7 @@ fn peer(
         endpoint: SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port)),
         allowed_ips,
         keepalive: wg.persistent_keepalive,
-        psk: wg.psk.clone(),
+        psk: super::post_quantum::peer_psk(input, wg, &data.public_key),
     })
 }
 

@@ -1,4 +1,4 @@
-//! The benchmarks (`weft-lab bench control-plane|data-plane|liveness|path-mtu|rotation|soak`): figures as medians and
+//! The benchmarks (`weft-lab bench control-plane|data-plane|liveness|path-mtu|post-quantum|rotation|soak`): figures as medians and
 //! percentiles, from runs on this machine; the method and the tables are in BENCHMARKS.md.
 
 pub mod churn;
@@ -7,6 +7,7 @@ pub mod data_plane;
 pub mod iperf;
 pub mod liveness;
 pub mod path_mtu;
+pub mod post_quantum;
 pub mod rotation;
 pub mod soak;
 

@@ -167,6 +167,12 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             print!("{}", weft_lab::bench::liveness::run(&weft, runs)?);
             Ok(())
         }
+        Some("post-quantum") => {
+            let rounds: usize = opt(args, "--rounds").unwrap_or("200").parse()?;
+            let peers: usize = opt(args, "--peers").unwrap_or("1000").parse()?;
+            print!("{}", weft_lab::bench::post_quantum::run(rounds, peers)?);
+            Ok(())
+        }
         Some("rotation") => {
             let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
@@ -184,7 +190,7 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
         }
         _ => {
             anyhow::bail!(
-                "usage: weft-lab bench control-plane|data-plane|liveness|path-mtu|rotation|soak [options]"
+                "usage: weft-lab bench control-plane|data-plane|liveness|path-mtu|post-quantum|rotation|soak [options]"
             )
         }
     }

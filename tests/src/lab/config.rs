@@ -163,12 +163,17 @@ impl LabConfig {
     }
 
     /// This lab with WireGuard's `Mode` set (`auto`, `ipv6`, …).
-    pub fn wireguard_mode(mut self, mode: &str) -> Self {
+    pub fn wireguard_mode(self, mode: &str) -> Self {
+        self.backend_key("Mode", mode.into())
+    }
+
+    /// The config with `key` set to `value` in its `Backend`.
+    pub fn backend_key(mut self, key: &str, value: serde_json::Value) -> Self {
         if let Ok(serde_json::Value::Object(mut conf)) =
             serde_json::from_str::<serde_json::Value>(&self.net_conf)
         {
             if let Some(serde_json::Value::Object(backend)) = conf.get_mut("Backend") {
-                backend.insert("Mode".into(), mode.into());
+                backend.insert(key.into(), value);
             }
             self.net_conf = serde_json::Value::Object(conf).to_string();
         }

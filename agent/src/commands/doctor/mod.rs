@@ -13,6 +13,7 @@ mod esp;
 mod liveness;
 mod local;
 mod path_mtu;
+mod post_quantum;
 mod probe;
 
 use std::fmt;
@@ -159,6 +160,9 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
     }
     if snapshot.backend == "ipsec" {
         out.push(esp::esp(snapshot).await);
+    }
+    if !snapshot.post_quantum.is_empty() {
+        out.push(post_quantum::pairs(snapshot, std::time::SystemTime::now()));
     }
     if wireguard {
         out.push(liveness::pairs(snapshot, std::time::SystemTime::now()));

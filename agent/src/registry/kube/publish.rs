@@ -98,6 +98,10 @@ impl KubeRegistry {
             .and_then(|n| serde_json::to_string(n).ok());
         want.insert(annotations::NEXT_KEY.to_string(), next);
         want.insert(annotations::KEY_PROOF.to_string(), attrs.key_proof.clone());
+        want.insert(
+            annotations::ML_KEM_KEY.to_string(),
+            attrs.ml_kem_key.clone(),
+        );
         want
     }
 

@@ -1,0 +1,379 @@
+//! The task that runs every post-quantum pair of this node: it keeps one `Exchange` per
+//! peer the plan lists, carries their datagrams on its UDP sockets, and tells the control
+//! loop the PSKs in force.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+use weft_backends::model::{PqKey, PqPeer};
+use weft_crypto::pq::{Exchange, Installed, Message, Own, Timing, MAX_LEN};
+use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
+
+use super::saved::Saved;
+use super::{PairStatus, Published};
+
+/// One pair: its exchange and where its peer's agent listens.
+struct Pair {
+    node: String,
+    address: IpAddr,
+    ex: Exchange,
+    wake_at: u64,
+    rounds: u64,
+    /// The round of the PSK last seen in force (a new one is a completed round).
+    in_force: Option<u64>,
+}
+
+pub(super) struct Manager {
+    own: Own,
+    own_public: PublicKey,
+    timing: Timing,
+    port: u16,
+    v4: Option<UdpSocket>,
+    v6: Option<UdpSocket>,
+    saved: Saved,
+    published: watch::Sender<Published>,
+    status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
+    pairs: HashMap<PublicKey, Pair>,
+    /// Saved PSKs not yet given back to a pair (its peer not listed yet).
+    restored: BTreeMap<PublicKey, Installed>,
+    /// What was last written to the saved file.
+    stored: BTreeMap<PublicKey, Installed>,
+    /// The plan's last list, to rebuild the pairs under a new own key.
+    listed: Vec<PqPeer>,
+}
+
+/// What wakes the task besides its sockets and its timers.
+pub(super) struct Inputs {
+    pub(super) peers: watch::Receiver<Vec<PqPeer>>,
+    pub(super) fall_back: mpsc::Receiver<String>,
+    pub(super) own_key: mpsc::Receiver<PrivateKey>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Manager {
+    pub(super) fn new(
+        config: super::Config,
+        sockets: (Option<UdpSocket>, Option<UdpSocket>),
+        published: watch::Sender<Published>,
+        status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
+    ) -> Manager {
+        let own_public = config.own.key.public_key();
+        let saved = Saved::in_dir(&config.state_dir);
+        let restored = saved.load(&own_public);
+        if !restored.is_empty() {
+            info!(pairs = restored.len(), path = %saved.path().display(), "post-quantum PSKs restored from the last run");
+        }
+        // In force from the first pass on, before the plan has listed any peer: a pass
+        // without them would give the peers the classical PSK for a moment.
+        published.send_replace(Published {
+            psks: restored.iter().map(|(k, i)| (*k, i.psk.clone())).collect(),
+            next_switch: None,
+        });
+        Manager {
+            own: config.own,
+            own_public,
+            timing: config.timing,
+            port: config.port,
+            v4: sockets.0,
+            v6: sockets.1,
+            saved,
+            published,
+            status,
+            pairs: HashMap::new(),
+            stored: restored.clone(),
+            restored,
+            listed: Vec::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self, mut inputs: Inputs) {
+        let mut buf4 = vec![0u8; 2 * MAX_LEN];
+        let mut buf6 = vec![0u8; 2 * MAX_LEN];
+        loop {
+            let wake = self.pairs.values().map(|p| p.wake_at).min();
+            let pending = self.published.borrow().next_switch;
+            let wait = wake
+                .map(|w| Duration::from_millis(w.saturating_sub(now_ms())))
+                .into_iter()
+                .chain(pending.map(|at| {
+                    at.duration_since(SystemTime::now())
+                        .unwrap_or(Duration::ZERO)
+                }))
+                .min()
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                got = recv(self.v4.as_ref(), &mut buf4) => {
+                    if let Some((n, from)) = got {
+                        let bytes = buf4[..n].to_vec();
+                        self.datagram(&bytes, from).await;
+                    }
+                }
+                got = recv(self.v6.as_ref(), &mut buf6) => {
+                    if let Some((n, from)) = got {
+                        let bytes = buf6[..n].to_vec();
+                        self.datagram(&bytes, from).await;
+                    }
+                }
+                changed = inputs.peers.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let listed = inputs.peers.borrow_and_update().clone();
+                    self.set_peers(listed);
+                }
+                Some(node) = inputs.fall_back.recv() => self.fall_back(&node),
+                Some(key) = inputs.own_key.recv() => self.set_own_key(key),
+                () = tokio::time::sleep(wait) => {}
+            }
+            self.poll_due().await;
+            self.publish();
+        }
+    }
+
+    /// The plan's peers: a pair for each new one, a new key for one that published
+    /// another, none for one gone or that publishes no key any more.
+    fn set_peers(&mut self, listed: Vec<PqPeer>) {
+        let now = now_ms();
+        let mut keep = std::collections::HashSet::new();
+        for peer in &listed {
+            let ek = match &peer.ek {
+                PqKey::Published(ek) => ek,
+                PqKey::None => continue,
+                PqKey::Bad(why) => {
+                    // The pair keeps what it has and starts no round to a key it cannot use.
+                    keep.insert(peer.public_key);
+                    self.note(&peer.public_key, &peer.node, |s| {
+                        s.classical_because = Some(why.clone())
+                    });
+                    continue;
+                }
+            };
+            keep.insert(peer.public_key);
+            if let Some(pair) = self.pairs.get_mut(&peer.public_key) {
+                pair.address = peer.address;
+                pair.ex.peer_ek_changed(ek.clone(), now);
+                pair.wake_at = now;
+                continue;
+            }
+            match Exchange::new(&self.own, peer.public_key, ek.clone(), self.timing, now) {
+                Ok(mut ex) => {
+                    if let Some(saved) = self.restored.remove(&peer.public_key) {
+                        ex.restore(saved);
+                    }
+                    debug!(peer = %peer.node, leads = ex.leads(), "post-quantum pair");
+                    self.pairs.insert(
+                        peer.public_key,
+                        Pair {
+                            node: peer.node.clone(),
+                            address: peer.address,
+                            ex,
+                            wake_at: now,
+                            rounds: 0,
+                            in_force: None,
+                        },
+                    );
+                }
+                Err(e) => {
+                    warn!(peer = %peer.node, error = %e, "no post-quantum pair: it stays classical")
+                }
+            }
+        }
+        self.pairs.retain(|key, _| keep.contains(key));
+        if let Ok(mut status) = self.status.lock() {
+            status.retain(|key, _| listed.iter().any(|p| p.public_key == *key));
+            for peer in listed.iter().filter(|p| p.ek == PqKey::None) {
+                let s = status.entry(peer.public_key).or_default();
+                s.node = peer.node.clone();
+                s.protected_round = None;
+                s.classical_because = Some(
+                    "it publishes no ML-KEM key (an older weft, flanneld, or PostQuantum off there)"
+                        .into(),
+                );
+            }
+        }
+        self.listed = listed;
+    }
+
+    /// This node's X25519 key changed: every pair is a new pair, classical until its round.
+    fn set_own_key(&mut self, key: PrivateKey) {
+        self.own_public = key.public_key();
+        self.own.key = key;
+        self.pairs.clear();
+        self.restored.clear();
+        let listed = std::mem::take(&mut self.listed);
+        self.set_peers(listed);
+    }
+
+    fn fall_back(&mut self, node: &str) {
+        if let Some(pair) = self.pairs.values_mut().find(|p| p.node == node) {
+            if pair.in_force.is_some() {
+                warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes");
+            }
+            pair.ex.fall_back(now_ms());
+            pair.wake_at = 0;
+        }
+    }
+
+    /// A datagram from `from`: to the pair of the key it names, if it comes from that
+    /// peer's tunnel address.
+    async fn datagram(&mut self, bytes: &[u8], from: SocketAddr) {
+        let refused = |why: &dyn std::fmt::Display| {
+            debug!(from = %from, reason = %why, "post-quantum datagram refused");
+        };
+        let (sender, receiver) = match Message::addressed(bytes) {
+            Ok(keys) => keys,
+            Err(e) => return refused(&e),
+        };
+        if receiver != self.own_public {
+            return refused(&"addressed to another key");
+        }
+        let Some(pair) = self.pairs.get_mut(&sender) else {
+            return refused(&"from a key with no pair here");
+        };
+        if from.ip().to_canonical() != pair.address {
+            return refused(&format!(
+                "not from {}'s tunnel address {}",
+                pair.node, pair.address
+            ));
+        }
+        let now = now_ms();
+        let to = SocketAddr::new(pair.address, self.port);
+        match pair.ex.receive(&self.own, bytes, now) {
+            Ok(replies) => {
+                pair.wake_at = now;
+                for reply in replies {
+                    send(self.v4.as_ref(), self.v6.as_ref(), &reply, to).await;
+                }
+            }
+            Err(e) => {
+                debug!(peer = %pair.node, reason = %e, "post-quantum message refused");
+                let (node, why) = (pair.node.clone(), e.to_string());
+                self.note(&sender, &node, |s| s.last_refusal = Some(why));
+            }
+        }
+    }
+
+    /// Polls every pair whose moment came, and sends what each asks.
+    async fn poll_due(&mut self) {
+        let now = now_ms();
+        let mut out: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
+        for pair in self.pairs.values_mut().filter(|p| p.wake_at <= now) {
+            match pair.ex.poll(now) {
+                Ok(poll) => {
+                    pair.wake_at = poll.wake_at.max(now + 1);
+                    let to = SocketAddr::new(pair.address, self.port);
+                    out.extend(poll.send.into_iter().map(|d| (d, to)));
+                }
+                Err(e) => {
+                    warn!(peer = %pair.node, error = %e, "post-quantum round not started");
+                    pair.wake_at = now + self.timing.retry;
+                }
+            }
+        }
+        for (datagram, to) in out {
+            send(self.v4.as_ref(), self.v6.as_ref(), &datagram, to).await;
+        }
+    }
+
+    /// Tells the loop the PSKs in force and the next switch, saves them, and updates the
+    /// status of each pair.
+    fn publish(&mut self) {
+        let now = now_ms();
+        let mut in_force: BTreeMap<PublicKey, Installed> = BTreeMap::new();
+        let mut next: Option<u64> = None;
+        let mut completed = Vec::new();
+        for (key, pair) in &mut self.pairs {
+            if let Some(installed) = pair.ex.psk(now).cloned() {
+                if pair.in_force != Some(installed.round) {
+                    pair.rounds += 1;
+                    completed.push((pair.node.clone(), installed.round, pair.rounds));
+                }
+                pair.in_force = Some(installed.round);
+                in_force.insert(*key, installed);
+            } else {
+                pair.in_force = None;
+            }
+            if let Some(p) = pair.ex.pending() {
+                next = Some(next.map_or(p.at_ms, |n| n.min(p.at_ms)));
+            }
+        }
+        for (node, round, rounds) in completed {
+            info!(peer = %node, round, rounds, "post-quantum PSK in force");
+        }
+        // The status first: the pass that the news wakes reads it.
+        if let Ok(mut status) = self.status.lock() {
+            for (key, pair) in &self.pairs {
+                let s = status.entry(*key).or_default();
+                s.node = pair.node.clone();
+                s.protected_round = in_force.get(key).map(|i| i.round);
+                s.rounds = pair.rounds;
+                if s.protected_round.is_some() {
+                    s.classical_because = None;
+                } else if s.classical_because.is_none() {
+                    s.classical_because = Some("its first round has not completed".into());
+                }
+                s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
+            }
+        }
+        let psks: BTreeMap<PublicKey, PresharedKey> =
+            in_force.iter().map(|(k, i)| (*k, i.psk.clone())).collect();
+        let published = Published {
+            psks,
+            next_switch: next.map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+        };
+        self.published.send_if_modified(|p| {
+            let changed = *p != published;
+            *p = published;
+            changed
+        });
+        if in_force != self.stored {
+            if let Err(e) = self.saved.store(&self.own_public, &in_force) {
+                warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
+            }
+            self.stored = in_force.clone();
+        }
+    }
+
+    fn note(&self, key: &PublicKey, node: &str, f: impl FnOnce(&mut PairStatus)) {
+        if let Ok(mut status) = self.status.lock() {
+            let s = status.entry(*key).or_default();
+            s.node = node.to_string();
+            f(s);
+        }
+    }
+}
+
+async fn recv(socket: Option<&UdpSocket>, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+    match socket {
+        Some(s) => match s.recv_from(buf).await {
+            Ok(got) => Some(got),
+            Err(e) => {
+                debug!(error = %e, "post-quantum socket: receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn send(v4: Option<&UdpSocket>, v6: Option<&UdpSocket>, datagram: &[u8], to: SocketAddr) {
+    let socket = if to.is_ipv4() { v4 } else { v6 };
+    let Some(socket) = socket else {
+        debug!(to = %to, "post-quantum datagram not sent: no socket of its family");
+        return;
+    };
+    if let Err(e) = socket.send_to(datagram, to).await {
+        debug!(to = %to, error = %e, "post-quantum datagram not sent");
+    }
+}

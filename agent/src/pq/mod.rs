@@ -1,0 +1,193 @@
+//! Post-quantum pair secrets (`Backend.PostQuantum`): this node's ML-KEM-768 key pair, and
+//! a task that runs a round with every peer that publishes a key (the rounds themselves
+//! are `weft_crypto::pq::Exchange`), every `Timing::period` and whenever a key changes.
+//! The control loop gives the task each plan's peers and takes back the PSK in force for
+//! each pair, which the plan combines with the cluster PSK.
+//!
+//! The rounds travel inside the pair's tunnel, between the two nodes' tunnel addresses on
+//! UDP `--post-quantum-port`: no port of their own on the underlay, and NAT is crossed as
+//! the tunnel crosses it. Should a pair ever hold two different PSKs (one side's saved
+//! state lost), its handshakes fail; the liveness watcher then calls `fall_back`, both
+//! sides go classical, and a new round brings the protection back.
+
+mod manager;
+pub mod saved;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, watch};
+use weft_backends::model::PqPeer;
+use weft_crypto::pq::{KemKeyPair, Own, Timing};
+use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
+
+/// The UDP port the rounds use, on the tunnel addresses.
+pub const DEFAULT_PORT: u16 = 51823;
+
+/// What the task tells the control loop.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Published {
+    /// The PSK of each pair's last completed round, by the peer's key.
+    pub psks: BTreeMap<PublicKey, PresharedKey>,
+    /// The next moment a committed PSK takes over: the loop plans again then.
+    pub next_switch: Option<SystemTime>,
+}
+
+/// One pair, for `weft status`, `weft doctor` and `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairStatus {
+    pub node: String,
+    /// The round (its leader's clock, ms since the Unix epoch) of the PSK in force.
+    pub protected_round: Option<u64>,
+    /// Rounds completed since the agent started.
+    pub rounds: u64,
+    /// Why the pair is classical, when it is.
+    pub classical_because: Option<String>,
+    /// The last message of the pair's that was refused, and why.
+    pub last_refusal: Option<String>,
+}
+
+/// What the control loop holds of the task.
+pub struct Handle {
+    /// Each plan's post-quantum peers.
+    pub peers: watch::Sender<Vec<PqPeer>>,
+    pub published: watch::Receiver<Published>,
+    pub status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
+    /// A pair that cannot handshake (its peer's node): back to classical, and a new round.
+    pub fall_back: mpsc::Sender<String>,
+    /// This node's new X25519 key, at the moment it takes over.
+    pub own_key: mpsc::Sender<PrivateKey>,
+    /// With the task off, the sender `published` waits on: kept, so it never changes.
+    _silent: Option<watch::Sender<Published>>,
+}
+
+impl Handle {
+    /// A handle on nothing: `PostQuantum` is off, every pair classical.
+    pub fn off() -> Handle {
+        let (silent, published) = watch::channel(Published::default());
+        Handle {
+            peers: watch::channel(Vec::new()).0,
+            published,
+            status: Arc::default(),
+            fall_back: mpsc::channel(1).0,
+            own_key: mpsc::channel(1).0,
+            _silent: Some(silent),
+        }
+    }
+}
+
+/// What the task needs.
+pub struct Config {
+    pub own: Own,
+    /// The address to listen on (unspecified: every address, IPv4 and IPv6).
+    pub bind: IpAddr,
+    pub port: u16,
+    /// Where the PSKs in force are kept across restarts (`saved`).
+    pub state_dir: PathBuf,
+    pub timing: Timing,
+}
+
+/// This node's ML-KEM-768 key pair, kept beside its WireGuard key (`mlkem.key`, 0600),
+/// when the config asks for post-quantum rounds.
+pub fn load_key(
+    net: &weft_backends::netconf::NetConf,
+    state_dir: &std::path::Path,
+) -> anyhow::Result<Option<KemKeyPair>> {
+    use anyhow::Context;
+    if !weft_backends::plan::post_quantum::enabled(net) {
+        return Ok(None);
+    }
+    let path = state_dir.join(weft_crypto::KEM_SEED_FILE);
+    let (kem, origin) = weft_crypto::load_or_create_secret::<KemKeyPair>(&path)
+        .context("loading the node's ML-KEM key (Backend.PostQuantum)")?;
+    tracing::info!(path = %path.display(), origin = ?origin, key = ?kem.encaps_key(), "ML-KEM-768 key");
+    Ok(Some(kem))
+}
+
+/// The task for `kem` (none without it: every pair classical). A port that cannot be bound
+/// costs the protection, never the mesh.
+pub fn start(
+    kem: Option<KemKeyPair>,
+    key: &PrivateKey,
+    port: u16,
+    period: std::time::Duration,
+    state_dir: &std::path::Path,
+) -> Handle {
+    let Some(kem) = kem else {
+        return Handle::off();
+    };
+    let config = Config {
+        own: Own {
+            key: key.clone(),
+            kem,
+            previous_kem: None,
+        },
+        bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        port,
+        state_dir: state_dir.to_path_buf(),
+        timing: Timing {
+            // At least a second: a round takes a round trip and the switch delay.
+            period: u64::try_from(period.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1_000),
+            ..Timing::default()
+        },
+    };
+    spawn(config).unwrap_or_else(|e| {
+        tracing::warn!(port, error = %e, "post-quantum rounds are off: their UDP port (--post-quantum-port) cannot be bound; every pair stays classical");
+        Handle::off()
+    })
+}
+
+/// Binds the port and starts the task. Fails only if no family can bind.
+pub fn spawn(config: Config) -> std::io::Result<Handle> {
+    let (v4, v6) = match config.bind {
+        IpAddr::V4(ip) if ip.is_unspecified() => (
+            bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.port))),
+            bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.port))),
+        ),
+        IpAddr::V4(_) => (
+            bind(SocketAddr::new(config.bind, config.port)),
+            Err(std::io::ErrorKind::AddrNotAvailable.into()),
+        ),
+        IpAddr::V6(_) => (
+            Err(std::io::ErrorKind::AddrNotAvailable.into()),
+            bind(SocketAddr::new(config.bind, config.port)),
+        ),
+    };
+    let (v4, v6) = match (v4, v6) {
+        (Err(e), Err(_)) => return Err(e),
+        (v4, v6) => (v4.ok(), v6.ok()),
+    };
+    let (published_tx, published) = watch::channel(Published::default());
+    let (peers, peers_rx) = watch::channel(Vec::new());
+    let (fall_back, fall_back_rx) = mpsc::channel(64);
+    let (own_key, own_key_rx) = mpsc::channel(4);
+    let status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>> = Arc::default();
+    let manager = manager::Manager::new(config, (v4, v6), published_tx, status.clone());
+    tokio::spawn(manager.run(manager::Inputs {
+        peers: peers_rx,
+        fall_back: fall_back_rx,
+        own_key: own_key_rx,
+    }));
+    Ok(Handle {
+        peers,
+        published,
+        status,
+        fall_back,
+        own_key,
+        _silent: None,
+    })
+}
+
+/// A UDP socket on `addr`.
+fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    crate::udp::bind(crate::udp::socket(addr)?, addr)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! Two nodes' tasks over real UDP sockets (on two loopback addresses, one port): a round
+//! completes and both hold one PSK; a restarted node puts its PSK back; strangers, junk
+//! and oversized datagrams change nothing.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use weft_backends::model::{PqKey, PqPeer};
+use weft_crypto::pq::{KemKeyPair, Own, Timing};
+use weft_crypto::PrivateKey;
+
+use super::*;
+
+fn timing() -> Timing {
+    Timing {
+        period: 60_000,
+        retry: 100,
+        max_retry: 1_000,
+        round_lifetime: 10_000,
+        switch_delay: 100,
+        freshness: 300_000,
+    }
+}
+
+struct Node {
+    key: PrivateKey,
+    seed: [u8; 64],
+    ip: IpAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new(last: u8) -> Node {
+        Node {
+            key: PrivateKey::generate().unwrap(),
+            seed: weft_crypto::random_bytes().unwrap(),
+            ip: IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn start(&self, port: u16) -> Handle {
+        spawn(Config {
+            own: Own {
+                key: self.key.clone(),
+                kem: KemKeyPair::from_seed(self.seed),
+                previous_kem: None,
+            },
+            bind: self.ip,
+            port,
+            state_dir: self.dir.path().to_path_buf(),
+            timing: timing(),
+        })
+        .unwrap()
+    }
+
+    fn as_peer(&self) -> PqPeer {
+        PqPeer {
+            node: format!("node-{}", self.ip),
+            public_key: self.key.public_key(),
+            address: self.ip,
+            ek: PqKey::Published(KemKeyPair::from_seed(self.seed).encaps_key()),
+        }
+    }
+}
+
+/// A port free on both loopback addresses.
+fn free_port() -> u16 {
+    loop {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = s.local_addr().unwrap().port();
+        if std::net::UdpSocket::bind(("127.0.0.2", port)).is_ok()
+            && std::net::UdpSocket::bind(("127.0.0.3", port)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
+/// The PSK `handle` holds for `peer`, once it holds one (at most 5 s).
+async fn psk_for(handle: &mut Handle, peer: &PublicKey) -> PresharedKey {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(psk) = handle.published.borrow_and_update().psks.get(peer) {
+                return psk.clone();
+            }
+            handle.published.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("a post-quantum PSK within 5 s")
+}
+
+#[tokio::test]
+async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
+    let port = free_port();
+    let (a, b) = (Node::new(1), Node::new(2));
+    let (mut ha, mut hb) = (a.start(port), b.start(port));
+    ha.peers.send_replace(vec![b.as_peer()]);
+    hb.peers.send_replace(vec![a.as_peer()]);
+    let at_a = psk_for(&mut ha, &b.key.public_key()).await;
+    let at_b = psk_for(&mut hb, &a.key.public_key()).await;
+    assert_eq!(at_a, at_b);
+    let status = ha
+        .status
+        .lock()
+        .unwrap()
+        .get(&b.key.public_key())
+        .cloned()
+        .unwrap();
+    assert!(
+        status.protected_round.is_some() && status.classical_because.is_none(),
+        "{status:?}"
+    );
+    assert_eq!(status.rounds, 1);
+
+    // a restarts: its saved PSK is back in force before any new round.
+    drop(ha);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut ha = a.start(port);
+    assert_eq!(
+        ha.published.borrow().psks.get(&b.key.public_key()),
+        Some(&at_b),
+        "in force before the plan lists the peer"
+    );
+    ha.peers.send_replace(vec![b.as_peer()]);
+    assert_eq!(psk_for(&mut ha, &b.key.public_key()).await, at_b);
+}
+
+#[tokio::test]
+async fn strangers_junk_and_huge_datagrams_change_nothing() {
+    let port = free_port();
+    let (mut a, mut b) = (Node::new(1), Node::new(2));
+    // `a` leads the pair: the lower key.
+    if a.key.public_key() > b.key.public_key() {
+        std::mem::swap(&mut a.key, &mut b.key);
+    }
+    let (mut ha, mut hb) = (a.start(port), b.start(port));
+    ha.peers.send_replace(vec![b.as_peer()]);
+    hb.peers.send_replace(vec![a.as_peer()]);
+    let before = psk_for(&mut ha, &b.key.public_key()).await;
+
+    // From a third address: junk, a datagram far larger than any message, and a stranger's
+    // init claiming to come from `b`'s peer.
+    let stranger = std::net::UdpSocket::bind(("127.0.0.3", 0)).unwrap();
+    let to = (a.ip, port);
+    stranger.send_to(b"hello", to).unwrap();
+    stranger.send_to(&vec![0x77; 60_000], to).unwrap();
+    let mut forged = weft_crypto::pq::Exchange::new(
+        &Own {
+            key: PrivateKey::generate().unwrap(),
+            kem: KemKeyPair::generate().unwrap(),
+            previous_kem: None,
+        },
+        a.key.public_key(),
+        KemKeyPair::from_seed(a.seed).encaps_key(),
+        timing(),
+        1,
+    )
+    .unwrap();
+    for d in forged.poll(1).unwrap().send {
+        stranger.send_to(&d, to).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        ha.published.borrow().psks.get(&b.key.public_key()),
+        Some(&before)
+    );
+    // The task is alive and the pair still works: a new round gives both a new PSK.
+    ha.fall_back.send(b.as_peer().node).await.unwrap();
+    let after = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let now = hb
+                .published
+                .borrow_and_update()
+                .psks
+                .get(&a.key.public_key())
+                .cloned();
+            if now.as_ref().is_some_and(|p| *p != before) {
+                return now.unwrap();
+            }
+            hb.published.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("a new round after the junk");
+    assert_eq!(psk_for(&mut ha, &b.key.public_key()).await, after);
+}
+
+#[tokio::test]
+async fn a_peer_without_a_key_is_classical_with_the_reason() {
+    let port = free_port();
+    let (a, b) = (Node::new(1), Node::new(2));
+    let ha = a.start(port);
+    let mut peer = b.as_peer();
+    peer.ek = PqKey::None;
+    ha.peers.send_replace(vec![peer]);
+    tokio::time::timeout(Duration::from_secs(2), async {
+        loop {
+            if let Some(s) = ha.status.lock().unwrap().get(&b.key.public_key()) {
+                if s.classical_because
+                    .as_deref()
+                    .is_some_and(|w| w.contains("publishes no ML-KEM key"))
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the reason in the status");
+    assert!(ha.published.borrow().psks.is_empty());
+}

@@ -1,0 +1,84 @@
+//! Post-quantum pairs (`Backend.PostQuantum`): the peers this node runs rounds with, from
+//! the plan's peers and the ML-KEM keys they publish, and the PSK each WireGuard peer gets
+//! from a completed round. Pure: the rounds themselves are the agent's.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use weft_crypto::pq::EncapsKey;
+use weft_crypto::{PresharedKey, PublicKey};
+
+use super::PlanInput;
+use crate::model::{DesiredState, PqKey, PqPeer};
+use crate::netconf::{Backend, NetConf, WireguardConf};
+
+/// Whether the config asks for post-quantum rounds.
+pub fn enabled(config: &NetConf) -> bool {
+    match &config.backend {
+        Backend::Wireguard(w) => w.post_quantum,
+        Backend::Ipsec(i) => i.post_quantum,
+        _ => false,
+    }
+}
+
+/// The PSK of the WireGuard peer with `key`: the pair's post-quantum PSK combined with the
+/// cluster's, or the cluster's alone while the pair is classical.
+pub(super) fn peer_psk(
+    input: &PlanInput<'_>,
+    wg: &WireguardConf,
+    key: &PublicKey,
+) -> Option<PresharedKey> {
+    match input.pair_psks.get(key).filter(|_| wg.post_quantum) {
+        Some(pair) => Some(weft_crypto::pq::combine(pair, wg.psk.as_ref())),
+        None => wg.psk.clone(),
+    }
+}
+
+/// Notes in `state` every planned peer's part in post-quantum rounds.
+pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
+    if !enabled(input.config) {
+        return;
+    }
+    // Peers by node, with the key in use and the tunnel address: a WireGuard peer with
+    // AllowedIPs (not a next key staged beside it; IPv4 first), an ipsec peer.
+    let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr)> = BTreeMap::new();
+    let wireguard = state.tunnels.iter().flat_map(|t| &t.peers).filter_map(|p| {
+        let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
+        Some((p.node.as_str(), p.public_key, net.network()))
+    });
+    let ipsec = state
+        .ipsec
+        .iter()
+        .flat_map(|s| &s.peers)
+        .map(|p| (p.node.as_str(), p.public_key, p.subnet.network()));
+    for (node, key, address) in wireguard.chain(ipsec) {
+        let entry = peers_of.entry(node).or_insert((key, address));
+        if address.is_ipv4() && entry.1.is_ipv6() {
+            entry.1 = address;
+        }
+    }
+    let peers: Vec<PqPeer> = peers_of
+        .into_iter()
+        .map(|(node, (public_key, address))| {
+            let ek = match input
+                .view
+                .leases
+                .get(node)
+                .and_then(|l| l.ml_kem_key.as_deref())
+            {
+                None => PqKey::None,
+                Some(text) => match EncapsKey::from_base64(text) {
+                    Ok(ek) => PqKey::Published(ek),
+                    Err(e) => PqKey::Bad(format!("its ML-KEM key does not decode: {e}")),
+                },
+            };
+            PqPeer {
+                node: node.to_string(),
+                public_key,
+                address,
+                ek,
+            }
+        })
+        .collect();
+    state.post_quantum = peers;
+}
