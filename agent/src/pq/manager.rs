@@ -150,7 +150,8 @@ impl Manager {
                 PqKey::Published(ek) => ek,
                 PqKey::None => continue,
                 PqKey::Bad(why) => {
-                    // The pair keeps what it has and starts no round to a key it cannot use.
+                    // The pair stays as it was: its PSK in force, rounds to the last key of
+                    // the peer's that decoded (none if none ever did).
                     keep.insert(peer.public_key);
                     self.note(&peer.public_key, &peer.node, |s| {
                         s.classical_because = Some(why.clone())

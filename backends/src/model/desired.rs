@@ -72,7 +72,8 @@ pub enum PqKey {
     /// It publishes none (an older weft, flanneld, or `PostQuantum` off there): the pair is
     /// classical on both sides.
     None,
-    /// What it publishes does not decode (why): no new round starts; a PSK in force stays.
+    /// What it publishes does not decode (why): the pair stays as it was (its PSK in force,
+    /// rounds to the last key that decoded, if any).
     Bad(String),
 }
 
