@@ -83,6 +83,18 @@ pub struct PskSources {
 }
 
 impl PskSources {
+    /// The sources, with no state read yet.
+    pub fn new(
+        dir: Option<std::path::PathBuf>,
+        registry: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> PskSources {
+        PskSources {
+            dir,
+            registry,
+            state: None,
+        }
+    }
+
     /// Reads the sources again; true if the state changed. A bad source is logged and the
     /// last good state stays.
     pub fn refresh(&mut self) -> bool {

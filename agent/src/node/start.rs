@@ -86,9 +86,7 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let key_path = std::env::var_os(KEY_FILE_ENV)
         .map_or_else(|| PathBuf::from(DEFAULT_KEY_FILE), PathBuf::from);
     // Before anything is touched: a second agent on this node stops here.
-    let state_dir = key_path
-        .parent()
-        .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
+    let state_dir = state_dir_of(&key_path);
     let _one_agent = super::one_agent::take(&state_dir)?;
     let (key, origin) = load_or_create(&key_path).context("loading the node's WireGuard key")?;
     info!(path = %key_path.display(), public_key = %key.public_key(), origin = ?origin, "WireGuard key");
@@ -416,13 +414,8 @@ async fn serve<R: Registry>(
         return Ok(0);
     };
     seal_early(&net).await;
-    let state_dir = key_path
-        .parent()
-        .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from);
-    let kem = match args.post_quantum_off {
-        true => None,
-        false => crate::pq::load_key(&net, &state_dir)?,
-    };
+    let state_dir = state_dir_of(&key_path);
+    let kem = crate::pq::load_key(&net, args.post_quantum_off, &state_dir)?;
     let setup = backend_setup::prepare(
         &net,
         &key.public_key(),
@@ -467,23 +460,12 @@ async fn serve<R: Registry>(
     });
     let registry_rotations =
         std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
-    let psk = crate::keys::psk::PskSources {
-        dir: args.psk_dir.clone(),
-        registry: handle.psk.clone(),
-        state: None,
-    };
     let path_mtu = path_mtu_prober(args);
-    let pq = crate::pq::start(
-        kem,
-        &key,
-        args.post_quantum_port,
-        args.post_quantum_period,
-        &state_dir,
-    );
+    let pq = crate::pq::start(kem, &key, args, &state_dir);
     let inputs = LoopInputs {
         path_mtu,
         pq,
-        psk,
+        psk: crate::keys::psk::PskSources::new(args.psk_dir.clone(), handle.psk.clone()),
         registry_rotations,
         views: handle.views.clone(),
         local: handle.local.clone(),
@@ -501,10 +483,7 @@ async fn serve<R: Registry>(
         rotation,
         attrs: request.attrs.clone(),
         updates: handle.updates.clone(),
-        listen_port: match &net.backend {
-            Backend::Wireguard(wg) => Some(wg.listen_port),
-            _ => None,
-        },
+        listen_port: wireguard_port(&net),
         lead: DEFAULT_LEAD,
         unpublished: false,
         identity,
@@ -514,6 +493,21 @@ async fn serve<R: Registry>(
     handle.stop().await;
     info!("stopped; the lease and the data plane are left in place for the next start");
     Ok(0)
+}
+
+/// The directory of the node's state: the key file's.
+fn state_dir_of(key_path: &Path) -> PathBuf {
+    key_path
+        .parent()
+        .map_or_else(|| PathBuf::from("/var/lib/weft"), PathBuf::from)
+}
+
+/// The WireGuard listen port; `None` on backends without keys.
+fn wireguard_port(net: &weft_backends::netconf::NetConf) -> Option<u16> {
+    match &net.backend {
+        Backend::Wireguard(wg) => Some(wg.listen_port),
+        _ => None,
+    }
 }
 
 /// The path MTU prober `--path-mtu-port` asks for, or none (port 0). A taken port costs

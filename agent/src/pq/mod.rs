@@ -93,12 +93,14 @@ pub struct Config {
 
 /// This node's ML-KEM-768 key pair, kept beside its WireGuard key (`mlkem.key`, 0600),
 /// when the config asks for post-quantum rounds.
+/// `off`: this node takes no part whatever the config says (`--post-quantum-off`).
 pub fn load_key(
     net: &weft_backends::netconf::NetConf,
+    off: bool,
     state_dir: &std::path::Path,
 ) -> anyhow::Result<Option<KemKeyPair>> {
     use anyhow::Context;
-    if !weft_backends::plan::post_quantum::enabled(net) {
+    if off || !weft_backends::plan::post_quantum::enabled(net) {
         return Ok(None);
     }
     let path = state_dir.join(weft_crypto::KEM_SEED_FILE);
@@ -110,13 +112,14 @@ pub fn load_key(
 
 /// The task for `kem` (none without it: every pair classical). A port that cannot be bound
 /// costs the protection, never the mesh.
+/// `--post-quantum-port` and `--post-quantum-period` from `args`.
 pub fn start(
     kem: Option<KemKeyPair>,
     key: &PrivateKey,
-    port: u16,
-    period: std::time::Duration,
+    args: &crate::cli::AgentArgs,
     state_dir: &std::path::Path,
 ) -> Handle {
+    let (port, period) = (args.post_quantum_port, args.post_quantum_period);
     let Some(kem) = kem else {
         return Handle::off();
     };

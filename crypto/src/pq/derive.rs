@@ -76,11 +76,7 @@ impl AuthKey {
             return Err(PairKeyError::NonContributory);
         }
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, AUTH_LABEL).extract(shared.as_bytes());
-        let info = pair.bytes();
-        let mut bytes = [0u8; 32];
-        prk.expand(&[&info], hkdf::HKDF_SHA256)
-            .and_then(|okm| okm.fill(&mut bytes))
-            .map_err(|_| PairKeyError::NonContributory)?;
+        let mut bytes = expand32(&prk, &[&pair.bytes()]);
         let key = hmac::Key::new(hmac::HMAC_SHA256, &bytes);
         bytes.zeroize();
         Ok(AuthKey { key, pair })
@@ -138,13 +134,11 @@ impl RoundSecret {
         ikm.zeroize();
         let pair = input.pair.bytes();
         let round = input.round.to_be_bytes();
-        let expand = |what: &[u8]| -> [u8; 32] {
-            let info: [&[u8]; 6] = [ROUND_LABEL, &pair, input.ek_lo, input.ek_hi, &round, what];
-            let mut out = [0u8; 32];
-            prk.expand(&info, hkdf::HKDF_SHA256)
-                .and_then(|okm| okm.fill(&mut out))
-                .expect("32 bytes are within HKDF-SHA256's limit of 8160");
-            out
+        let expand = |what: &[u8]| {
+            expand32(
+                &prk,
+                &[ROUND_LABEL, &pair, input.ek_lo, input.ek_hi, &round, what],
+            )
         };
         let psk = PresharedKey::from_bytes(expand(PSK_INFO));
         let mut confirm = expand(CONFIRM_INFO);
@@ -178,11 +172,16 @@ pub fn combine(pair: &PresharedKey, cluster: Option<&PresharedKey>) -> Preshared
         return pair.clone();
     };
     let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, cluster.as_bytes()).extract(pair.as_bytes());
+    PresharedKey::from_bytes(expand32(&prk, &[COMBINE_LABEL]))
+}
+
+/// 32 bytes of HKDF-SHA256 output from `prk` for `info`.
+fn expand32(prk: &hkdf::Prk, info: &[&[u8]]) -> [u8; 32] {
     let mut out = [0u8; 32];
-    prk.expand(&[COMBINE_LABEL], hkdf::HKDF_SHA256)
+    prk.expand(info, hkdf::HKDF_SHA256)
         .and_then(|okm| okm.fill(&mut out))
         .expect("32 bytes are within HKDF-SHA256's limit of 8160");
-    PresharedKey::from_bytes(out)
+    out
 }
 
 /// HMAC-SHA256 cut to its first `N` bytes (at most 32).
