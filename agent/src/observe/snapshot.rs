@@ -133,8 +133,8 @@ pub struct PairLiveness {
     pub dead_secs: Option<u64>,
 }
 
-/// One pair's post-quantum protection.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One pair's post-quantum protection (the post-quantum task keeps one per pair).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PqPairInfo {
     pub node: String,
     /// When the round of the PSK in force began (ms since the Unix epoch): the pair is
@@ -152,16 +152,7 @@ pub struct PqPairInfo {
 pub fn pq_rows(
     status: &BTreeMap<weft_crypto::PublicKey, crate::pq::PairStatus>,
 ) -> Vec<PqPairInfo> {
-    let mut rows: Vec<PqPairInfo> = status
-        .values()
-        .map(|s| PqPairInfo {
-            node: s.node.clone(),
-            round_ms: s.protected_round,
-            rounds: s.rounds,
-            classical_because: s.classical_because.clone(),
-            last_refusal: s.last_refusal.clone(),
-        })
-        .collect();
+    let mut rows: Vec<PqPairInfo> = status.values().cloned().collect();
     rows.sort_by(|a, b| a.node.cmp(&b.node));
     rows
 }

@@ -195,7 +195,7 @@ impl Manager {
             for peer in listed.iter().filter(|p| p.ek == PqKey::None) {
                 let s = status.entry(peer.public_key).or_default();
                 s.node = peer.node.clone();
-                s.protected_round = None;
+                s.round_ms = None;
                 s.classical_because = Some(
                     "it publishes no ML-KEM key (an older weft, flanneld, or PostQuantum off there)"
                         .into(),
@@ -316,9 +316,9 @@ impl Manager {
             for (key, pair) in &self.pairs {
                 let s = status.entry(*key).or_default();
                 s.node = pair.node.clone();
-                s.protected_round = in_force.get(key).map(|i| i.round);
+                s.round_ms = in_force.get(key).map(|i| i.round);
                 s.rounds = pair.rounds;
-                if s.protected_round.is_some() {
+                if s.round_ms.is_some() {
                     s.classical_because = None;
                 } else if s.classical_because.is_none() {
                     s.classical_because = Some("its first round has not completed".into());

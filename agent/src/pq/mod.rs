@@ -37,19 +37,8 @@ pub struct Published {
     pub next_switch: Option<SystemTime>,
 }
 
-/// One pair, for `weft status`, `weft doctor` and `/metrics`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PairStatus {
-    pub node: String,
-    /// The round (its leader's clock, ms since the Unix epoch) of the PSK in force.
-    pub protected_round: Option<u64>,
-    /// Rounds completed since the agent started.
-    pub rounds: u64,
-    /// Why the pair is classical, when it is.
-    pub classical_because: Option<String>,
-    /// The last message of the pair's that was refused, and why.
-    pub last_refusal: Option<String>,
-}
+/// One pair, for `weft status`, `weft doctor` and `/metrics`: the snapshot's own row.
+pub use crate::observe::snapshot::PqPairInfo as PairStatus;
 
 /// What the control loop holds of the task.
 pub struct Handle {

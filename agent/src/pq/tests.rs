@@ -109,7 +109,7 @@ async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
         .cloned()
         .unwrap();
     assert!(
-        status.protected_round.is_some() && status.classical_because.is_none(),
+        status.round_ms.is_some() && status.classical_because.is_none(),
         "{status:?}"
     );
     assert_eq!(status.rounds, 1);
