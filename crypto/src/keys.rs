@@ -30,11 +30,19 @@ pub enum KeyError {
 }
 
 fn decode_key(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
+    decode_secret(text, |got| KeyError::Length { got })
+}
+
+/// `N` secret bytes from their base64 text; `wrong_length` names a decoded length that is
+/// not `N`. The decoded bytes are zeroed whatever the outcome.
+pub(crate) fn decode_secret<const N: usize>(
+    text: &str,
+    wrong_length: impl FnOnce(usize) -> KeyError,
+) -> Result<[u8; N], KeyError> {
     let mut bytes = STANDARD
         .decode(text.trim())
         .map_err(|e| KeyError::Base64(e.to_string()))?;
-    let out = <[u8; KEY_LEN]>::try_from(bytes.as_slice())
-        .map_err(|_| KeyError::Length { got: bytes.len() });
+    let out = <[u8; N]>::try_from(bytes.as_slice()).map_err(|_| wrong_length(bytes.len()));
     bytes.zeroize();
     out
 }

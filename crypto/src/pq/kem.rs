@@ -97,13 +97,7 @@ impl fmt::Debug for KemKeyPair {
 
 /// A seed from its base64 line (a key file's content).
 pub fn seed_from_base64(text: &str) -> Result<[u8; SEED_LEN], KeyError> {
-    let mut bytes = STANDARD
-        .decode(text.trim())
-        .map_err(|e| KeyError::Base64(e.to_string()))?;
-    let seed = <[u8; SEED_LEN]>::try_from(bytes.as_slice())
-        .map_err(|_| KeyError::SeedLength { got: bytes.len() });
-    bytes.zeroize();
-    seed
+    crate::keys::decode_secret(text, |got| KeyError::SeedLength { got })
 }
 
 /// A seed's base64 line (secret).
