@@ -387,7 +387,8 @@ impl Pair {
             now.saturating_duration_since(since),
             todo,
         );
-        match self.repairs.next(now, device_wide) {
+        let reapply_wait = repair::reapply_wait(&cause, peer.keepalive);
+        match self.repairs.next(now, device_wide, reapply_wait) {
             Action::Wait => {}
             Action::Do(step) => {
                 self.track.repaired(now);

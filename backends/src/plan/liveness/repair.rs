@@ -11,6 +11,11 @@
 //!    so a single dead pair never takes the others down with it.
 //!
 //! A pair is given `STEP_WAIT` after each step to answer (its probe goes out at once).
+//! After re-applying a pair that had roamed (WireGuard learned its endpoint from its
+//! packets: a peer behind a NAT), the pair is given its keepalive interval as well before
+//! its sessions are dropped: the peer's next keepalive shows its current address, but only
+//! on a session this node still holds, so a re-handshake before it would leave the pair
+//! down until the peer's own handshake timer (15 s) fires.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,16 @@ use std::time::{Duration, Instant};
 pub const STEP_WAIT: Duration = Duration::from_secs(2);
 /// How long a re-created device has to answer before the pause.
 pub const RECREATE_WAIT: Duration = Duration::from_secs(5);
+/// How long a pair dead of `cause` has to answer a re-apply: `STEP_WAIT`, and for a pair
+/// that had roamed, its keepalive interval (`keepalive` seconds, 0 for none) on top.
+pub fn reapply_wait(cause: &super::Cause, keepalive: u16) -> Duration {
+    match cause {
+        super::Cause::Unanswered { endpoint, planned } if *endpoint != Some(*planned) => {
+            STEP_WAIT + Duration::from_secs(keepalive.into())
+        }
+        _ => STEP_WAIT,
+    }
+}
 /// The first pause after every step failed; it doubles up to `BACKOFF_MAX`.
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(10);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -64,27 +79,36 @@ pub enum Action {
 /// One pair's repairs in its current dead stretch.
 #[derive(Debug, Clone, Default)]
 pub struct Repairs {
-    last: Option<(Step, Instant)>,
+    /// The last step, when, and how long the pair has after it to answer.
+    last: Option<(Step, Instant, Duration)>,
     /// The pause to take after the next round of steps.
     pause: Option<Duration>,
     paused_until: Option<Instant>,
 }
 
 impl Repairs {
-    /// For a pair dead at `now`; `device_wide`: the device is at fault (see the module).
-    /// The step returned is taken to be done at `now`.
-    pub fn next(&mut self, now: Instant, device_wide: bool) -> Action {
+    /// For a pair dead at `now`; `device_wide`: the device is at fault (see the module);
+    /// `reapply_wait`: how long the pair has to answer a re-apply (`reapply_wait`), fixed
+    /// when the stretch's first step is taken. The step returned is taken to be done at
+    /// `now`.
+    pub fn next(&mut self, now: Instant, device_wide: bool, reapply_wait: Duration) -> Action {
         if self.paused(now) {
             return Action::Wait;
         }
         let step = match self.last {
             None => Step::Reapply,
-            Some((_, at)) if now.saturating_duration_since(at) < STEP_WAIT => return Action::Wait,
-            Some((Step::Reapply, _)) => Step::Rehandshake,
-            Some((Step::Rehandshake, _)) if device_wide => Step::RecreateDevice,
+            Some((_, at, wait)) if now.saturating_duration_since(at) < wait => {
+                return Action::Wait
+            }
+            Some((Step::Reapply, ..)) => Step::Rehandshake,
+            Some((Step::Rehandshake, ..)) if device_wide => Step::RecreateDevice,
             Some(_) => return self.pause(now),
         };
-        self.last = Some((step, now));
+        let wait = match step {
+            Step::Reapply => reapply_wait.max(STEP_WAIT),
+            _ => STEP_WAIT,
+        };
+        self.last = Some((step, now, wait));
         Action::Do(step)
     }
 
@@ -96,11 +120,11 @@ impl Repairs {
         }
         match self.last {
             None => {
-                self.last = Some((Step::RecreateDevice, now));
+                self.last = Some((Step::RecreateDevice, now, RECREATE_WAIT));
                 Action::Do(Step::RecreateDevice)
             }
             // The new device process has had no time to start and be configured.
-            Some((_, at)) if now.saturating_duration_since(at) < RECREATE_WAIT => Action::Wait,
+            Some((_, at, wait)) if now.saturating_duration_since(at) < wait => Action::Wait,
             Some(_) => self.pause(now),
         }
     }
@@ -130,7 +154,7 @@ impl Repairs {
     /// The step that was taken last in this stretch (the one that worked, once the pair
     /// answers).
     pub fn last_step(&self) -> Option<Step> {
-        self.last.map(|(s, _)| s)
+        self.last.map(|(s, ..)| s)
     }
 
     /// Whether the stretch ever got past its first round (a pause was taken).
@@ -147,7 +171,7 @@ mod tests {
         let start = Instant::now();
         let mut r = Repairs::default();
         (0..seconds)
-            .map(|s| (s, r.next(start + Duration::from_secs(s), device_wide)))
+            .map(|s| (s, r.next(start + Duration::from_secs(s), device_wide, STEP_WAIT)))
             .filter(|(_, a)| *a != Action::Wait)
             .collect()
     }
@@ -210,7 +234,7 @@ mod tests {
         let mut r = Repairs::default();
         let mut pauses = Vec::new();
         for s in 0..4000 {
-            if let Action::BackOff { pause, .. } = r.next(start + Duration::from_secs(s), false) {
+            if let Action::BackOff { pause, .. } = r.next(start + Duration::from_secs(s), false, STEP_WAIT) {
                 pauses.push(pause.as_secs());
             }
         }

@@ -241,3 +241,82 @@ fn a_staged_key_and_a_peer_missing_from_the_device_are_not_judged() {
         Some("10.244.3.0".parse().unwrap())
     );
 }
+
+/// b sits behind a NAT (keepalive 5 s) that rebinds at second 5: the port WireGuard had
+/// learned stops answering. The re-apply puts the registry's endpoint (the NAT's front
+/// door, which leads nowhere); only b's next keepalive, on the session this node still
+/// holds, shows its new port. So b is not re-handshaken (which would drop that session)
+/// before its keepalive interval has passed; `b_back`: the second b's keepalive arrives.
+fn natted(b_back: Option<usize>) -> Vec<(usize, Todo)> {
+    let mut spec = spec();
+    spec.peers[0].keepalive = 5;
+    let learned: SocketAddr = "203.0.113.9:40000".parse().unwrap();
+    let start = Instant::now();
+    let mut book = Book::default();
+    let mut out = Vec::new();
+    let mut endpoint = learned;
+    for i in 0..30usize {
+        let now = start + READ * i as u32;
+        let back = b_back.is_some_and(|at| i >= at);
+        let s = fault(30, false, b_back.map(|at| at as u64))[i];
+        let mut r = read(&spec, &s);
+        if back {
+            endpoint = "203.0.113.9:45001".parse().unwrap(); // roamed to the new port
+        }
+        if let Some(b) = r.get_mut(&key(2)) {
+            b.endpoint = Some(endpoint);
+        }
+        for t in book.observe(&spec, &r, now) {
+            match &t {
+                Todo::Probe { device, key, .. } => book.probed(device, key, now),
+                Todo::Repair { peer, .. } => {
+                    endpoint = peer.endpoint;
+                    out.push((i, t));
+                }
+                _ => out.push((i, t)),
+            }
+        }
+    }
+    out
+}
+
+fn steps(todo: &[(usize, Todo)]) -> Vec<(usize, Step)> {
+    todo.iter()
+        .filter_map(|(i, t)| match t {
+            Todo::Repair { step, .. } => Some((*i, *step)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_natted_pair_is_given_its_keepalive_interval_before_its_sessions_are_dropped() {
+    // Nothing comes back: the re-handshake waits the keepalive interval on top.
+    let todo = natted(None);
+    let s = steps(&todo);
+    assert_eq!(s[0].1, Step::Reapply, "{todo:?}");
+    assert_eq!(s[1], (s[0].0 + 2 + 5, Step::Rehandshake), "{todo:?}");
+    // The keepalive comes 4 s after the re-apply (later than `STEP_WAIT`): the pair is
+    // alive again by the re-apply alone, its session kept.
+    let reapplied = s[0].0;
+    let todo = natted(Some(reapplied + 4));
+    assert_eq!(steps(&todo), [(reapplied, Step::Reapply)], "{todo:?}");
+    assert!(todo.iter().any(|(_, t)| matches!(
+        t,
+        Todo::Alive {
+            repaired_by: Some(Step::Reapply),
+            ..
+        }
+    )));
+    // A pair that had not roamed keeps the short wait.
+    assert_eq!(
+        repair::reapply_wait(
+            &Cause::Unanswered {
+                endpoint: "198.51.100.2:51820".parse().ok(),
+                planned: "198.51.100.2:51820".parse().unwrap(),
+            },
+            5
+        ),
+        repair::STEP_WAIT
+    );
+}
