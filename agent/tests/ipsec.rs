@@ -227,6 +227,7 @@ fn synthetic_peer(me: &weft_crypto::esp::Epoch, n: u32) -> weft_backends::model:
         spi,
         local_epoch: *me,
         peer_epoch: epoch,
+        pq: None,
     };
     let mine = "10.0.1.0/24".parse().unwrap();
     weft_backends::model::IpsecPeer {
@@ -234,8 +235,8 @@ fn synthetic_peer(me: &weft_crypto::esp::Epoch, n: u32) -> weft_backends::model:
         public_key: weft_crypto::PrivateKey::generate().unwrap().public_key(),
         remote: std::net::Ipv4Addr::from(0xcb00_0000 + n), // 203.0.x.y
         subnet,
-        outbound: sa(spi(net, mine, generation(me, &epoch)).unwrap()),
-        inbound: vec![sa(spi(net, subnet, generation(&epoch, me)).unwrap())],
+        outbound: sa(spi(net, mine, generation(me, &epoch, 0)).unwrap()),
+        inbound: vec![sa(spi(net, subnet, generation(&epoch, me, 0)).unwrap())],
     }
 }
 

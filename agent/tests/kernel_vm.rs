@@ -124,6 +124,13 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             &post_quantum,
             "every_pair_gets_a_psk_of_its_own",
         ),
+        // ipsec pairs' ESP keys from the same rounds (kernel ESP).
+        (
+            "post-quantum: ipsec",
+            kernel,
+            &post_quantum,
+            "--include-ignored ipsec_pairs_take_a_post_quantum_psk",
+        ),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),
         // Fail-closed windows on kernel devices: etcd wiped and restored, and the switch

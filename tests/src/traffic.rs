@@ -86,12 +86,30 @@ impl Probe {
             IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let receiver = in_named_netns(
             to_ns,
             move || -> std::io::Result<(u64, Duration, Option<String>)> {
                 let listener = TcpListener::bind((any, PORT))?;
                 let _ = ready_tx.send(());
-                let (mut conn, _) = listener.accept()?;
+                // A connection that never comes (the path was down at the start) ends the
+                // wait once the probe is stopped, rather than holding `finish` for ever.
+                listener.set_nonblocking(true)?;
+                let mut conn = loop {
+                    match listener.accept() {
+                        Ok((conn, _)) => break conn,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if stopped.load(Ordering::Relaxed) {
+                                return Ok((0, Duration::ZERO, Some("no connection came".into())));
+                            }
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                conn.set_nonblocking(false)?;
+                conn.set_read_timeout(Some(Duration::from_secs(30)))?;
                 let mut buf = [0u8; 65536];
                 let (mut bytes, mut last, mut max_stall) = (0u64, Instant::now(), Duration::ZERO);
                 loop {
@@ -110,10 +128,11 @@ impl Probe {
         ready_rx
             .recv_timeout(Duration::from_secs(5))
             .map_err(|_| anyhow::anyhow!("the stream's receiver did not start"))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let sender = in_named_netns(from, move || -> std::io::Result<Option<String>> {
             let mut conn = TcpStream::connect((to_ip, PORT))?;
+            // A stream stalled this long is an error to report, not a hang.
+            conn.set_write_timeout(Some(Duration::from_secs(30)))?;
             let chunk = [0x5au8; 1024];
             let t0 = Instant::now();
             let mut i = 0u32;

@@ -494,6 +494,7 @@ impl Controller<'_> {
     /// `weft keys rotate` on this node, through the control socket.
     async fn rotate_on_request(&mut self, request: RotateRequest) {
         info!("key rotation: the control loop takes the request");
+        self.rotate_ml_kem().await;
         let started = match self.dataplane.esp_epoch() {
             Some(_) => self.rotate_esp().await,
             None => self.keys.start().await,
@@ -508,10 +509,26 @@ impl Controller<'_> {
         }
     }
 
+    /// A key rotation takes the ML-KEM key along (with `PostQuantum`): the new one is in
+    /// use before it is published.
+    async fn rotate_ml_kem(&mut self) {
+        match self.inputs.pq.rotate_key().await {
+            None => {}
+            Some(Ok(ek)) => {
+                self.keys.attrs.ml_kem_key = Some(ek);
+                self.keys.publish().await;
+            }
+            Some(Err(e)) => {
+                warn!(error = %format!("{e:#}"), "the ML-KEM key is not rotated (the rest of the rotation goes on)");
+            }
+        }
+    }
+
     /// An operator's `weft keys rotate --all`, written in the registry.
     async fn rotate_from_registry(&mut self, id: &str) {
         if self.keys.takes_request(id) {
             info!(request = ?id, "key rotation requested through the registry");
+            self.rotate_ml_kem().await;
             let started = match self.dataplane.esp_epoch() {
                 Some(_) => self.rotate_esp().await.map(|_| ()),
                 None => self.keys.start().await.map(|_| ()),

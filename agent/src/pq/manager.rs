@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
-use weft_backends::model::{PqKey, PqPeer};
-use weft_crypto::pq::{Exchange, Installed, Message, Own, Timing, MAX_LEN};
-use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
+use weft_backends::model::{PairSecret, PqKey, PqPeer};
+use weft_crypto::pq::{Exchange, Installed, KemKeyPair, Message, Own, Timing, MAX_LEN};
+use weft_crypto::{PrivateKey, PublicKey};
 
 use super::saved::Saved;
 use super::{PairStatus, Published};
@@ -52,6 +52,7 @@ pub(super) struct Inputs {
     pub(super) peers: watch::Receiver<Vec<PqPeer>>,
     pub(super) fall_back: mpsc::Receiver<String>,
     pub(super) own_key: mpsc::Receiver<PrivateKey>,
+    pub(super) own_kem: mpsc::Receiver<KemKeyPair>,
 }
 
 fn now_ms() -> u64 {
@@ -76,7 +77,10 @@ impl Manager {
         // In force from the first pass on, before the plan has listed any peer: a pass
         // without them would give the peers the classical PSK for a moment.
         published.send_replace(Published {
-            psks: restored.iter().map(|(k, i)| (*k, i.psk.clone())).collect(),
+            psks: restored
+                .iter()
+                .map(|(k, i)| (*k, secret(i, None)))
+                .collect(),
             next_switch: None,
         });
         Manager {
@@ -133,6 +137,7 @@ impl Manager {
                 }
                 Some(node) = inputs.fall_back.recv() => self.fall_back(&node),
                 Some(key) = inputs.own_key.recv() => self.set_own_key(key),
+                Some(kem) = inputs.own_kem.recv() => self.set_own_kem(kem),
                 () = tokio::time::sleep(wait) => {}
             }
             self.poll_due().await;
@@ -215,6 +220,19 @@ impl Manager {
         self.set_peers(listed);
     }
 
+    /// This node has a new ML-KEM key pair: rounds begun under the old one still complete
+    /// (it is kept as the previous one), and every pair this node leads begins a round to
+    /// leave it behind at once; the peers lead theirs once they see the new key published.
+    fn set_own_kem(&mut self, kem: KemKeyPair) {
+        info!(key = ?kem.encaps_key(), "ML-KEM-768 key rotated: new rounds with every peer");
+        self.own.previous_kem = Some(std::mem::replace(&mut self.own.kem, kem));
+        let now = now_ms();
+        for pair in self.pairs.values_mut() {
+            pair.ex.own_kem_changed(now);
+            pair.wake_at = 0;
+        }
+    }
+
     fn fall_back(&mut self, node: &str) {
         if let Some(pair) = self.pairs.values_mut().find(|p| p.node == node) {
             if pair.in_force.is_some() {
@@ -226,7 +244,7 @@ impl Manager {
     }
 
     /// A datagram from `from`: to the pair of the key it names, if it comes from that
-    /// peer's tunnel address.
+    /// peer's address for rounds (its tunnel address; an ipsec peer's public IP).
     async fn datagram(&mut self, bytes: &[u8], from: SocketAddr) {
         let refused = |why: &dyn std::fmt::Display| {
             debug!(from = %from, reason = %why, "post-quantum datagram refused");
@@ -243,7 +261,7 @@ impl Manager {
         };
         if from.ip().to_canonical() != pair.address {
             return refused(&format!(
-                "not from {}'s tunnel address {}",
+                "not from {}'s address for rounds {}",
                 pair.node, pair.address
             ));
         }
@@ -326,8 +344,13 @@ impl Manager {
                 s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
             }
         }
-        let psks: BTreeMap<PublicKey, PresharedKey> =
-            in_force.iter().map(|(k, i)| (*k, i.psk.clone())).collect();
+        let psks: BTreeMap<PublicKey, PairSecret> = in_force
+            .iter()
+            .map(|(k, i)| {
+                let previous = self.pairs.get(k).and_then(|p| p.ex.previous());
+                (*k, secret(i, previous))
+            })
+            .collect();
         let published = Published {
             psks,
             next_switch: next.map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
@@ -351,6 +374,16 @@ impl Manager {
             s.node = node.to_string();
             f(s);
         }
+    }
+}
+
+/// A PSK in force as the plan takes it, with the one it replaced.
+fn secret(installed: &Installed, previous: Option<&Installed>) -> PairSecret {
+    PairSecret {
+        psk: installed.psk.clone(),
+        slot: installed.slot(),
+        since: SystemTime::UNIX_EPOCH + Duration::from_millis(installed.at_ms),
+        previous: previous.map(|p| (p.psk.clone(), p.slot())),
     }
 }
 

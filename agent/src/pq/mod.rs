@@ -4,11 +4,14 @@
 //! The control loop gives the task each plan's peers and takes back the PSK in force for
 //! each pair, which the plan combines with the cluster PSK.
 //!
-//! The rounds travel inside the pair's tunnel, between the two nodes' tunnel addresses on
-//! UDP `--post-quantum-port`: no port of their own on the underlay, and NAT is crossed as
-//! the tunnel crosses it. Should a pair ever hold two different PSKs (one side's saved
-//! state lost), its handshakes fail; the liveness watcher then calls `fall_back`, both
-//! sides go classical, and a new round brings the protection back.
+//! On WireGuard the rounds travel inside the pair's tunnel, between the two nodes' tunnel
+//! addresses on UDP `--post-quantum-port`: no port of their own on the underlay, and NAT is
+//! crossed as the tunnel crosses it. Should a pair ever hold two different PSKs (one side's
+//! saved state lost), its handshakes fail; the liveness watcher then calls `fall_back`,
+//! both sides go classical, and a new round brings the protection back. On ipsec they go
+//! between the nodes' public IPs, outside the ESP policies: a pair whose two nodes hold
+//! different secrets cannot carry anything through its tunnel, and the leader's next round
+//! (at once if the leader is the node that lost its state) mends it.
 
 mod manager;
 pub mod saved;
@@ -21,18 +24,19 @@ use std::time::SystemTime;
 
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
-use weft_backends::model::PqPeer;
+use weft_backends::model::{PairSecret, PqPeer};
 use weft_crypto::pq::{KemKeyPair, Own, Timing};
-use weft_crypto::{PresharedKey, PrivateKey, PublicKey};
+use weft_crypto::{PrivateKey, PublicKey};
 
-/// The UDP port the rounds use, on the tunnel addresses.
+/// The UDP port the rounds use, on the tunnel addresses (ipsec: the public IPs).
 pub const DEFAULT_PORT: u16 = 51823;
 
 /// What the task tells the control loop.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Published {
-    /// The PSK of each pair's last completed round, by the peer's key.
-    pub psks: BTreeMap<PublicKey, PresharedKey>,
+    /// The PSK of each pair's last completed round (and the one it replaced), by the
+    /// peer's key.
+    pub psks: BTreeMap<PublicKey, PairSecret>,
     /// The next moment a committed PSK takes over: the loop plans again then.
     pub next_switch: Option<SystemTime>,
 }
@@ -50,11 +54,30 @@ pub struct Handle {
     pub fall_back: mpsc::Sender<String>,
     /// This node's new X25519 key, at the moment it takes over.
     pub own_key: mpsc::Sender<PrivateKey>,
+    /// This node's new ML-KEM key pair (`rotate_key`), before it is published.
+    pub own_kem: mpsc::Sender<KemKeyPair>,
+    /// Where `mlkem.key` is kept; `None` with the task off.
+    state_dir: Option<PathBuf>,
     /// With the task off, the sender `published` waits on: kept, so it never changes.
     _silent: Option<watch::Sender<Published>>,
 }
 
 impl Handle {
+    /// Rotates this node's ML-KEM key (with its X25519 key, `weft keys rotate`): a new key
+    /// pair written over `mlkem.key`, then handed to the task; returns its encapsulation key
+    /// to publish. `None` with the task off.
+    pub async fn rotate_key(&self) -> Option<anyhow::Result<String>> {
+        let dir = self.state_dir.as_ref()?;
+        let rotated = rotate_key(dir).and_then(|kem| {
+            let ek = kem.encaps_key().to_base64();
+            self.own_kem
+                .try_send(kem)
+                .map_err(|_| anyhow::anyhow!("the post-quantum task does not take it"))?;
+            Ok(ek)
+        });
+        Some(rotated)
+    }
+
     /// A handle on nothing: `PostQuantum` is off, every pair classical.
     pub fn off() -> Handle {
         let (silent, published) = watch::channel(Published::default());
@@ -64,6 +87,8 @@ impl Handle {
             status: Arc::default(),
             fall_back: mpsc::channel(1).0,
             own_key: mpsc::channel(1).0,
+            own_kem: mpsc::channel(1).0,
+            state_dir: None,
             _silent: Some(silent),
         }
     }
@@ -97,6 +122,15 @@ pub fn load_key(
         .context("loading the node's ML-KEM key (Backend.PostQuantum)")?;
     tracing::info!(path = %path.display(), origin = ?origin, key = ?kem.encaps_key(), "ML-KEM-768 key");
     Ok(Some(kem))
+}
+
+/// A new ML-KEM-768 key pair for this node, written over `mlkem.key` in `state_dir` (0600,
+/// in one rename) before anything uses it.
+pub fn rotate_key(state_dir: &std::path::Path) -> anyhow::Result<KemKeyPair> {
+    use anyhow::Context;
+    let path = state_dir.join(weft_crypto::KEM_SEED_FILE);
+    weft_crypto::write_new_secret::<KemKeyPair>(&path)
+        .with_context(|| format!("writing a new ML-KEM key to {}", path.display()))
 }
 
 /// The task for `kem` (none without it: every pair classical). A port that cannot be bound
@@ -159,12 +193,15 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
     let (peers, peers_rx) = watch::channel(Vec::new());
     let (fall_back, fall_back_rx) = mpsc::channel(64);
     let (own_key, own_key_rx) = mpsc::channel(4);
+    let (own_kem, own_kem_rx) = mpsc::channel(4);
     let status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>> = Arc::default();
+    let state_dir = config.state_dir.clone();
     let manager = manager::Manager::new(config, (v4, v6), published_tx, status.clone());
     tokio::spawn(manager.run(manager::Inputs {
         peers: peers_rx,
         fall_back: fall_back_rx,
         own_key: own_key_rx,
+        own_kem: own_kem_rx,
     }));
     Ok(Handle {
         peers,
@@ -172,6 +209,8 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
         status,
         fall_back,
         own_key,
+        own_kem,
+        state_dir: Some(state_dir),
         _silent: None,
     })
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weft_backends::model::{PqKey, PqPeer};
 use weft_crypto::pq::{KemKeyPair, Own, Timing};
-use weft_crypto::PrivateKey;
+use weft_crypto::{PresharedKey, PrivateKey};
 
 use super::*;
 
@@ -81,8 +81,8 @@ fn free_port() -> u16 {
 async fn psk_for(handle: &mut Handle, peer: &PublicKey) -> PresharedKey {
     tokio::time::timeout(Duration::from_secs(5), async {
         loop {
-            if let Some(psk) = handle.published.borrow_and_update().psks.get(peer) {
-                return psk.clone();
+            if let Some(s) = handle.published.borrow_and_update().psks.get(peer) {
+                return s.psk.clone();
             }
             handle.published.changed().await.unwrap();
         }
@@ -119,7 +119,11 @@ async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut ha = a.start(port);
     assert_eq!(
-        ha.published.borrow().psks.get(&b.key.public_key()),
+        ha.published
+            .borrow()
+            .psks
+            .get(&b.key.public_key())
+            .map(|s| &s.psk),
         Some(&at_b),
         "in force before the plan lists the peer"
     );
@@ -163,7 +167,11 @@ async fn strangers_junk_and_huge_datagrams_change_nothing() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
-        ha.published.borrow().psks.get(&b.key.public_key()),
+        ha.published
+            .borrow()
+            .psks
+            .get(&b.key.public_key())
+            .map(|s| &s.psk),
         Some(&before)
     );
     // The task is alive and the pair still works: a new round gives both a new PSK.
@@ -175,7 +183,7 @@ async fn strangers_junk_and_huge_datagrams_change_nothing() {
                 .borrow_and_update()
                 .psks
                 .get(&a.key.public_key())
-                .cloned();
+                .map(|s| s.psk.clone());
             if now.as_ref().is_some_and(|p| *p != before) {
                 return now.unwrap();
             }

@@ -58,11 +58,36 @@ pub struct PqPeer {
     pub node: String,
     /// Its X25519 key in use: the pair is this node's key and this one.
     pub public_key: PublicKey,
-    /// Its tunnel address (its subnet's network address, IPv4 when it has one): the
-    /// exchange goes there, inside the pair's tunnel, so it needs no port of its own on
-    /// the underlay and crosses NAT as the tunnel does.
+    /// Where the exchange goes. WireGuard: its tunnel address (its subnet's network
+    /// address, IPv4 when it has one), inside the pair's tunnel, so it needs no port of its
+    /// own on the underlay and crosses NAT as the tunnel does. ipsec: its public IP (see
+    /// `plan::post_quantum::add`).
     pub address: std::net::IpAddr,
     pub ek: PqKey,
+}
+
+/// A pair's post-quantum PSK in force (from the agent's rounds), as the plan takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairSecret {
+    pub psk: PresharedKey,
+    /// Its round's slot, 1 or 2 (`weft_crypto::pq::slot`): two in a row never share one.
+    pub slot: u8,
+    /// When it took over (on both nodes within the commit's one-way delay).
+    pub since: std::time::SystemTime,
+    /// The PSK it replaced, with its slot; `None`: the pair was classical before it.
+    pub previous: Option<(PresharedKey, u8)>,
+}
+
+impl PairSecret {
+    /// A PSK in force since long ago, with nothing before it (tests, a restart).
+    pub fn settled(psk: PresharedKey, slot: u8) -> PairSecret {
+        PairSecret {
+            psk,
+            slot,
+            since: std::time::SystemTime::UNIX_EPOCH,
+            previous: None,
+        }
+    }
 }
 
 /// A peer's ML-KEM-768 key as the plan found it.
@@ -192,13 +217,25 @@ impl IpsecPeer {
     }
 }
 
-/// One ESP state of a pair: its SPI and the two epochs its key is derived from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One ESP state of a pair: its SPI and what its key is derived from: the two epochs, and
+/// the pair's post-quantum PSK when it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EspSa {
     pub spi: u32,
     /// This node's epoch and the peer's.
     pub local_epoch: weft_crypto::esp::Epoch,
     pub peer_epoch: weft_crypto::esp::Epoch,
+    /// `None`: classical (the X25519 secret and the cluster PSK alone).
+    pub pq: Option<EspPq>,
+}
+
+/// A pair's post-quantum PSK as one of its ESP states takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EspPq {
+    /// 1 or 2 (`weft_crypto::pq::slot`): part of the SPI, so the states of two PSKs in a
+    /// row stand side by side while the pair switches.
+    pub slot: u8,
+    pub psk: PresharedKey,
 }
 
 /// The vxlan device `flannel.<VNI>` and what each peer needs on it.

@@ -15,9 +15,9 @@ mod observed;
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
-    format_mac, parse_mac, DesiredState, EspSa, Family, ForwardRule, GuardSpec, IpipSpec,
-    IpsecPeer, IpsecSpec, MasqueradeTable, Match, NatRule, PeerPath, PeerSpec, PqKey, PqPeer,
-    RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
+    format_mac, parse_mac, DesiredState, EspPq, EspSa, Family, ForwardRule, GuardSpec, IpipSpec,
+    IpsecPeer, IpsecSpec, MasqueradeTable, Match, NatRule, PairSecret, PeerPath, PeerSpec, PqKey,
+    PqPeer, RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use left_out::{LeaveReason, LeftOut};

@@ -6,8 +6,10 @@
 //! SPIs are unique per receiving node without randomness: the SA a node receives on from
 //! a peer has the SPI `1 << 31 | index << 8 | generation`, where `index` is the peer's
 //! subnet's place in the Network (unique among the receiver's peers) and `generation` the
-//! low byte of the sender's epoch number plus twice the receiver's, so the SAs that stand
-//! beside it while either node (or both) moves to its next epoch have other SPIs.
+//! low byte of the sender's epoch number plus twice the receiver's plus four times the
+//! post-quantum slot (`ipsec_pq`), so the SAs that stand beside it while either node (or
+//! both) moves to its next epoch, or the pair to its next post-quantum PSK, have other
+//! SPIs. A classical pair (slot 0) has the SPIs it always had.
 //!
 //! A rotation announces a node's next epoch with a moment (`NextEpoch`, `NextNonce`,
 //! `SwitchAt`). Until the moment its peers and it receive on the states of both epochs
@@ -25,6 +27,7 @@ use serde_json::{json, Value};
 use weft_crypto::esp::{Epoch, NONCE_LEN};
 use weft_crypto::PublicKey;
 
+use super::ipsec_pq::{self, Slots};
 use super::peers::{Candidate, Screened};
 use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::backend_data;
@@ -187,11 +190,16 @@ fn epoch_of(
     })
 }
 
-/// The low byte of the sender's epoch number plus twice the receiver's: the same on both
-/// nodes for one direction, and different for each of the (at most four) combinations of
-/// two consecutive epochs on each side that stand together during rotations.
-pub fn generation(sender: &Epoch, receiver: &Epoch) -> u8 {
-    (sender.number.wrapping_add(receiver.number.wrapping_mul(2)) & 0xff) as u8
+/// The low byte of the sender's epoch number plus twice the receiver's plus four times
+/// the post-quantum `slot` (0 classical, 1 or 2): the same on both nodes for one
+/// direction, and different for each of the (at most twelve) combinations of two
+/// consecutive epochs on each side and two slots in a row that stand together.
+pub fn generation(sender: &Epoch, receiver: &Epoch, slot: u8) -> u8 {
+    (sender
+        .number
+        .wrapping_add(receiver.number.wrapping_mul(2))
+        .wrapping_add(u64::from(slot) * 4)
+        & 0xff) as u8
 }
 
 /// `subnet`'s place in `network` (unique among the subnets of one length), if it lies
@@ -268,12 +276,18 @@ pub(crate) fn plan(
     };
     let mut peers = Vec::new();
     let now = input.now;
+    let no_secrets = BTreeMap::new();
     let ends = Ends {
         subnet,
         network,
         local,
         now,
         heard: &input.observed.esp_heard,
+        secrets: if conf.post_quantum {
+            input.pair_psks
+        } else {
+            &no_secrets
+        },
     };
     state.next_switch = own.upcoming(now);
     holders.keys = contested_keys(&candidates);
@@ -337,6 +351,8 @@ struct Ends<'a> {
     now: SystemTime,
     /// Inbound SPIs that have carried packets (`Observed::esp_heard`).
     heard: &'a std::collections::BTreeSet<u32>,
+    /// Each pair's post-quantum PSK in force (none without `PostQuantum`).
+    secrets: &'a BTreeMap<PublicKey, crate::model::PairSecret>,
 }
 
 /// The public keys and public IPs of the peers kept so far, and their nodes.
@@ -394,23 +410,30 @@ fn peer(
         subnet: peer_subnet,
         network: ends.network,
     };
+    let slots = Slots::new(ends.secrets.get(&data.public_key), ends.now);
     let mut inbound = Vec::new();
-    for p in data.epochs(ends.now) {
-        for m in own.epochs(ends.now) {
-            let spi = spi(ends.network, peer_subnet, generation(&p, &m)).ok_or_else(outside)?;
-            inbound.push(EspSa {
-                spi,
-                local_epoch: m,
-                peer_epoch: p,
-            });
+    for pq in slots.receiving() {
+        for p in data.epochs(ends.now) {
+            for m in own.epochs(ends.now) {
+                let g = generation(&p, &m, ipsec_pq::slot(pq));
+                inbound.push(EspSa {
+                    spi: spi(ends.network, peer_subnet, g).ok_or_else(outside)?,
+                    local_epoch: m,
+                    peer_epoch: p,
+                    pq: pq.clone(),
+                });
+            }
         }
     }
     let (mine, waiting) = sending_epoch(own, &inbound, ends);
+    let (pq, pq_waiting) = slots.sending(ends.now);
     let theirs = data.effective(ends.now);
+    let g = generation(&mine, &theirs, ipsec_pq::slot(&pq));
     let outbound = EspSa {
-        spi: spi(ends.network, ends.subnet, generation(&mine, &theirs)).ok_or_else(outside)?,
+        spi: spi(ends.network, ends.subnet, g).ok_or_else(outside)?,
         local_epoch: mine,
         peer_epoch: theirs,
+        pq,
     };
     let mut spis: Vec<u32> = inbound.iter().map(|sa| sa.spi).collect();
     spis.sort_unstable();
@@ -425,7 +448,11 @@ fn peer(
         outbound,
         inbound,
     };
-    Ok((p, data.upcoming(ends.now).or(waiting)))
+    let upcoming = [data.upcoming(ends.now), waiting, pq_waiting]
+        .into_iter()
+        .flatten()
+        .min();
+    Ok((p, upcoming))
 }
 
 /// How long after this node's announced moment it waits at most for a peer's evidence

@@ -16,14 +16,14 @@ use crate::model::{BackendDataError, LeaveReason, Observed, RouteRole};
 
 const CONF: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec"}}"#;
 
-fn epoch(n: u64) -> Epoch {
+pub(super) fn epoch(n: u64) -> Epoch {
     Epoch {
         number: n,
         nonce: [n as u8; 16],
     }
 }
 
-fn node(n: u8, key: &PrivateKey, e: u64) -> crate::model::Lease {
+pub(super) fn node(n: u8, key: &PrivateKey, e: u64) -> crate::model::Lease {
     lease(
         &format!("node-{n}"),
         &format!("10.244.{n}.0/24"),
@@ -106,7 +106,7 @@ fn a_new_epoch_on_either_side_gives_new_spis() {
     // The four combinations of two consecutive epochs on each side all differ.
     let spis: std::collections::HashSet<u32> = [(1, 4), (2, 4), (1, 5), (2, 5)]
         .iter()
-        .map(|&(s, r)| spi(net, sub, generation(&epoch(s), &epoch(r))).unwrap())
+        .map(|&(s, r)| spi(net, sub, generation(&epoch(s), &epoch(r), 0)).unwrap())
         .collect();
     assert_eq!(spis.len(), 4);
     assert_eq!(spi(net, "10.245.0.0/24".parse().unwrap(), 0), None);

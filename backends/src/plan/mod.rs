@@ -8,6 +8,7 @@
 mod guard;
 mod ipip;
 pub mod ipsec;
+mod ipsec_pq;
 pub mod liveness;
 mod masquerade;
 pub mod path_mtu;
@@ -57,8 +58,7 @@ pub struct PlanInput<'a> {
     /// With `PostQuantum`: the PSK of each pair's last completed post-quantum round, by
     /// the peer's X25519 key (pairs of this node's current key only). A pair not in it is
     /// classical.
-    pub pair_psks:
-        &'a std::collections::BTreeMap<weft_crypto::PublicKey, weft_crypto::PresharedKey>,
+    pub pair_psks: &'a std::collections::BTreeMap<weft_crypto::PublicKey, crate::model::PairSecret>,
 }
 
 /// A problem with this node's own lease or setup: nothing can be planned.
@@ -181,6 +181,8 @@ mod tests;
 mod claims_tests;
 #[cfg(test)]
 mod ipip_tests;
+#[cfg(test)]
+mod ipsec_pq_tests;
 #[cfg(test)]
 mod ipsec_tests;
 #[cfg(test)]

@@ -29,7 +29,7 @@ pub(super) fn peer_psk(
     key: &PublicKey,
 ) -> Option<PresharedKey> {
     match input.pair_psks.get(key).filter(|_| wg.post_quantum) {
-        Some(pair) => Some(weft_crypto::pq::combine(pair, wg.psk.as_ref())),
+        Some(pair) => Some(weft_crypto::pq::combine(&pair.psk, wg.psk.as_ref())),
         None => wg.psk.clone(),
     }
 }
@@ -39,18 +39,24 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
     if !enabled(input.config) {
         return;
     }
-    // Peers by node, with the key in use and the tunnel address: a WireGuard peer with
-    // AllowedIPs (not a next key staged beside it; IPv4 first), an ipsec peer.
+    // Peers by node, with the key in use and the address the rounds go to: a WireGuard
+    // peer's tunnel address (of a peer with AllowedIPs, not a next key staged beside it;
+    // IPv4 first); an ipsec peer's public IP. An ipsec pair's tunnel is keyed with the
+    // secret itself, so two nodes holding different secrets (one lost its saved state)
+    // could not carry a round through it to mend that; between the public IPs, outside
+    // the policies, the next round always arrives.
     let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr)> = BTreeMap::new();
     let wireguard = state.tunnels.iter().flat_map(|t| &t.peers).filter_map(|p| {
         let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
         Some((p.node.as_str(), p.public_key, net.network()))
     });
-    let ipsec = state
-        .ipsec
-        .iter()
-        .flat_map(|s| &s.peers)
-        .map(|p| (p.node.as_str(), p.public_key, p.subnet.network()));
+    let ipsec = state.ipsec.iter().flat_map(|s| &s.peers).map(|p| {
+        (
+            p.node.as_str(),
+            p.public_key,
+            std::net::IpAddr::V4(p.remote),
+        )
+    });
     for (node, key, address) in wireguard.chain(ipsec) {
         let entry = peers_of.entry(node).or_insert((key, address));
         if address.is_ipv4() && entry.1.is_ipv6() {

@@ -7,7 +7,7 @@ use weft_crypto::pq::{combine, KemKeyPair};
 use weft_crypto::PresharedKey;
 
 use super::tests::{good_peer, ip, key, lease, local, run_with_psks, NOW};
-use crate::model::{DesiredState, Lease, PqKey};
+use crate::model::{DesiredState, Lease, PairSecret, PqKey};
 
 const PQ: &str =
     r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard", "PostQuantum": true}}"#;
@@ -30,7 +30,7 @@ fn peers() -> Vec<Lease> {
     ]
 }
 
-fn run(config: &str, psks: &BTreeMap<weft_crypto::PublicKey, PresharedKey>) -> DesiredState {
+fn run(config: &str, psks: &BTreeMap<weft_crypto::PublicKey, PairSecret>) -> DesiredState {
     run_with_psks(local(), config, peers(), false, &Default::default(), psks).unwrap()
 }
 
@@ -77,7 +77,7 @@ fn every_peer_is_listed_with_its_key_or_why_its_pair_stays_classical() {
 #[test]
 fn a_completed_round_gives_its_peer_the_pairs_psk_and_no_other() {
     let pair = PresharedKey::from_bytes([7; 32]);
-    let psks = BTreeMap::from([(key(2), pair.clone())]);
+    let psks = BTreeMap::from([(key(2), PairSecret::settled(pair.clone(), 1))]);
     let state = run(PQ, &psks);
     assert_eq!(psk_of(&state, "node-b"), Some(pair.clone()));
     assert_eq!(psk_of(&state, "node-c"), None);
@@ -95,7 +95,10 @@ fn a_completed_round_gives_its_peer_the_pairs_psk_and_no_other() {
 
 #[test]
 fn with_post_quantum_off_nothing_is_listed_and_no_pair_psk_is_used() {
-    let psks = BTreeMap::from([(key(2), PresharedKey::from_bytes([7; 32]))]);
+    let psks = BTreeMap::from([(
+        key(2),
+        PairSecret::settled(PresharedKey::from_bytes([7; 32]), 1),
+    )]);
     let state = run(CLASSICAL, &psks);
     assert!(state.post_quantum.is_empty());
     assert_eq!(psk_of(&state, "node-b"), None);

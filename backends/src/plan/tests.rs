@@ -83,7 +83,7 @@ pub(super) fn run_with_psks(
     peers: Vec<Lease>,
     ip_masq: bool,
     observed: &crate::model::Observed,
-    pair_psks: &std::collections::BTreeMap<weft_crypto::PublicKey, weft_crypto::PresharedKey>,
+    pair_psks: &std::collections::BTreeMap<weft_crypto::PublicKey, crate::model::PairSecret>,
 ) -> Result<DesiredState, PlanError> {
     let config = parse(config).unwrap();
     let mut view = ClusterView::default();

@@ -80,6 +80,27 @@ pub(super) fn run_observed_at(
     now: SystemTime,
     observed: &crate::model::Observed,
 ) -> Result<DesiredState, PlanError> {
+    run_secrets_at(
+        conf,
+        me,
+        peers,
+        networks,
+        now,
+        observed,
+        &Default::default(),
+    )
+}
+
+/// As `run_observed_at`, with each pair's post-quantum PSK.
+pub(super) fn run_secrets_at(
+    conf: &str,
+    me: Lease,
+    peers: Vec<Lease>,
+    networks: &[&str],
+    now: SystemTime,
+    observed: &crate::model::Observed,
+    pair_psks: &std::collections::BTreeMap<weft_crypto::PublicKey, crate::model::PairSecret>,
+) -> Result<DesiredState, PlanError> {
     let config = parse(conf).unwrap();
     let mut view = ClusterView::default();
     view.insert(me.clone());
@@ -94,7 +115,7 @@ pub(super) fn run_observed_at(
     };
     plan(&PlanInput {
         path_mtus: &Default::default(),
-        pair_psks: &Default::default(),
+        pair_psks,
         observed,
         local: &me,
         view: &view,

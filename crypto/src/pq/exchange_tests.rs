@@ -172,6 +172,43 @@ fn every_period_a_new_round_changes_the_psk_on_both_at_once() {
 }
 
 #[test]
+fn psks_in_a_row_have_other_slots_and_both_nodes_know_the_one_replaced() {
+    let timing = Timing {
+        period: 10_000,
+        ..Timing::default()
+    };
+    // Rounds every 10 s of an even clock would all be even: the leader makes them alternate.
+    let (mut a, mut b) = nodes(timing);
+    let mut in_force: Vec<Installed> = Vec::new();
+    for step in 0..45 {
+        let t = step * 1_000;
+        run(&mut a, &mut b, t, t + 990, &mut never);
+        let (pa, pb) = (a.psk(T0 + t + 995), b.psk(T0 + t + 995));
+        assert_eq!(pa, pb, "at {t} ms");
+        assert_eq!(a.ex.previous(), b.ex.previous(), "at {t} ms");
+        let Some(p) = pa else { continue };
+        if in_force.last() != Some(&p) {
+            assert_eq!(a.ex.previous(), in_force.last(), "at {t} ms");
+            in_force.push(p);
+        }
+    }
+    assert_eq!(in_force.len(), 5, "rounds at 0, 10, 20, 30 and 40 s");
+    for w in in_force.windows(2) {
+        assert_ne!(
+            w[0].slot(),
+            w[1].slot(),
+            "rounds {} and {}",
+            w[0].round,
+            w[1].round
+        );
+    }
+    assert!(in_force.iter().all(|i| [1, 2].contains(&i.slot())));
+    // A fall-back forgets both: the pair is classical, with nothing to receive on but that.
+    a.ex.fall_back(T0 + 50_000);
+    assert_eq!(a.ex.previous(), None);
+}
+
+#[test]
 fn replays_reflections_and_strangers_change_nothing() {
     let (mut a, mut b) = nodes(Timing {
         period: 10_000,
@@ -256,6 +293,30 @@ fn a_round_begun_under_the_previous_key_still_completes() {
     assert!(wire.refused.is_empty(), "{:?}", wire.refused);
     assert!(a.psk(T0 + 2_000).is_some());
     assert_eq!(a.psk(T0 + 2_000), b.psk(T0 + 2_000));
+}
+
+#[test]
+fn a_leader_that_rotated_its_key_replaces_a_secret_resting_on_the_old_one_soon() {
+    let (mut a, mut b) = nodes(Timing::default());
+    run(&mut a, &mut b, 0, 2_000, &mut never);
+    let first = a.psk(T0 + 2_000).unwrap();
+    // The leader rotates its ML-KEM key; the follower has not seen the new one published.
+    let new_kem = KemKeyPair::generate().unwrap();
+    let new_ek = new_kem.encaps_key();
+    a.own.previous_kem = Some(std::mem::replace(&mut a.own.kem, new_kem));
+    a.ex.own_kem_changed(T0 + 3_000);
+    run(&mut a, &mut b, 3_000, 5_000, &mut never);
+    let stale = a.psk(T0 + 5_000).unwrap();
+    assert_ne!(stale.psk, first.psk);
+    // The follower sees the new key; the next round comes within five retries, not a
+    // period, and rests on the new key; the one after it a period later.
+    b.ex.peer_ek_changed(new_ek, T0 + 5_000);
+    run(&mut a, &mut b, 5_000, 10_000, &mut never);
+    let fresh = a.psk(T0 + 10_000).unwrap();
+    assert_ne!(fresh.psk, stale.psk, "a round soon after the stale one");
+    assert_eq!(b.psk(T0 + 10_000), Some(fresh.clone()));
+    run(&mut a, &mut b, 10_000, 60_000, &mut never);
+    assert_eq!(a.psk(T0 + 60_000), Some(fresh), "then the period");
 }
 
 #[test]

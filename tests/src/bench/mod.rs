@@ -8,6 +8,7 @@ pub mod iperf;
 pub mod liveness;
 pub mod path_mtu;
 pub mod post_quantum;
+pub mod post_quantum_agent;
 pub mod rotation;
 pub mod soak;
 

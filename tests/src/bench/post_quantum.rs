@@ -12,7 +12,7 @@ use weft_crypto::PrivateKey;
 use super::median;
 
 /// This thread's CPU time.
-fn thread_cpu() -> Duration {
+pub(super) fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

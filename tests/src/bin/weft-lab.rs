@@ -171,6 +171,16 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             let rounds: usize = opt(args, "--rounds").unwrap_or("200").parse()?;
             let peers: usize = opt(args, "--peers").unwrap_or("1000").parse()?;
             print!("{}", weft_lab::bench::post_quantum::run(rounds, peers)?);
+            // The agent's own task with that many peers, for a few (shortened) periods.
+            let periods: u32 = opt(args, "--agent-periods").unwrap_or("3").parse()?;
+            let period: u64 = opt(args, "--period").unwrap_or("20").parse()?;
+            if periods > 0 {
+                let period = std::time::Duration::from_secs(period);
+                print!(
+                    "{}",
+                    weft_lab::bench::post_quantum_agent::run(peers, period, periods)?
+                );
+            }
             Ok(())
         }
         Some("rotation") => {

@@ -9,7 +9,7 @@ use weft_crypto::esp::{
 };
 use weft_crypto::{PrivateKey, PublicKey};
 
-use crate::model::{EspSa, IpsecSpec};
+use crate::model::{EspPq, EspSa, IpsecSpec};
 
 /// This node's epoch and the fingerprints of the states installed under it.
 #[derive(Debug)]
@@ -90,8 +90,16 @@ pub struct KeyCache {
     salt: Option<Vec<u8>>,
 }
 
-/// This node's public key, the peer's, both epochs and the algorithm.
-type CacheKey = (PublicKey, PublicKey, Epoch, Epoch, &'static str);
+/// This node's public key, the peer's, both epochs, the algorithm, and the slot and a
+/// digest of the post-quantum PSK (none for a classical state).
+type CacheKey = (
+    PublicKey,
+    PublicKey,
+    Epoch,
+    Epoch,
+    &'static str,
+    Option<(u8, [u8; 32])>,
+);
 
 impl std::fmt::Debug for KeyCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,12 +116,19 @@ impl KeyCache {
         sa: &EspSa,
     ) -> Result<PairKeys, DeriveError> {
         let alg = spec.algorithm;
+        let pq = sa.pq.as_ref().map(|pq| {
+            let digest = ring::digest::digest(&ring::digest::SHA256, pq.psk.as_bytes());
+            let mut d = [0; 32];
+            d.copy_from_slice(digest.as_ref());
+            (pq.slot, d)
+        });
         let id = (
             own.public_key(),
             *peer,
             sa.local_epoch,
             sa.peer_epoch,
             alg.kernel_name(),
+            pq,
         );
         self.used.insert(id);
         if let Some(k) = self.keys.get(&id) {
@@ -123,12 +138,13 @@ impl KeyCache {
             key: peer,
             epoch: &sa.peer_epoch,
         };
-        let psk = spec.psk.as_ref().map(|k| k.0.as_slice());
+        let cluster = spec.psk.as_ref().map(|k| k.0.as_slice());
+        let salt = salt(sa.pq.as_ref(), cluster);
         let keys = pair_keys(
             own,
             &sa.local_epoch,
             party,
-            psk,
+            salt.as_ref().map(|s| s.as_slice()),
             alg.kernel_name(),
             alg.key_len(),
         )?;
@@ -152,5 +168,22 @@ impl KeyCache {
     pub(super) fn sweep(&mut self) {
         let used = std::mem::take(&mut self.used);
         self.keys.retain(|k, _| used.contains(k));
+    }
+}
+
+/// The salt of a state's key derivation: the cluster PSK (`cluster`) for a classical
+/// state; for a post-quantum one, the pair's post-quantum PSK (32 bytes) followed by the
+/// cluster PSK, so the keys hold if either secret does.
+fn salt(pq: Option<&EspPq>, cluster: Option<&[u8]>) -> Option<zeroize::Zeroizing<Vec<u8>>> {
+    match pq {
+        None => cluster.map(|c| zeroize::Zeroizing::new(c.to_vec())),
+        Some(pq) => {
+            let cluster = cluster.unwrap_or(&[]);
+            // Sized at once: no reallocation leaves a copy behind unzeroed.
+            let mut out = zeroize::Zeroizing::new(Vec::with_capacity(32 + cluster.len()));
+            out.extend_from_slice(pq.psk.as_bytes());
+            out.extend_from_slice(cluster);
+            Some(out)
+        }
     }
 }

@@ -20,13 +20,13 @@ use crate::model::{EspSa, IpsecPeer, IpsecSpec};
 use crate::netconf::EspAlgorithm;
 use crate::plan::ipsec::{generation, spi, IF_ID};
 
-struct Node {
-    key: PrivateKey,
-    epoch: Epoch,
-    n: u32,
+pub(super) struct Node {
+    pub(super) key: PrivateKey,
+    pub(super) epoch: Epoch,
+    pub(super) n: u32,
 }
 
-fn ip(n: u32) -> Ipv4Addr {
+pub(super) fn ip(n: u32) -> Ipv4Addr {
     Ipv4Addr::from(0xc633_6400 + n) // 198.51.100.n
 }
 
@@ -38,7 +38,7 @@ fn net() -> ipnet::IpNet {
     "10.0.0.0/8".parse().unwrap()
 }
 
-fn spec(me: &Node, peers: &[&Node]) -> IpsecSpec {
+pub(super) fn spec(me: &Node, peers: &[&Node]) -> IpsecSpec {
     let peers = peers
         .iter()
         .map(|p| IpsecPeer {
@@ -47,14 +47,16 @@ fn spec(me: &Node, peers: &[&Node]) -> IpsecSpec {
             remote: ip(p.n),
             subnet: subnet(p.n),
             outbound: EspSa {
-                spi: spi(net(), subnet(me.n), generation(&me.epoch, &p.epoch)).unwrap(),
+                spi: spi(net(), subnet(me.n), generation(&me.epoch, &p.epoch, 0)).unwrap(),
                 local_epoch: me.epoch,
                 peer_epoch: p.epoch,
+                pq: None,
             },
             inbound: vec![EspSa {
-                spi: spi(net(), subnet(p.n), generation(&p.epoch, &me.epoch)).unwrap(),
+                spi: spi(net(), subnet(p.n), generation(&p.epoch, &me.epoch, 0)).unwrap(),
                 local_epoch: me.epoch,
                 peer_epoch: p.epoch,
+                pq: None,
             }],
         })
         .collect();
@@ -75,7 +77,7 @@ fn spec(me: &Node, peers: &[&Node]) -> IpsecSpec {
     }
 }
 
-fn node(n: u32) -> Node {
+pub(super) fn node(n: u32) -> Node {
     Node {
         key: PrivateKey::generate().unwrap(),
         epoch: Epoch::first().unwrap(),
@@ -83,7 +85,7 @@ fn node(n: u32) -> Node {
     }
 }
 
-fn book(store: Option<EspStore>, epoch: Epoch) -> EspBook {
+pub(super) fn book(store: Option<EspStore>, epoch: Epoch) -> EspBook {
     let loaded = match &store {
         Some(s) => s.load().unwrap(),
         None => Loaded {
@@ -95,20 +97,24 @@ fn book(store: Option<EspStore>, epoch: Epoch) -> EspBook {
     EspBook::new(store, loaded)
 }
 
-struct Kernel {
+pub(super) struct Kernel {
     nl: FakeNetlink,
     plane: IpsecPlane<FakeXfrm>,
 }
 
 impl Kernel {
-    fn new(book: EspBook) -> Self {
+    pub(super) fn new(book: EspBook) -> Self {
         Kernel {
             nl: FakeNetlink::default(),
             plane: IpsecPlane::new(FakeXfrm::default(), book, None).with_grace(Duration::ZERO),
         }
     }
 
-    fn pass(&mut self, spec: &IpsecSpec, key: &PrivateKey) -> (IpsecOutcome, Vec<String>) {
+    pub(super) fn pass(
+        &mut self,
+        spec: &IpsecSpec,
+        key: &PrivateKey,
+    ) -> (IpsecOutcome, Vec<String>) {
         let (outcome, changes, errors) = self.pass_with_errors(spec, key);
         assert!(errors.is_empty(), "{errors:?}");
         (outcome, changes)
@@ -138,13 +144,13 @@ impl Kernel {
         self.nl.writes() + self.plane.xfrm.writes()
     }
 
-    fn xfrm(&mut self) -> &mut FakeXfrm {
+    pub(super) fn xfrm(&mut self) -> &mut FakeXfrm {
         &mut self.plane.xfrm
     }
 }
 
 /// No (key, SPI, destination) went in twice.
-fn installed_once(x: &FakeXfrm) {
+pub(super) fn installed_once(x: &FakeXfrm) {
     let mut seen = HashSet::new();
     for sa in &x.added {
         assert!(
@@ -234,9 +240,15 @@ fn a_lost_state_is_never_installed_again_and_a_new_epoch_replaces_every_key() {
 fn with_inbound(me: &Node, peer: &Node, peer_epoch: Epoch, local_epoch: Epoch) -> IpsecSpec {
     let mut s = spec(me, &[peer]);
     s.peers[0].inbound.push(EspSa {
-        spi: spi(net(), subnet(peer.n), generation(&peer_epoch, &local_epoch)).unwrap(),
+        spi: spi(
+            net(),
+            subnet(peer.n),
+            generation(&peer_epoch, &local_epoch, 0),
+        )
+        .unwrap(),
         local_epoch,
         peer_epoch,
+        pq: None,
     });
     s
 }

@@ -97,9 +97,7 @@ impl Repairs {
         }
         let step = match self.last {
             None => Step::Reapply,
-            Some((_, at, wait)) if now.saturating_duration_since(at) < wait => {
-                return Action::Wait
-            }
+            Some((_, at, wait)) if now.saturating_duration_since(at) < wait => return Action::Wait,
             Some((Step::Reapply, ..)) => Step::Rehandshake,
             Some((Step::Rehandshake, ..)) if device_wide => Step::RecreateDevice,
             Some(_) => return self.pause(now),
@@ -171,7 +169,12 @@ mod tests {
         let start = Instant::now();
         let mut r = Repairs::default();
         (0..seconds)
-            .map(|s| (s, r.next(start + Duration::from_secs(s), device_wide, STEP_WAIT)))
+            .map(|s| {
+                (
+                    s,
+                    r.next(start + Duration::from_secs(s), device_wide, STEP_WAIT),
+                )
+            })
             .filter(|(_, a)| *a != Action::Wait)
             .collect()
     }
@@ -234,7 +237,9 @@ mod tests {
         let mut r = Repairs::default();
         let mut pauses = Vec::new();
         for s in 0..4000 {
-            if let Action::BackOff { pause, .. } = r.next(start + Duration::from_secs(s), false, STEP_WAIT) {
+            if let Action::BackOff { pause, .. } =
+                r.next(start + Duration::from_secs(s), false, STEP_WAIT)
+            {
                 pauses.push(pause.as_secs());
             }
         }

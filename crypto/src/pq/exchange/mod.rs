@@ -17,6 +17,10 @@
 //! `Timing::freshness` of this node's clock, is taken. A round that fails (a proof that
 //! does not hold, an encapsulation key that changed) changes nothing: the pair keeps the
 //! PSK it has until a round completes.
+//!
+//! The leader picks each round's number with the parity the last one did not have, so two
+//! PSKs that follow each other always have different `Installed::slot`s: the ipsec backend
+//! keeps the SAs of both side by side while the pair switches.
 
 use super::{
     encapsulate, AuthKey, Body, Ciphertext, EncapsKey, KemKeyPair, Message, MessageError,
@@ -81,6 +85,19 @@ pub struct Installed {
     pub at_ms: u64,
 }
 
+impl Installed {
+    /// 1 or 2, from the round's parity: two PSKs in a row never share it (the leader
+    /// alternates the parity), so SAs keyed from the two can stand side by side.
+    pub fn slot(&self) -> u8 {
+        slot(self.round)
+    }
+}
+
+/// The slot of `round`: 1 for an even one, 2 for an odd one.
+pub fn slot(round: u64) -> u8 {
+    1 + u8::from(round & 1 == 1)
+}
+
 /// Why a datagram changed nothing. Names what was wrong, never a secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -133,13 +150,16 @@ enum State {
         sends: u32,
         next_send: u64,
     },
-    /// Leader: `Commit` sent, until the `Ack` (or `sends` runs out).
+    /// Leader: `Commit` sent, until the `Ack` (or `sends` runs out). `stale_key`: the
+    /// follower encapsulated to this node's previous ML-KEM key (it has not seen the new
+    /// one yet), so the next round comes soon rather than a period later.
     Committing {
         round: u64,
         switch_at: u64,
         secret: RoundSecret,
         sends: u32,
         next_send: u64,
+        stale_key: bool,
     },
     /// Follower: waiting for the leader's `Init` (or for the `Commit` of `round`).
     Following,
@@ -164,6 +184,8 @@ pub struct Exchange {
     newest: u64,
     current: Option<Installed>,
     next: Option<Installed>,
+    /// The PSK `current` replaced, until the round after it completes.
+    previous: Option<Installed>,
     /// Why the last round failed, for `weft status`.
     last_refusal: Option<Refused>,
 }
@@ -205,6 +227,7 @@ impl Exchange {
             newest: 0,
             current: None,
             next: None,
+            previous: None,
             last_refusal: None,
         })
     }
@@ -220,6 +243,7 @@ impl Exchange {
         }
         self.current = Some(saved);
         self.next = None;
+        self.previous = None;
     }
 
     pub fn leads(&self) -> bool {
@@ -257,6 +281,7 @@ impl Exchange {
     pub fn fall_back(&mut self, now: u64) {
         self.current = None;
         self.next = None;
+        self.previous = None;
         self.state = if self.leads {
             State::Idle { next_at: now }
         } else {
@@ -267,9 +292,15 @@ impl Exchange {
     /// The post-quantum PSK in force at `now`, if a round has completed.
     pub fn psk(&mut self, now: u64) -> Option<&Installed> {
         if self.next.as_ref().is_some_and(|n| n.at_ms <= now) {
-            self.current = self.next.take();
+            self.previous = std::mem::replace(&mut self.current, self.next.take());
         }
         self.current.as_ref()
+    }
+
+    /// The PSK the one in force replaced (none for a pair that was classical before it):
+    /// the ipsec backend still receives on it while the pair switches.
+    pub fn previous(&self) -> Option<&Installed> {
+        self.previous.as_ref()
     }
 
     /// The PSK committed and not yet in force, with its moment.
@@ -327,6 +358,7 @@ impl Exchange {
                 secret,
                 sends,
                 next_send,
+                ..
             } => {
                 if now >= *next_send {
                     let delay = switch_at.saturating_sub(now);
@@ -352,7 +384,12 @@ impl Exchange {
 
     /// Leader: a new round, its secret encapsulated to the peer's key.
     fn begin(&mut self, now: u64) -> Result<(), Refused> {
-        let round = now.max(self.newest.saturating_add(1));
+        let mut round = now.max(self.newest.saturating_add(1));
+        // Another slot than the PSK this round will follow.
+        let last = self.next.as_ref().or(self.current.as_ref());
+        if last.is_some_and(|l| l.slot() == slot(round)) {
+            round += 1;
+        }
         let (ct, sent) = encapsulate(&self.peer_ek)?;
         self.newest = round;
         self.state = State::Offered {

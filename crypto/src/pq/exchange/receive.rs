@@ -140,6 +140,7 @@ impl Exchange {
             });
         }
         let kem = own.kem_for(ek).ok_or(Refused::OldKey)?;
+        let stale_key = own.kem.encaps_key().short_fingerprint() != *ek;
         let from_follower = kem.decapsulate(ct);
         let own_ek = kem.encaps_key().fingerprint();
         let secret = RoundSecret::derive(&RoundInput {
@@ -169,6 +170,7 @@ impl Exchange {
             secret,
             sends: 0,
             next_send: now,
+            stale_key,
         };
         self.last_refusal = None;
         // The commit goes out at the next poll, which the caller makes at once.
@@ -228,6 +230,7 @@ impl Exchange {
         let State::Committing {
             round: committing,
             secret,
+            stale_key,
             ..
         } = &self.state
         else {
@@ -239,9 +242,20 @@ impl Exchange {
         if !secret.confirms(&fields(b"ack", round, None), confirm) {
             return Err(Refused::Confirm);
         }
+        // A secret that still rests on this node's previous ML-KEM key is replaced soon:
+        // by then the follower has seen the new key published.
+        let wait = if *stale_key {
+            self.timing.retry.saturating_mul(STALE_KEY_RETRIES)
+        } else {
+            self.timing.period
+        };
         self.state = State::Idle {
-            next_at: round.saturating_add(self.timing.period),
+            next_at: round.saturating_add(wait),
         };
         Ok(Vec::new())
     }
 }
+
+/// After a round whose follower used this node's previous ML-KEM key, the next one comes
+/// this many `Timing::retry`s after it began (the period is the most it waits).
+const STALE_KEY_RETRIES: u64 = 5;
