@@ -41,8 +41,12 @@ pub(super) struct Manager {
     pairs: HashMap<PublicKey, Pair>,
     /// Saved PSKs not yet given back to a pair (its peer not listed yet).
     restored: BTreeMap<PublicKey, Installed>,
-    /// What was last written to the saved file.
+    /// What was last written to the saved file, and when.
     stored: BTreeMap<PublicKey, Installed>,
+    stored_at: Option<std::time::Instant>,
+    /// The PSKs in force, when they differ from `stored` (written at most every
+    /// `SAVE_EVERY`: a period's rounds with many peers complete in a burst).
+    unsaved: Option<BTreeMap<PublicKey, Installed>>,
     /// The plan's last list, to rebuild the pairs under a new own key.
     listed: Vec<PqPeer>,
 }
@@ -54,6 +58,10 @@ pub(super) struct Inputs {
     pub(super) own_key: mpsc::Receiver<PrivateKey>,
     pub(super) own_kem: mpsc::Receiver<KemKeyPair>,
 }
+
+/// The saved file is written at most this often. A restart within it after a round puts
+/// back the PSK before that round: the pair then falls back and runs a new round.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -95,6 +103,8 @@ impl Manager {
             status,
             pairs: HashMap::new(),
             stored: restored.clone(),
+            stored_at: None,
+            unsaved: None,
             restored,
             listed: Vec::new(),
         }
@@ -113,6 +123,7 @@ impl Manager {
                     at.duration_since(SystemTime::now())
                         .unwrap_or(Duration::ZERO)
                 }))
+                .chain(self.save_due())
                 .min()
                 .unwrap_or(Duration::from_secs(3600));
             tokio::select! {
@@ -360,12 +371,30 @@ impl Manager {
             *p = published;
             changed
         });
-        if in_force != self.stored {
-            if let Err(e) = self.saved.store(&self.own_public, &in_force) {
-                warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
-            }
-            self.stored = in_force.clone();
+        self.unsaved = (in_force != self.stored).then_some(in_force);
+        if self.save_due() == Some(Duration::ZERO) {
+            self.save();
         }
+    }
+
+    /// How long until the PSKs in force are written, if they differ from the file.
+    fn save_due(&self) -> Option<Duration> {
+        self.unsaved.as_ref()?;
+        Some(
+            self.stored_at
+                .map_or(Duration::ZERO, |at| SAVE_EVERY.saturating_sub(at.elapsed())),
+        )
+    }
+
+    fn save(&mut self) {
+        let Some(in_force) = self.unsaved.take() else {
+            return;
+        };
+        if let Err(e) = self.saved.store(&self.own_public, &in_force) {
+            warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
+        }
+        self.stored = in_force;
+        self.stored_at = Some(std::time::Instant::now());
     }
 
     fn note(&self, key: &PublicKey, node: &str, f: impl FnOnce(&mut PairStatus)) {
