@@ -270,7 +270,7 @@ impl Default for StateMemory {
     }
 }
 
-/// How long an inbound state outlives the plan that dropped it.
+/// How long a state outlives the plan that dropped it.
 pub const RETIRE_GRACE: Duration = Duration::from_secs(2);
 
 /// Where a pass writes what it changed and what it could not: one object's failure is
@@ -297,7 +297,7 @@ impl Log<'_> {
 }
 
 /// The states: missing ones installed (recorded first) unless installed before, stale ones
-/// removed (inbound ones after the grace). Returns the lost ones. A state the kernel
+/// removed after the grace. Returns the lost ones. A state the kernel
 /// refuses is an error of its own: the others are installed and removed all the same,
 /// and its key, never installed, is not counted as installed.
 fn states<X: Xfrm>(
@@ -374,12 +374,13 @@ fn states<X: Xfrm>(
     }
     let now = Instant::now();
     memory.retiring.retain(|k, _| have.contains_key(k));
+    // Inbound: a peer may still send on it. Outbound: the kernel moves its traffic to the
+    // new state of the pair (the newest of one reqid) as that is added; the old one is not
+    // taken from under packets already on their way through it.
     for (k, stale) in have {
-        if stale.dst == local {
-            let since = *memory.retiring.entry(k).or_insert(now);
-            if now.duration_since(since) < memory.grace {
-                continue;
-            }
+        let since = *memory.retiring.entry(k).or_insert(now);
+        if now.duration_since(since) < memory.grace {
+            continue;
         }
         memory.retiring.remove(&k);
         log.write(xfrm.delete_state(stale), || {
