@@ -79,6 +79,19 @@ fn status(lab: &Lab, i: usize) -> String {
         .unwrap_or_default()
 }
 
+/// `weft status` follows at the pass the last round wakes: on each node of a 3-node lab,
+/// both pairs protected.
+fn status_follows(lab: &Lab) {
+    for i in 0..lab.nodes.len() {
+        until_or(
+            "weft status: both of the node's pairs protected",
+            Duration::from_secs(5),
+            || status(lab, i).matches(": protected, secret").count() == 2,
+            || status(lab, i),
+        );
+    }
+}
+
 #[test]
 fn every_pair_gets_a_psk_of_its_own_that_changes_every_period_without_loss() {
     let lab = Lab::start(config(3, Some(PERIOD))).unwrap();
@@ -94,15 +107,7 @@ fn every_pair_gets_a_psk_of_its_own_that_changes_every_period_without_loss() {
         "every pair protected {:.1} s after the lab was up",
         started.elapsed().as_secs_f64()
     );
-    // `weft status` follows at the pass the last round wakes.
-    for i in all {
-        until_or(
-            "weft status: both of the node's pairs protected",
-            Duration::from_secs(5),
-            || status(&lab, i).matches(": protected, secret").count() == 2,
-            || status(&lab, i),
-        );
-    }
+    status_follows(&lab);
 
     let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
     let watch = ClearWatch::start(&lab).unwrap();
@@ -359,14 +364,7 @@ fn ipsec_pairs_take_a_post_quantum_psk_into_their_keys_every_period_without_loss
         "every ipsec pair post-quantum {:.1} s after the lab was up",
         started.elapsed().as_secs_f64()
     );
-    for i in all {
-        until_or(
-            "weft status: both of the node's pairs protected",
-            Duration::from_secs(5),
-            || status(&lab, i).matches(": protected, secret").count() == 2,
-            || status(&lab, i),
-        );
-    }
+    status_follows(&lab);
 
     lab.assert_all_pairs();
 

@@ -512,7 +512,7 @@ impl Controller<'_> {
     /// A key rotation takes the ML-KEM key along (with `PostQuantum`): the new one is in
     /// use before it is published.
     async fn rotate_ml_kem(&mut self) {
-        match self.inputs.pq.rotate_key().await {
+        match self.inputs.pq.rotate_key() {
             None => {}
             Some(Ok(ek)) => {
                 self.keys.attrs.ml_kem_key = Some(ek);

@@ -66,7 +66,7 @@ impl Handle {
     /// Rotates this node's ML-KEM key (with its X25519 key, `weft keys rotate`): a new key
     /// pair written over `mlkem.key`, then handed to the task; returns its encapsulation key
     /// to publish. `None` with the task off.
-    pub async fn rotate_key(&self) -> Option<anyhow::Result<String>> {
+    pub fn rotate_key(&self) -> Option<anyhow::Result<String>> {
         let dir = self.state_dir.as_ref()?;
         let rotated = rotate_key(dir).and_then(|kem| {
             let ek = kem.encaps_key().to_base64();

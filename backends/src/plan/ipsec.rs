@@ -276,18 +276,14 @@ pub(crate) fn plan(
     };
     let mut peers = Vec::new();
     let now = input.now;
-    let no_secrets = BTreeMap::new();
     let ends = Ends {
         subnet,
         network,
         local,
         now,
         heard: &input.observed.esp_heard,
-        secrets: if conf.post_quantum {
-            input.pair_psks
-        } else {
-            &no_secrets
-        },
+        secrets: input.pair_psks,
+        post_quantum: conf.post_quantum,
     };
     state.next_switch = own.upcoming(now);
     holders.keys = contested_keys(&candidates);
@@ -351,8 +347,9 @@ struct Ends<'a> {
     now: SystemTime,
     /// Inbound SPIs that have carried packets (`Observed::esp_heard`).
     heard: &'a std::collections::BTreeSet<u32>,
-    /// Each pair's post-quantum PSK in force (none without `PostQuantum`).
+    /// Each pair's post-quantum PSK in force, used with `PostQuantum` only.
     secrets: &'a BTreeMap<PublicKey, crate::model::PairSecret>,
+    post_quantum: bool,
 }
 
 /// The public keys and public IPs of the peers kept so far, and their nodes.
@@ -410,7 +407,11 @@ fn peer(
         subnet: peer_subnet,
         network: ends.network,
     };
-    let slots = Slots::new(ends.secrets.get(&data.public_key), ends.now);
+    let secret = ends
+        .secrets
+        .get(&data.public_key)
+        .filter(|_| ends.post_quantum);
+    let slots = Slots::new(secret, ends.now);
     let mut inbound = Vec::new();
     for pq in slots.receiving() {
         for p in data.epochs(ends.now) {

@@ -87,7 +87,7 @@ pub struct KeyCache {
     keys: HashMap<CacheKey, PairKeys>,
     used: HashSet<CacheKey>,
     /// A digest of the PSK the keys were derived with: another PSK empties the cache.
-    salt: Option<Vec<u8>>,
+    salt: Option<[u8; 32]>,
 }
 
 /// This node's public key, the peer's, both epochs, the algorithm, and the slot and a
@@ -116,12 +116,10 @@ impl KeyCache {
         sa: &EspSa,
     ) -> Result<PairKeys, DeriveError> {
         let alg = spec.algorithm;
-        let pq = sa.pq.as_ref().map(|pq| {
-            let digest = ring::digest::digest(&ring::digest::SHA256, pq.psk.as_bytes());
-            let mut d = [0; 32];
-            d.copy_from_slice(digest.as_ref());
-            (pq.slot, d)
-        });
+        let pq = sa
+            .pq
+            .as_ref()
+            .map(|pq| (pq.slot, digest(pq.psk.as_bytes())));
         let id = (
             own.public_key(),
             *peer,
@@ -154,11 +152,7 @@ impl KeyCache {
 
     /// Empties the cache when the PSK (every key's salt) is not the one it was filled with.
     pub(super) fn salted_with(&mut self, psk: Option<&[u8]>) {
-        let salt = psk.map(|p| {
-            ring::digest::digest(&ring::digest::SHA256, p)
-                .as_ref()
-                .to_vec()
-        });
+        let salt = psk.map(digest);
         if self.salt != salt {
             self.keys.clear();
             self.salt = salt;
@@ -169,6 +163,13 @@ impl KeyCache {
         let used = std::mem::take(&mut self.used);
         self.keys.retain(|k, _| used.contains(k));
     }
+}
+
+/// SHA-256 of a secret: what the cache keeps to tell secrets apart, never the secret.
+fn digest(secret: &[u8]) -> [u8; 32] {
+    let mut out = [0; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, secret).as_ref());
+    out
 }
 
 /// The salt of a state's key derivation: the cluster PSK (`cluster`) for a classical
