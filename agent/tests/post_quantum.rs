@@ -18,10 +18,10 @@ use weft_lab::wait::{bound, until_or};
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 /// The lab's round period: five of them in the traffic test.
 const PERIOD: Duration = Duration::from_secs(8);
-/// Pings at 100 pps the ipsec lab may lose over its 6 periods. The target is 1 (WireGuard
-/// holds it); in the VM ipsec lost 0, 11, 15 and 0 in four runs, each time in one hole of at
-/// most about 230 ms, not explained yet (docs/post-quantum.md).
-const IPSEC_LOSS: usize = 30;
+/// Pings at 100 pps the ipsec lab may lose over its 6 periods: the target, as on WireGuard.
+/// (Before a late pass's grace ran from the pass, a PSK first planned seconds after its
+/// moment cost one hole of up to 400 ms: docs/post-quantum.md.)
+const IPSEC_LOSS: usize = 1;
 
 /// A lab of `nodes` with `PostQuantum`, its rounds every `period` (the agent's 2 minutes
 /// when `None`).
@@ -140,6 +140,91 @@ fn every_pair_gets_a_psk_of_its_own_that_changes_every_period_without_loss() {
         distinct.len(),
         counts.iter().sum::<usize>(),
         "every PSK new, and each pair's own"
+    );
+    assert!(d.pings_lost <= 1, "{d:?}\n{}", lab.logs());
+    assert!(d.stream_error.is_none(), "{d:?}");
+    lab.assert_all_pairs();
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+#[test]
+fn a_cluster_psk_rotation_changes_every_post_quantum_pair_at_its_moment_without_loss() {
+    // The lab's etcd speaks plain HTTP: the agents must be told to accept the PSK in clear.
+    let mut cfg = config(3, None);
+    cfg.extra_args.push("--etcd-insecure".into());
+    let lab = Lab::start(cfg).unwrap();
+    let all = [0, 1, 2];
+    let genpsk = || {
+        weft_crypto::PresharedKey::generate()
+            .unwrap()
+            .to_base64_secret()
+    };
+    let key = "/coreos.com/network/weft/psk";
+    let first = genpsk();
+    until_or(
+        "every pair post-quantum",
+        bound(Duration::from_secs(5), Duration::from_secs(10)),
+        || agreed(&lab, &all).is_ok(),
+        || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
+    );
+    let alone = agreed(&lab, &all).unwrap();
+    // The cluster PSK is combined with each pair's own: every pair's PSK changes, and no
+    // device shows the cluster PSK itself.
+    lab.etcd()
+        .etcdctl(&["put", key, &format!(r#"{{"PSK": "{first}"}}"#)])
+        .unwrap();
+    let changed_from = |old: &BTreeMap<(usize, usize), String>| {
+        agreed(&lab, &all).is_ok_and(|now| now.iter().all(|(pair, psk)| old.get(pair) != Some(psk)))
+    };
+    until_or(
+        "every pair's PSK combined with the cluster PSK",
+        Duration::from_secs(5),
+        || changed_from(&alone),
+        || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
+    );
+    let combined = agreed(&lab, &all).unwrap();
+    assert!(!combined.values().any(|p| *p == first), "{combined:?}");
+
+    let (a, b) = (&lab.nodes[0].pods[0], &lab.nodes[1].pods[0]);
+    let watch = ClearWatch::start(&lab).unwrap();
+    let probe = Probe::start(&a.ns, &b.ns, b.ip).unwrap();
+    let next = genpsk();
+    // The moment is 5 s ahead: until a second before it, every pair keeps its PSK.
+    let at = now_ms() + 5000;
+    let value = format!(r#"{{"PSK": "{first}", "NextPSK": "{next}", "SwitchAt": {at}}}"#);
+    lab.etcd().etcdctl(&["put", key, &value]).unwrap();
+    while now_ms() + 1000 < at {
+        assert_eq!(
+            agreed(&lab, &all).as_ref(),
+            Ok(&combined),
+            "changed before its moment"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    until_or(
+        "every pair's PSK combined with the next cluster PSK",
+        Duration::from_secs(5),
+        || changed_from(&combined),
+        || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
+    );
+    let after = agreed(&lab, &all).unwrap();
+    assert!(!after.values().any(|p| *p == next), "{after:?}");
+    assert!(
+        lab.ping(&a.ns, b.ip, Duration::from_secs(5)),
+        "{}",
+        lab.logs()
+    );
+    let d = probe.finish().unwrap();
+    let watched = watch.finish().unwrap();
+    println!(
+        "cluster PSK rotation on post-quantum pairs: ping {d:?}; {watched:?}, nothing in clear"
     );
     assert!(d.pings_lost <= 1, "{d:?}\n{}", lab.logs());
     assert!(d.stream_error.is_none(), "{d:?}");
@@ -424,6 +509,8 @@ fn ipsec_pairs_take_a_post_quantum_psk_into_their_keys_every_period_without_loss
                     || l.contains("ipsec")
                     || l.contains("ESP")
                     || l.contains("WARN")
+                    || l.contains("added")
+                    || l.contains("removed")
             })
             .collect::<Vec<_>>()
             .join("\n")

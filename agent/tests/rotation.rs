@@ -366,7 +366,9 @@ fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
 #[test]
 fn the_psk_rotates_without_restarts_etcd() {
     // The lab's etcd speaks plain HTTP: the agents must be told to accept the PSK in clear.
-    let mut cfg = LabConfig::wireguard(3, WEFT);
+    // Classical pairs: each device's PSK is then the cluster PSK itself, which is what this
+    // test reads (with `PostQuantum` it is combined with each pair's own: `post_quantum`).
+    let mut cfg = LabConfig::wireguard(3, WEFT).backend_key("PostQuantum", false.into());
     cfg.extra_args.push("--etcd-insecure".into());
     let lab = Lab::start(cfg).unwrap();
     let key = "/coreos.com/network/weft/psk";
@@ -402,7 +404,8 @@ fn the_psk_rotates_without_restarts_from_a_mounted_secret() {
     };
     let first = genpsk();
     write("psk", &first);
-    let mut cfg = LabConfig::kube(3, WEFT);
+    // Classical pairs, as above.
+    let mut cfg = LabConfig::kube(3, WEFT).backend_key("PostQuantum", false.into());
     cfg.extra_args
         .push(format!("--psk-dir={}", secret.path().display()));
     let lab = Lab::start(cfg).unwrap();

@@ -17,6 +17,7 @@ mod esp_epoch;
 pub mod iface;
 mod one_agent;
 mod pass;
+mod pq_seen;
 mod roaming;
 mod run_loop;
 mod start;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use weft_backends::apply::Dataplane;
 use weft_backends::model::{ClusterView, DesiredState, Lease};
 use weft_backends::netconf::NetConf;
@@ -59,6 +59,8 @@ const NFT_SAFETY: Duration = Duration::from_secs(60);
 /// to 2.8 s in the VM, and a switch that comes during it waits for its end. Seen in CI: a
 /// node rotated 2.2 s late behind a resync pass and its peers' ping lost 7 in a row.
 const SWITCH_GUARD: Duration = Duration::from_secs(5);
+/// The longest the resync is put off for switches near, in all.
+const RESYNC_PUT_OFF: Duration = Duration::from_secs(30);
 /// An event lists the tables at once unless they were listed this recently (then they are
 /// listed when this much has passed): a busy neighbour's rule churn (kube-proxy's) costs
 /// at most two `nft list` a second.
@@ -102,6 +104,11 @@ pub(super) struct Controller<'a> {
     /// ipsec: the inbound SPIs that have carried packets, and when they were last read.
     pub(super) esp_heard: std::collections::BTreeSet<u32>,
     pub(super) esp_read: Option<Instant>,
+    /// When this node first planned with each pair's post-quantum PSK.
+    pub(super) pq_seen: super::pq_seen::PqSeen,
+    /// Since when the resync has been put off for switches near (it is put off for at
+    /// most `RESYNC_PUT_OFF`: with many pairs, one is always near).
+    resync_put_off: Option<Instant>,
 }
 
 /// What woke the loop, when it needs a pass.
@@ -226,6 +233,8 @@ pub(crate) async fn control_loop(
         rekey_not_before: None,
         esp_heard: Default::default(),
         esp_read: None,
+        pq_seen: Default::default(),
+        resync_put_off: None,
     };
     node.inputs.psk.refresh();
     if !node.first_listing().await {
@@ -429,16 +438,31 @@ impl Controller<'_> {
 
     /// Whether the periodic resync runs now: not while this node's announced key switch
     /// is within `SWITCH_GUARD` of its moment; then it is looked at again that much later.
+    /// Whether the resync runs now: it is put off while this node's key switch, or a
+    /// pair's post-quantum PSK taking over, is near (the pass that installs the PSK's
+    /// states would otherwise wait behind it).
     fn resync_due(&mut self) -> bool {
-        let near = self
-            .keys
-            .due()
-            .is_some_and(|at| switch_near(at, SystemTime::now()));
-        if near {
-            info!("resync put off until this node's key switch is done");
-            self.resync.reset_after(SWITCH_GUARD);
+        let now = SystemTime::now();
+        let near = |at: Option<SystemTime>| at.is_some_and(|at| switch_near(at, now));
+        let pq = self.inputs.pq.published.borrow().next_switch;
+        let waited = self
+            .resync_put_off
+            .get_or_insert_with(Instant::now)
+            .elapsed();
+        if waited < RESYNC_PUT_OFF {
+            if near(self.keys.due()) {
+                info!("resync put off until this node's key switch is done");
+                self.resync.reset_after(SWITCH_GUARD);
+                return false;
+            }
+            if near(pq) {
+                debug!("resync put off until a post-quantum PSK has taken over");
+                self.resync.reset_after(SWITCH_GUARD);
+                return false;
+            }
         }
-        !near
+        self.resync_put_off = None;
+        true
     }
 
     /// An nftables event (`Some`), or the end of them (`None`: then every check lists the

@@ -2,7 +2,7 @@
 //! peer the plan lists, carries their datagrams on its UDP sockets, and tells the control
 //! loop the PSKs in force.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -22,7 +22,10 @@ struct Pair {
     node: String,
     address: IpAddr,
     ex: Exchange,
+    /// When to poll the exchange next (its entry in `Manager::timers`).
     wake_at: u64,
+    /// The moment its committed PSK takes over (its entry in `Manager::switches`).
+    switch_at: Option<u64>,
     rounds: u64,
     /// The round of the PSK last seen in force (a new one is a completed round).
     in_force: Option<u64>,
@@ -39,14 +42,22 @@ pub(super) struct Manager {
     published: watch::Sender<Published>,
     status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
     pairs: HashMap<PublicKey, Pair>,
+    /// Every pair's `wake_at`, in order: what is due is found without a look at the rest.
+    timers: BTreeSet<(u64, PublicKey)>,
+    /// Every pair's `switch_at`, in order.
+    switches: BTreeSet<(u64, PublicKey)>,
+    /// Pairs that may have changed since the last `publish` (a datagram, a poll, a new
+    /// key, a switch moment come): only these are looked at again, so a datagram costs
+    /// the same with 10 peers as with 10,000.
+    dirty: HashSet<PublicKey>,
     /// Saved PSKs not yet given back to a pair (its peer not listed yet).
     restored: BTreeMap<PublicKey, Installed>,
-    /// What was last written to the saved file, and when.
-    stored: BTreeMap<PublicKey, Installed>,
+    /// The PSKs in force: what the saved file is to hold.
+    in_force: BTreeMap<PublicKey, Installed>,
+    /// `in_force` changed since the file was written (at most every `SAVE_EVERY`: a
+    /// period's rounds with many peers complete in a burst).
+    unsaved: bool,
     stored_at: Option<std::time::Instant>,
-    /// The PSKs in force, when they differ from `stored` (written at most every
-    /// `SAVE_EVERY`: a period's rounds with many peers complete in a burst).
-    unsaved: Option<BTreeMap<PublicKey, Installed>>,
     /// The plan's last list, to rebuild the pairs under a new own key.
     listed: Vec<PqPeer>,
 }
@@ -85,10 +96,12 @@ impl Manager {
         // In force from the first pass on, before the plan has listed any peer: a pass
         // without them would give the peers the classical PSK for a moment.
         published.send_replace(Published {
-            psks: restored
-                .iter()
-                .map(|(k, i)| (*k, secret(i, None)))
-                .collect(),
+            psks: Arc::new(
+                restored
+                    .iter()
+                    .map(|(k, i)| (*k, secret(i, None)))
+                    .collect(),
+            ),
             next_switch: None,
         });
         Manager {
@@ -102,9 +115,13 @@ impl Manager {
             published,
             status,
             pairs: HashMap::new(),
-            stored: restored.clone(),
+            timers: BTreeSet::new(),
+            switches: BTreeSet::new(),
+            // The first publish drops what no listed peer took back by then.
+            dirty: restored.keys().copied().collect(),
+            in_force: restored.clone(),
+            unsaved: false,
             stored_at: None,
-            unsaved: None,
             restored,
             listed: Vec::new(),
         }
@@ -114,7 +131,7 @@ impl Manager {
         let mut buf4 = vec![0u8; 2 * MAX_LEN];
         let mut buf6 = vec![0u8; 2 * MAX_LEN];
         loop {
-            let wake = self.pairs.values().map(|p| p.wake_at).min();
+            let wake = self.timers.first().map(|(at, _)| *at);
             let pending = self.published.borrow().next_switch;
             let wait = wake
                 .map(|w| Duration::from_millis(w.saturating_sub(now_ms())))
@@ -179,7 +196,7 @@ impl Manager {
             if let Some(pair) = self.pairs.get_mut(&peer.public_key) {
                 pair.address = peer.address;
                 pair.ex.peer_ek_changed(ek.clone(), now);
-                pair.wake_at = now;
+                self.wake(peer.public_key, now);
                 continue;
             }
             match Exchange::new(&self.own, peer.public_key, ek.clone(), self.timing, now) {
@@ -195,17 +212,26 @@ impl Manager {
                             address: peer.address,
                             ex,
                             wake_at: now,
+                            switch_at: None,
                             rounds: 0,
                             in_force: None,
                         },
                     );
+                    self.timers.insert((now, peer.public_key));
+                    self.dirty.insert(peer.public_key);
                 }
                 Err(e) => {
                     warn!(peer = %peer.node, error = %e, "no post-quantum pair: it stays classical")
                 }
             }
         }
-        self.pairs.retain(|key, _| keep.contains(key));
+        let gone: Vec<PublicKey> = (self.pairs.keys())
+            .filter(|key| !keep.contains(key))
+            .copied()
+            .collect();
+        for key in gone {
+            self.forget(key);
+        }
         if let Ok(mut status) = self.status.lock() {
             status.retain(|key, _| listed.iter().any(|p| p.public_key == *key));
             for peer in listed.iter().filter(|p| p.ek == PqKey::None) {
@@ -225,7 +251,10 @@ impl Manager {
     fn set_own_key(&mut self, key: PrivateKey) {
         self.own_public = key.public_key();
         self.own.key = key;
-        self.pairs.clear();
+        let keys: Vec<PublicKey> = self.pairs.keys().copied().collect();
+        for key in keys {
+            self.forget(key);
+        }
         self.restored.clear();
         let listed = std::mem::take(&mut self.listed);
         self.set_peers(listed);
@@ -238,20 +267,46 @@ impl Manager {
         info!(key = ?kem.encaps_key(), "ML-KEM-768 key rotated: new rounds with every peer");
         self.own.previous_kem = Some(std::mem::replace(&mut self.own.kem, kem));
         let now = now_ms();
-        for pair in self.pairs.values_mut() {
-            pair.ex.own_kem_changed(now);
-            pair.wake_at = 0;
+        let keys: Vec<PublicKey> = self.pairs.keys().copied().collect();
+        for key in keys {
+            if let Some(pair) = self.pairs.get_mut(&key) {
+                pair.ex.own_kem_changed(now);
+            }
+            self.wake(key, 0);
         }
     }
 
-    fn fall_back(&mut self, node: &str) {
-        if let Some(pair) = self.pairs.values_mut().find(|p| p.node == node) {
-            if pair.in_force.is_some() {
-                warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes");
-            }
-            pair.ex.fall_back(now_ms());
-            pair.wake_at = 0;
+    /// Moves `key`'s pair's next poll to `at`, and counts it as changed.
+    fn wake(&mut self, key: PublicKey, at: u64) {
+        if let Some(pair) = self.pairs.get_mut(&key) {
+            self.timers.remove(&(pair.wake_at, key));
+            pair.wake_at = at;
+            self.timers.insert((at, key));
+            self.dirty.insert(key);
         }
+    }
+
+    /// Drops `key`'s pair, its timers with it; the next publish drops its PSK.
+    fn forget(&mut self, key: PublicKey) {
+        if let Some(pair) = self.pairs.remove(&key) {
+            self.timers.remove(&(pair.wake_at, key));
+            if let Some(at) = pair.switch_at {
+                self.switches.remove(&(at, key));
+            }
+        }
+        self.dirty.insert(key);
+    }
+
+    fn fall_back(&mut self, node: &str) {
+        let Some((key, pair)) = self.pairs.iter_mut().find(|(_, p)| p.node == node) else {
+            return;
+        };
+        if pair.in_force.is_some() {
+            warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes");
+        }
+        pair.ex.fall_back(now_ms());
+        let key = *key;
+        self.wake(key, 0);
     }
 
     /// A datagram from `from`: to the pair of the key it names, if it comes from that
@@ -278,9 +333,10 @@ impl Manager {
         }
         let now = now_ms();
         let to = SocketAddr::new(pair.address, self.port);
+        self.dirty.insert(sender);
         match pair.ex.receive(&self.own, bytes, now) {
             Ok(replies) => {
-                pair.wake_at = now;
+                self.wake(sender, now);
                 for reply in replies {
                     send(self.v4.as_ref(), self.v6.as_ref(), &reply, to).await;
                 }
@@ -297,18 +353,27 @@ impl Manager {
     async fn poll_due(&mut self) {
         let now = now_ms();
         let mut out: Vec<(Vec<u8>, SocketAddr)> = Vec::new();
-        for pair in self.pairs.values_mut().filter(|p| p.wake_at <= now) {
-            match pair.ex.poll(now) {
+        while let Some(&(at, key)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(pair) = self.pairs.get_mut(&key) else {
+                continue;
+            };
+            pair.wake_at = match pair.ex.poll(now) {
                 Ok(poll) => {
-                    pair.wake_at = poll.wake_at.max(now + 1);
                     let to = SocketAddr::new(pair.address, self.port);
                     out.extend(poll.send.into_iter().map(|d| (d, to)));
+                    poll.wake_at.max(now + 1)
                 }
                 Err(e) => {
                     warn!(peer = %pair.node, error = %e, "post-quantum round not started");
-                    pair.wake_at = now + self.timing.retry;
+                    now + self.timing.retry
                 }
-            }
+            };
+            self.timers.insert((pair.wake_at, key));
+            self.dirty.insert(key);
         }
         for (datagram, to) in out {
             send(self.v4.as_ref(), self.v6.as_ref(), &datagram, to).await;
@@ -316,36 +381,50 @@ impl Manager {
     }
 
     /// Tells the loop the PSKs in force and the next switch, saves them, and updates the
-    /// status of each pair.
+    /// status: of the pairs that changed only (`dirty`, and those whose switch came).
     fn publish(&mut self) {
         let now = now_ms();
-        let mut in_force: BTreeMap<PublicKey, Installed> = BTreeMap::new();
-        let mut next: Option<u64> = None;
-        let mut completed = Vec::new();
-        for (key, pair) in &mut self.pairs {
-            if let Some(installed) = pair.ex.psk(now).cloned() {
-                if pair.in_force != Some(installed.round) {
+        while let Some(&(at, key)) = self.switches.first() {
+            if at > now {
+                break;
+            }
+            self.switches.pop_first();
+            if let Some(pair) = self.pairs.get_mut(&key) {
+                pair.switch_at = None;
+            }
+            self.dirty.insert(key);
+        }
+        let mut news: Vec<(PublicKey, Option<PairSecret>)> = Vec::new();
+        let mut status = self.status.lock().ok();
+        for key in std::mem::take(&mut self.dirty) {
+            let Some(pair) = self.pairs.get_mut(&key) else {
+                self.unsaved |= self.in_force.remove(&key).is_some();
+                news.push((key, None));
+                continue;
+            };
+            let installed = pair.ex.psk(now).cloned();
+            match &installed {
+                Some(i) if pair.in_force != Some(i.round) => {
                     pair.rounds += 1;
-                    completed.push((pair.node.clone(), installed.round, pair.rounds));
+                    info!(peer = %pair.node, round = i.round, rounds = pair.rounds, "post-quantum PSK in force");
                 }
-                pair.in_force = Some(installed.round);
-                in_force.insert(*key, installed);
-            } else {
-                pair.in_force = None;
+                _ => {}
             }
-            if let Some(p) = pair.ex.pending() {
-                next = Some(next.map_or(p.at_ms, |n| n.min(p.at_ms)));
+            pair.in_force = installed.as_ref().map(|i| i.round);
+            let switch_at = pair.ex.pending().map(|p| p.at_ms);
+            if pair.switch_at != switch_at {
+                if let Some(at) = pair.switch_at {
+                    self.switches.remove(&(at, key));
+                }
+                if let Some(at) = switch_at {
+                    self.switches.insert((at, key));
+                }
+                pair.switch_at = switch_at;
             }
-        }
-        for (node, round, rounds) in completed {
-            info!(peer = %node, round, rounds, "post-quantum PSK in force");
-        }
-        // The status first: the pass that the news wakes reads it.
-        if let Ok(mut status) = self.status.lock() {
-            for (key, pair) in &self.pairs {
-                let s = status.entry(*key).or_default();
-                s.node = pair.node.clone();
-                s.round_ms = in_force.get(key).map(|i| i.round);
+            if let Some(status) = status.as_mut() {
+                let s = status.entry(key).or_default();
+                s.node.clone_from(&pair.node);
+                s.round_ms = pair.in_force;
                 s.rounds = pair.rounds;
                 if s.round_ms.is_some() {
                     s.classical_because = None;
@@ -354,24 +433,39 @@ impl Manager {
                 }
                 s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
             }
+            news.push((
+                key,
+                installed.as_ref().map(|i| secret(i, pair.ex.previous())),
+            ));
+            self.unsaved |= match installed {
+                Some(i) if self.in_force.get(&key) != Some(&i) => {
+                    self.in_force.insert(key, i);
+                    true
+                }
+                Some(_) => false,
+                None => self.in_force.remove(&key).is_some(),
+            };
         }
-        let psks: BTreeMap<PublicKey, PairSecret> = in_force
-            .iter()
-            .map(|(k, i)| {
-                let previous = self.pairs.get(k).and_then(|p| p.ex.previous());
-                (*k, secret(i, previous))
-            })
-            .collect();
-        let published = Published {
-            psks,
-            next_switch: next.map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-        };
+        drop(status);
+        let next_switch = (self.switches.first())
+            .map(|(ms, _)| SystemTime::UNIX_EPOCH + Duration::from_millis(*ms));
+        // The map is copied only if the loop's pass holds it at this moment.
         self.published.send_if_modified(|p| {
-            let changed = *p != published;
-            *p = published;
+            let mut changed = p.next_switch != next_switch;
+            p.next_switch = next_switch;
+            for (key, secret) in news {
+                if p.psks.get(&key) == secret.as_ref() {
+                    continue;
+                }
+                let psks = Arc::make_mut(&mut p.psks);
+                match secret {
+                    Some(s) => psks.insert(key, s),
+                    None => psks.remove(&key),
+                };
+                changed = true;
+            }
             changed
         });
-        self.unsaved = (in_force != self.stored).then_some(in_force);
         if self.save_due() == Some(Duration::ZERO) {
             self.save();
         }
@@ -379,7 +473,9 @@ impl Manager {
 
     /// How long until the PSKs in force are written, if they differ from the file.
     fn save_due(&self) -> Option<Duration> {
-        self.unsaved.as_ref()?;
+        if !self.unsaved {
+            return None;
+        }
         Some(
             self.stored_at
                 .map_or(Duration::ZERO, |at| SAVE_EVERY.saturating_sub(at.elapsed())),
@@ -387,13 +483,12 @@ impl Manager {
     }
 
     fn save(&mut self) {
-        let Some(in_force) = self.unsaved.take() else {
+        if !std::mem::take(&mut self.unsaved) {
             return;
-        };
-        if let Err(e) = self.saved.store(&self.own_public, &in_force) {
+        }
+        if let Err(e) = self.saved.store(&self.own_public, &self.in_force) {
             warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
         }
-        self.stored = in_force;
         self.stored_at = Some(std::time::Instant::now());
     }
 

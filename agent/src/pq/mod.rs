@@ -35,8 +35,9 @@ pub const DEFAULT_PORT: u16 = 51823;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Published {
     /// The PSK of each pair's last completed round (and the one it replaced), by the
-    /// peer's key.
-    pub psks: BTreeMap<PublicKey, PairSecret>,
+    /// peer's key. Shared: a pass takes it without a copy, and the task changes it in
+    /// place unless a pass holds it at that moment.
+    pub psks: Arc<BTreeMap<PublicKey, PairSecret>>,
     /// The next moment a committed PSK takes over: the loop plans again then.
     pub next_switch: Option<SystemTime>,
 }

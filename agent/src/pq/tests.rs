@@ -220,3 +220,32 @@ async fn a_peer_without_a_key_is_classical_with_the_reason() {
     .expect("the reason in the status");
     assert!(ha.published.borrow().psks.is_empty());
 }
+
+#[tokio::test]
+async fn a_peer_dropped_from_the_plan_loses_its_psk_and_the_others_keep_theirs() {
+    let port = free_port();
+    let (a, b, c) = (Node::new(1), Node::new(2), Node::new(3));
+    let (mut ha, hb, hc) = (a.start(port), b.start(port), c.start(port));
+    ha.peers.send_replace(vec![b.as_peer(), c.as_peer()]);
+    hb.peers.send_replace(vec![a.as_peer()]);
+    hc.peers.send_replace(vec![a.as_peer()]);
+    let with_b = psk_for(&mut ha, &b.key.public_key()).await;
+    psk_for(&mut ha, &c.key.public_key()).await;
+
+    ha.peers.send_replace(vec![b.as_peer()]);
+    tokio::time::timeout(Duration::from_secs(2), async {
+        while ha.published.borrow_and_update().psks.len() != 1 {
+            ha.published.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("c's PSK gone from what the loop is told");
+    let published = ha.published.borrow().clone();
+    assert_eq!(
+        published.psks.get(&b.key.public_key()).map(|s| &s.psk),
+        Some(&with_b),
+        "b's pair untouched"
+    );
+    assert!(!ha.status.lock().unwrap().contains_key(&c.key.public_key()));
+    drop((hb, hc));
+}
