@@ -16,7 +16,8 @@ use crate::model::{IpsecPeer, Observed, PairSecret};
 
 const PQ: &str =
     r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "PostQuantum": true}}"#;
-const CLASSICAL: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec"}}"#;
+const CLASSICAL: &str =
+    r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "ipsec", "PostQuantum": false}}"#;
 
 const T: Duration = Duration::from_secs(1_800_000_000);
 

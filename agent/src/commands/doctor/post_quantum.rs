@@ -54,7 +54,7 @@ pub(super) fn pairs(snapshot: &Snapshot, now: SystemTime) -> Check {
         NAME,
         format!("of {total} pairs, {}", detail.join(", ")),
         "a classical pair still encrypts (X25519, and the cluster PSK if set), but recorded traffic is not protected against a future quantum computer; \
-         a peer that publishes no ML-KEM key runs an older weft, flanneld or PostQuantum off; otherwise the pair's rounds (UDP --post-quantum-port inside the tunnel) do not pass: the agent's log on both nodes says why",
+         a peer that publishes no ML-KEM key runs an older weft, flanneld or PostQuantum off; otherwise the pair's rounds (UDP --post-quantum-port: inside the tunnel on WireGuard, between the public IPs on ipsec) do not pass: the agent's log on both nodes says why",
     )
 }
 
