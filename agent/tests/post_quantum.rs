@@ -74,6 +74,19 @@ fn agreed(lab: &Lab, nodes: &[usize]) -> Result<BTreeMap<(usize, usize), String>
     Ok(out)
 }
 
+/// The agents' lines on rounds, PSKs and warnings (for a failure's message).
+fn pq_lines(lab: &Lab) -> String {
+    lab.logs()
+        .lines()
+        .filter(|l| {
+            ["--- node", "post-quantum", "psk", "WARN"]
+                .iter()
+                .any(|m| l.contains(m))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn status(lab: &Lab, i: usize) -> String {
     lab.on_node(i, &format!("{WEFT} status"))
         .unwrap_or_default()
@@ -133,7 +146,8 @@ fn every_pair_gets_a_psk_of_its_own_that_changes_every_period_without_loss() {
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(
         counts.iter().all(|n| *n >= 5),
-        "a new PSK every period: {counts:?}"
+        "a new PSK every period: {counts:?}\n{}",
+        pq_lines(&lab)
     );
     let distinct: BTreeSet<&String> = seen.values().flatten().collect();
     assert_eq!(

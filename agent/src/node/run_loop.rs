@@ -15,7 +15,6 @@ use weft_backends::model::{ClusterView, DesiredState, Lease};
 use weft_backends::netconf::NetConf;
 use weft_backends::plan::PlanOptions;
 
-use super::error_policy::log_report;
 use crate::cli::AgentArgs;
 use crate::keys::psk::PskSources;
 use crate::keys::rotation::{KeyState, RotateRequest};
@@ -52,8 +51,6 @@ pub(crate) struct LoopInputs {
 /// How often the periodic checks run (liveness, the node's address, ipsec's states; the
 /// nftables tables when events say they changed, or when no events can be had).
 const NFT_CHECK: Duration = Duration::from_secs(2);
-/// The tables are listed at least this often even when no event says they changed.
-const NFT_SAFETY: Duration = Duration::from_secs(60);
 /// The periodic resync waits while this node's announced key switch is this near (either
 /// side of its moment): a full pass re-reads every link, address and route, which took up
 /// to 2.8 s in the VM, and a switch that comes during it waits for its end. Seen in CI: a
@@ -61,10 +58,6 @@ const NFT_SAFETY: Duration = Duration::from_secs(60);
 const SWITCH_GUARD: Duration = Duration::from_secs(5);
 /// The longest the resync is put off for switches near, in all.
 const RESYNC_PUT_OFF: Duration = Duration::from_secs(30);
-/// An event lists the tables at once unless they were listed this recently (then they are
-/// listed when this much has passed): a busy neighbour's rule churn (kube-proxy's) costs
-/// at most two `nft list` a second.
-const NFT_EVENT_GAP: Duration = Duration::from_millis(500);
 
 /// The loop's state between passes, and what it works with.
 pub(super) struct Controller<'a> {
@@ -94,9 +87,9 @@ pub(super) struct Controller<'a> {
     nft_check: tokio::time::Interval,
     psk_check: tokio::time::Interval,
     /// An nftables event came after the tables were last listed.
-    nft_dirty: bool,
+    pub(super) nft_dirty: bool,
     /// When the tables were last listed.
-    nft_listed: Instant,
+    pub(super) nft_listed: Instant,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
     /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
@@ -463,106 +456,6 @@ impl Controller<'_> {
         }
         self.resync_put_off = None;
         true
-    }
-
-    /// An nftables event (`Some`), or the end of them (`None`: then every check lists the
-    /// tables, as without events).
-    async fn nft_event(&mut self, changed: Option<()>) {
-        if changed.is_none() {
-            warn!("nftables events stopped: listing the tables at every check");
-            self.inputs.nft_changes = None;
-            return;
-        }
-        self.nft_dirty = true;
-        if self.nft_listed.elapsed() >= NFT_EVENT_GAP {
-            self.check_nft().await;
-        }
-    }
-
-    /// How long until a change reported too soon after the last listing is looked at.
-    fn nft_deferred(&self) -> Option<Duration> {
-        (self.nft_dirty && self.inputs.nft_changes.is_some())
-            .then(|| NFT_EVENT_GAP.saturating_sub(self.nft_listed.elapsed()))
-    }
-
-    async fn check_nft(&mut self) {
-        self.inputs.health.beat();
-        let tables = self.inputs.nft_changes.is_none()
-            || self.nft_dirty
-            || self.nft_listed.elapsed() >= NFT_SAFETY;
-        if tables {
-            self.nft_dirty = false;
-            self.nft_listed = Instant::now();
-        }
-        if let Some(state) = &self.last {
-            match self
-                .dataplane
-                .reconcile_nft(state, &self.keys.key, tables)
-                .await
-            {
-                Ok(r) => {
-                    log_report(&r);
-                    if !r.changes.is_empty() {
-                        // Something changed the tables behind the agent: `weft doctor`
-                        // names it even after the tables are back.
-                        let now = crate::keys::rotation::ms(SystemTime::now());
-                        self.inputs.snapshot.update(|s| s.repaired(&r.changes, now));
-                    }
-                    self.esp_lost(&r.esp_lost).await;
-                }
-                Err(e) => warn!(error = %e, "nftables check failed"),
-            }
-        }
-    }
-
-    /// `weft keys rotate` on this node, through the control socket.
-    async fn rotate_on_request(&mut self, request: RotateRequest) {
-        info!("key rotation: the control loop takes the request");
-        self.rotate_ml_kem().await;
-        let started = match self.dataplane.esp_epoch() {
-            Some(_) => self.rotate_esp().await,
-            None => self.keys.start().await,
-        };
-        let pending = self.keys.rotation.pending().cloned();
-        self.inputs.snapshot.update(|s| s.rotating = pending);
-        if let Err(e) = &started {
-            warn!(error = %e, "cannot rotate the key");
-        }
-        if let Some(reply) = request.reply {
-            let _ = reply.send(started);
-        }
-    }
-
-    /// A key rotation takes the ML-KEM key along (with `PostQuantum`): the new one is in
-    /// use before it is published.
-    async fn rotate_ml_kem(&mut self) {
-        match self.inputs.pq.rotate_key() {
-            None => {}
-            Some(Ok(ek)) => {
-                self.keys.attrs.ml_kem_key = Some(ek);
-                self.keys.publish().await;
-            }
-            Some(Err(e)) => {
-                warn!(error = %format!("{e:#}"), "the ML-KEM key is not rotated (the rest of the rotation goes on)");
-            }
-        }
-    }
-
-    /// An operator's `weft keys rotate --all`, written in the registry.
-    async fn rotate_from_registry(&mut self, id: &str) {
-        if self.keys.takes_request(id) {
-            info!(request = ?id, "key rotation requested through the registry");
-            self.rotate_ml_kem().await;
-            let started = match self.dataplane.esp_epoch() {
-                Some(_) => self.rotate_esp().await.map(|_| ()),
-                None => self.keys.start().await.map(|_| ()),
-            };
-            if let Err(e) = started {
-                warn!(error = %e, "cannot rotate the key");
-            }
-            let pending = self.keys.rotation.pending().cloned();
-            self.inputs.snapshot.update(|s| s.rotating = pending);
-        }
     }
 }
 

@@ -10,12 +10,16 @@ use std::time::{Duration, SystemTime};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
-use weft_backends::model::{PairSecret, PqKey, PqPeer};
+use weft_backends::model::{PqKey, PqPeer};
 use weft_crypto::pq::{Exchange, Installed, KemKeyPair, Message, Own, Timing, MAX_LEN};
 use weft_crypto::{PrivateKey, PublicKey};
 
 use super::saved::Saved;
 use super::{PairStatus, Published};
+
+mod publish;
+
+use publish::secret;
 
 /// One pair: its exchange and where its peer's agent listens.
 struct Pair {
@@ -233,7 +237,8 @@ impl Manager {
             self.forget(key);
         }
         if let Ok(mut status) = self.status.lock() {
-            status.retain(|key, _| listed.iter().any(|p| p.public_key == *key));
+            let listed_keys: HashSet<PublicKey> = listed.iter().map(|p| p.public_key).collect();
+            status.retain(|key, _| listed_keys.contains(key));
             for peer in listed.iter().filter(|p| p.ek == PqKey::None) {
                 let s = status.entry(peer.public_key).or_default();
                 s.node = peer.node.clone();
@@ -380,134 +385,12 @@ impl Manager {
         }
     }
 
-    /// Tells the loop the PSKs in force and the next switch, saves them, and updates the
-    /// status: of the pairs that changed only (`dirty`, and those whose switch came).
-    fn publish(&mut self) {
-        let now = now_ms();
-        while let Some(&(at, key)) = self.switches.first() {
-            if at > now {
-                break;
-            }
-            self.switches.pop_first();
-            if let Some(pair) = self.pairs.get_mut(&key) {
-                pair.switch_at = None;
-            }
-            self.dirty.insert(key);
-        }
-        let mut news: Vec<(PublicKey, Option<PairSecret>)> = Vec::new();
-        let mut status = self.status.lock().ok();
-        for key in std::mem::take(&mut self.dirty) {
-            let Some(pair) = self.pairs.get_mut(&key) else {
-                self.unsaved |= self.in_force.remove(&key).is_some();
-                news.push((key, None));
-                continue;
-            };
-            let installed = pair.ex.psk(now).cloned();
-            match &installed {
-                Some(i) if pair.in_force != Some(i.round) => {
-                    pair.rounds += 1;
-                    info!(peer = %pair.node, round = i.round, rounds = pair.rounds, "post-quantum PSK in force");
-                }
-                _ => {}
-            }
-            pair.in_force = installed.as_ref().map(|i| i.round);
-            let switch_at = pair.ex.pending().map(|p| p.at_ms);
-            if pair.switch_at != switch_at {
-                if let Some(at) = pair.switch_at {
-                    self.switches.remove(&(at, key));
-                }
-                if let Some(at) = switch_at {
-                    self.switches.insert((at, key));
-                }
-                pair.switch_at = switch_at;
-            }
-            if let Some(status) = status.as_mut() {
-                let s = status.entry(key).or_default();
-                s.node.clone_from(&pair.node);
-                s.round_ms = pair.in_force;
-                s.rounds = pair.rounds;
-                if s.round_ms.is_some() {
-                    s.classical_because = None;
-                } else if s.classical_because.is_none() {
-                    s.classical_because = Some("its first round has not completed".into());
-                }
-                s.last_refusal = pair.ex.last_refusal().map(ToString::to_string);
-            }
-            news.push((
-                key,
-                installed.as_ref().map(|i| secret(i, pair.ex.previous())),
-            ));
-            self.unsaved |= match installed {
-                Some(i) if self.in_force.get(&key) != Some(&i) => {
-                    self.in_force.insert(key, i);
-                    true
-                }
-                Some(_) => false,
-                None => self.in_force.remove(&key).is_some(),
-            };
-        }
-        drop(status);
-        let next_switch = (self.switches.first())
-            .map(|(ms, _)| SystemTime::UNIX_EPOCH + Duration::from_millis(*ms));
-        // The map is copied only if the loop's pass holds it at this moment.
-        self.published.send_if_modified(|p| {
-            let mut changed = p.next_switch != next_switch;
-            p.next_switch = next_switch;
-            for (key, secret) in news {
-                if p.psks.get(&key) == secret.as_ref() {
-                    continue;
-                }
-                let psks = Arc::make_mut(&mut p.psks);
-                match secret {
-                    Some(s) => psks.insert(key, s),
-                    None => psks.remove(&key),
-                };
-                changed = true;
-            }
-            changed
-        });
-        if self.save_due() == Some(Duration::ZERO) {
-            self.save();
-        }
-    }
-
-    /// How long until the PSKs in force are written, if they differ from the file.
-    fn save_due(&self) -> Option<Duration> {
-        if !self.unsaved {
-            return None;
-        }
-        Some(
-            self.stored_at
-                .map_or(Duration::ZERO, |at| SAVE_EVERY.saturating_sub(at.elapsed())),
-        )
-    }
-
-    fn save(&mut self) {
-        if !std::mem::take(&mut self.unsaved) {
-            return;
-        }
-        if let Err(e) = self.saved.store(&self.own_public, &self.in_force) {
-            warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
-        }
-        self.stored_at = Some(std::time::Instant::now());
-    }
-
     fn note(&self, key: &PublicKey, node: &str, f: impl FnOnce(&mut PairStatus)) {
         if let Ok(mut status) = self.status.lock() {
             let s = status.entry(*key).or_default();
             s.node = node.to_string();
             f(s);
         }
-    }
-}
-
-/// A PSK in force as the plan takes it, with the one it replaced.
-fn secret(installed: &Installed, previous: Option<&Installed>) -> PairSecret {
-    PairSecret {
-        psk: installed.psk.clone(),
-        slot: installed.slot(),
-        since: SystemTime::UNIX_EPOCH + Duration::from_millis(installed.at_ms),
-        previous: previous.map(|p| (p.psk.clone(), p.slot())),
     }
 }
 
