@@ -157,11 +157,15 @@ mod tests {
         let (socket, port) = (20000..20100)
             .find_map(|p| Some((std::net::UdpSocket::bind(("127.0.0.1", p)).ok()?, p)))
             .unwrap();
+        // Another socket on the port at another address (a lab's, a parallel test's) may
+        // be named beside it (failed once in a full run): this process must be among the
+        // holders, and gone from them once it lets go.
+        let me = format!("pid {} (", std::process::id());
         let who = holder(port);
-        let me = std::process::id();
-        assert!(who.starts_with(&format!("pid {me} (")), "{who}");
+        assert!(who.contains(&me), "{who}");
         drop(socket);
-        assert!(holder(port).starts_with("nothing this agent can see"));
+        let after = holder(port);
+        assert!(!after.contains(&me), "{after}");
     }
 
     #[test]
