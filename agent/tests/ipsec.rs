@@ -24,11 +24,7 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const ROTATION_LOSS: u64 = 1;
 
 fn lab_config(nodes: usize, udp_encap: bool) -> LabConfig {
-    // Classical pairs: these tests count each node's states and follow its epochs, which a
-    // post-quantum PSK's slot (its states standing beside the last one's for 10 s) would
-    // blur; `post_quantum`'s ipsec test proves the slots on kernel ESP.
-    let mut cfg =
-        LabConfig::backend(nodes, WEFT, "ipsec", false).backend_key("PostQuantum", false.into());
+    let mut cfg = LabConfig::backend(nodes, WEFT, "ipsec", false);
     if udp_encap {
         cfg.net_conf = cfg
             .net_conf

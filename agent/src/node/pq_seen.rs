@@ -21,6 +21,12 @@ use weft_crypto::PublicKey;
 /// pass a moment after the PSK took over changes nothing (and copies nothing).
 const LATE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Only a PSK that replaced another matters (a pair switching from it), and only while the
+/// replaced one is still received on: after that the moment no longer changes the plan.
+fn switching(secret: &PairSecret, first: SystemTime, now: SystemTime) -> bool {
+    secret.previous.is_some() && now < first + weft_backends::plan::IPSEC_PQ_SETTLE
+}
+
 /// Each pair's PSK moment as published, and when this node first planned with it.
 #[derive(Debug, Default)]
 pub(super) struct PqSeen {
@@ -45,7 +51,7 @@ impl PqSeen {
                     now
                 }
             };
-            if first > secret.since + LATE {
+            if first > secret.since + LATE && switching(secret, first, now) {
                 late.push((*key, first));
             }
         }
@@ -74,7 +80,7 @@ mod tests {
             psk: PresharedKey::generate().unwrap(),
             slot: 1,
             since,
-            previous: None,
+            previous: Some((PresharedKey::generate().unwrap(), 2)),
         }
     }
 
@@ -103,6 +109,23 @@ mod tests {
             assert_eq!(planned[&b].psk, next[&b].psk);
             assert_eq!(planned[&a].since, t0);
         }
+        // Once the replaced PSK is no longer received on, the moment changes nothing: the
+        // map is no longer copied.
+        let settled = seen.plan_with(next.clone(), late + Duration::from_secs(10));
+        assert!(Arc::ptr_eq(&settled, &next));
+        // A PSK restored after a restart replaced none: its moment is left as it is.
+        let mut restored = (*next).clone();
+        let restored_at = t0 + Duration::from_secs(30);
+        restored.insert(
+            a,
+            PairSecret {
+                previous: None,
+                ..secret(restored_at)
+            },
+        );
+        let restored = Arc::new(restored);
+        let planned = seen.plan_with(restored.clone(), late + Duration::from_secs(20));
+        assert_eq!(planned[&a].since, restored_at);
         // A pair gone is forgotten.
         let only_a = Arc::new(BTreeMap::from([(a, published[&a].clone())]));
         seen.plan_with(only_a, late);

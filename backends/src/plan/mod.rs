@@ -9,6 +9,7 @@ mod guard;
 mod ipip;
 pub mod ipsec;
 mod ipsec_pq;
+pub use ipsec_pq::SETTLE as IPSEC_PQ_SETTLE;
 pub mod liveness;
 mod masquerade;
 pub mod path_mtu;
