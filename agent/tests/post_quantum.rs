@@ -194,15 +194,19 @@ fn a_cluster_psk_rotation_changes_every_post_quantum_pair_at_its_moment_without_
     lab.etcd()
         .etcdctl(&["put", key, &format!(r#"{{"PSK": "{first}"}}"#)])
         .unwrap();
-    let changed_from = |old: &BTreeMap<(usize, usize), String>| {
-        agreed(&lab, &all).is_ok_and(|now| now.iter().all(|(pair, psk)| old.get(pair) != Some(psk)))
+    // Until every pair's PSK differs from what it was in `old`.
+    let wait_changed = |what: &str, old: &BTreeMap<(usize, usize), String>| {
+        until_or(
+            what,
+            Duration::from_secs(5),
+            || {
+                agreed(&lab, &all)
+                    .is_ok_and(|now| now.iter().all(|(pair, psk)| old.get(pair) != Some(psk)))
+            },
+            || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
+        )
     };
-    until_or(
-        "every pair's PSK combined with the cluster PSK",
-        Duration::from_secs(5),
-        || changed_from(&alone),
-        || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
-    );
+    wait_changed("every pair's PSK combined with the cluster PSK", &alone);
     let combined = agreed(&lab, &all).unwrap();
     assert!(!combined.values().any(|p| *p == first), "{combined:?}");
 
@@ -222,11 +226,9 @@ fn a_cluster_psk_rotation_changes_every_post_quantum_pair_at_its_moment_without_
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    until_or(
+    wait_changed(
         "every pair's PSK combined with the next cluster PSK",
-        Duration::from_secs(5),
-        || changed_from(&combined),
-        || format!("{:?}\n{}", agreed(&lab, &all), lab.logs()),
+        &combined,
     );
     let after = agreed(&lab, &all).unwrap();
     assert!(!after.values().any(|p| *p == next), "{after:?}");
