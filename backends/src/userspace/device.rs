@@ -265,6 +265,9 @@ fn timers(device: std::sync::Weak<Device>) {
                 continue; // no session state yet: no timers
             };
             if let TunnResult::WriteToNetwork(out) = out {
+                if out.first() != Some(&super::rx::DATA) {
+                    noise.handshake_tx += out.len();
+                }
                 let _ = peer.send(&udp, out);
             }
         }

@@ -33,6 +33,11 @@ pub struct Noise {
     /// The index of the last `Tunn` retired, kept in the device's index map until the
     /// next change or the peer's removal (then taken out of it).
     pub retired_index: Option<u32>,
+    /// Bytes of handshake messages sent to the peer (initiations, responses), which
+    /// boringtun does not count: `tx_bytes` includes them as kernel WireGuard's does, so a
+    /// pair whose handshakes go unanswered (a wrong endpoint or PSK from the start, no
+    /// session ever made) shows as sending, and the liveness watcher finds it dead.
+    pub handshake_tx: usize,
 }
 
 /// Whether `tunn` holds an established session.
@@ -47,6 +52,7 @@ impl Noise {
             tunn: None,
             retiring: None,
             retired_index: None,
+            handshake_tx: 0,
         }
     }
 
@@ -104,7 +110,8 @@ impl Noise {
         }
     }
 
-    /// What `wg show` reports: the session in use (handshake age, bytes).
+    /// What `wg show` reports: the session in use (handshake age, bytes), and the
+    /// handshake messages sent.
     pub fn stats(&self) -> (Option<Duration>, usize, usize) {
         let current = self.tunn.as_deref().map(Tunn::stats);
         let in_use = match (&current, &self.retiring) {
@@ -112,7 +119,8 @@ impl Noise {
             (_, Some(r)) => Some(r.tunn.stats()),
             _ => current,
         };
-        in_use.map_or((None, 0, 0), |(since, tx, rx, _, _)| (since, tx, rx))
+        let (since, tx, rx) = in_use.map_or((None, 0, 0), |(since, tx, rx, _, _)| (since, tx, rx));
+        (since, tx + self.handshake_tx, rx)
     }
 
     /// Every index this peer holds in the device's index map.

@@ -19,7 +19,8 @@ use super::peers::{lock, Peer, State};
 use super::udp::{self, Endpoint, Local};
 use super::vnet;
 
-const DATA: u8 = 4;
+/// The message type of a transport data packet (a keepalive is one, empty).
+pub(super) const DATA: u8 = 4;
 const HANDSHAKE_INIT: u8 = 1;
 const HANDSHAKE_RESPONSE: u8 = 2;
 
@@ -179,20 +180,27 @@ impl<O: Outputs> Receiver<O> {
         let Some(tunn) = tunn else {
             return;
         };
-        let verified = match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
-            TunnResult::WriteToNetwork(answer) => {
-                let verified = consumed(kind, answer);
-                self.out.send(back, answer);
-                verified
-            }
-            // A cookie reply (or anything else) proves nothing: anyone who knows the
-            // public keys can make one.
-            _ => false,
-        };
+        let (verified, answered) =
+            match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
+                TunnResult::WriteToNetwork(answer) => {
+                    let verified = consumed(kind, answer);
+                    let answered = if kind == HANDSHAKE_INIT {
+                        answer.len()
+                    } else {
+                        0
+                    };
+                    self.out.send(back, answer);
+                    (verified, answered)
+                }
+                // A cookie reply (or anything else) proves nothing: anyone who knows the
+                // public keys can make one.
+                _ => (false, 0),
+            };
         if verified {
             peer.roam(from, local);
             flush_queue(tunn, &mut self.plain, &mut self.out, back);
         }
+        noise.handshake_tx += answered;
     }
 
     /// Handles the datagrams of one receive from `from` (to this host's `local` address,

@@ -35,6 +35,8 @@ struct Batch {
     count: usize,
     /// A shorter datagram came last: nothing more may join.
     closed: bool,
+    /// Bytes of handshake messages `seal` sent instead (`Noise::handshake_tx`).
+    handshakes: usize,
 }
 
 impl Batch {
@@ -45,6 +47,7 @@ impl Batch {
             stride: 0,
             count: 0,
             closed: false,
+            handshakes: 0,
         }
     }
 
@@ -93,6 +96,7 @@ impl Batch {
         let written = match tunn.encapsulate(segment, &mut self.buf[start..]) {
             TunnResult::WriteToNetwork(out) if out.first() == Some(&4) => Some(out.len()),
             TunnResult::WriteToNetwork(out) => {
+                self.handshakes += out.len();
                 let _ = udp.send(to, out);
                 None
             }
@@ -184,6 +188,7 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
         let result = segment::split(&header, pkt, &mut scratch, |seg| {
             batch.encrypt(tunn, seg, mtu, &udp, &mut to)
         });
+        noise.handshake_tx += std::mem::take(&mut batch.handshakes);
         drop(noise);
         batch.send(&udp, &mut to);
         peer.sent(source, &to);
