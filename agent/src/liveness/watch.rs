@@ -83,8 +83,11 @@ struct Watcher {
     snapshot: snapshot::Shared,
     metrics: Metrics,
     events: mpsc::Sender<Event>,
-    /// Each pair that turns dead, by node (the post-quantum task falls back to the
-    /// classical PSK: two different PSKs on the two sides would leave it dead).
+    /// Each pair still dead after re-applying and re-handshaking it, by node (the
+    /// post-quantum task falls back to the classical PSK: two different PSKs on the two
+    /// sides would leave it dead). Not at the dead verdict itself: a fault the first steps
+    /// mend (a wrong endpoint, a device re-created) must not cost the pair its PSK, which
+    /// the peer keeps.
     dead_pairs: Option<mpsc::Sender<String>>,
     /// The loop is changing the devices (`Handle::applying`).
     applying: Arc<std::sync::atomic::AtomicBool>,
@@ -241,9 +244,6 @@ impl Watcher {
                     unanswered_ms = unanswered.as_millis() as u64,
                     "pair dead: {cause}"
                 );
-                if let Some(tx) = &self.dead_pairs {
-                    let _ = tx.try_send(node);
-                }
             }
             Todo::Repair {
                 device,
@@ -256,15 +256,20 @@ impl Watcher {
                 node,
                 pause,
                 cause,
-            } => warn!(
-                node = %node,
-                device = %device,
-                cause = cause.label(),
-                pause_s = pause.as_secs(),
-                "pair still dead after re-applying and re-handshaking it: the fault is outside \
-                 this node; trying again in {} s",
-                pause.as_secs()
-            ),
+            } => {
+                warn!(
+                    node = %node,
+                    device = %device,
+                    cause = cause.label(),
+                    pause_s = pause.as_secs(),
+                    "pair still dead after re-applying and re-handshaking it: the fault is \
+                     outside this node; trying again in {} s",
+                    pause.as_secs()
+                );
+                if let Some(tx) = &self.dead_pairs {
+                    let _ = tx.try_send(node);
+                }
+            }
             Todo::RecreateDevice { device, cause } => {
                 warn!(device = %device, cause = cause.label(), "re-creating the device: {cause}");
                 self.metrics

@@ -3,8 +3,11 @@
 //! were, so its peers, which kept theirs, can still handshake with it.
 //!
 //! One line of JSON per pair would do; one object holds them all:
-//! `{"own": "<this node's public key>", "pairs": {"<peer key>": {"round": ms, "psk": "…"}}}`.
-//! A file for another own key (the node's key changed) holds nothing of use and is ignored.
+//! `{"own": "<this node's public key>", "pairs": {"<peer key>": {"round": ms, "psk": "…",
+//! "next": {"round": ms, "psk": "…", "at": ms}}}}`. `next` is a PSK committed and not yet
+//! in force at `at` (absent without one); `round` and `psk` are absent while the pair has
+//! only that one. A file for another own key (the node's key changed) holds nothing of use
+//! and is ignored.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,8 +28,40 @@ struct File {
 
 #[derive(Serialize, Deserialize)]
 struct Pair {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    round: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    psk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    next: Option<Next>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Next {
     round: u64,
     psk: String,
+    at: u64,
+}
+
+/// What is kept of one pair: the PSK in force and the one committed to follow it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kept {
+    pub current: Option<Installed>,
+    pub next: Option<Installed>,
+}
+
+impl Kept {
+    /// The PSK in force at `now_ms`: the committed one once its moment has come.
+    pub fn in_force(&self, now_ms: u64) -> Option<&Installed> {
+        match &self.next {
+            Some(next) if next.at_ms <= now_ms => Some(next),
+            _ => self.current.as_ref(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current.is_none() && self.next.is_none()
+    }
 }
 
 /// Where the pairs are kept.
@@ -47,7 +82,7 @@ impl Saved {
 
     /// The pairs saved for `own`; nothing (logged) if the file is missing, unreadable or
     /// for another key. A bad entry is skipped, the others kept.
-    pub fn load(&self, own: &PublicKey) -> BTreeMap<PublicKey, Installed> {
+    pub fn load(&self, own: &PublicKey) -> BTreeMap<PublicKey, Kept> {
         let text = match weft_crypto::atomic_file::read_bounded(&self.path, MAX_BYTES) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
@@ -70,48 +105,69 @@ impl Saved {
         file.pairs
             .into_iter()
             .filter_map(|(peer, pair)| {
-                let parsed = peer.parse::<PublicKey>().ok().zip(pair.psk.parse::<PresharedKey>().ok());
-                if parsed.is_none() {
+                let kept = peer.parse::<PublicKey>().ok().zip(pair.kept());
+                if kept.is_none() {
                     tracing::warn!(path = %self.path.display(), peer = %weft_backends::model::clip(&peer), "a saved post-quantum pair does not parse: that pair starts classical");
                 }
-                let (key, psk) = parsed?;
-                Some((
-                    key,
-                    Installed {
-                        round: pair.round,
-                        psk,
-                        at_ms: pair.round,
-                    },
-                ))
+                kept
             })
             .collect()
     }
 
-    /// Writes `pairs` (the PSKs in force) for `own`, replacing the file in one rename.
+    /// Writes `pairs` for `own`, replacing the file in one rename.
     pub fn store(
         &self,
         own: &PublicKey,
-        pairs: &BTreeMap<PublicKey, Installed>,
+        pairs: &BTreeMap<PublicKey, Kept>,
     ) -> Result<(), weft_crypto::atomic_file::AtomicWriteError> {
         let file = File {
             own: own.to_base64(),
             pairs: pairs
                 .iter()
-                .map(|(k, i)| {
-                    (
-                        k.to_base64(),
-                        Pair {
-                            round: i.round,
-                            psk: i.psk.to_base64_secret(),
-                        },
-                    )
-                })
+                .map(|(k, kept)| (k.to_base64(), Pair::of(kept)))
                 .collect(),
         };
         let mut text = serde_json::to_string(&file).unwrap_or_default();
         let written = weft_crypto::atomic_file::write_atomic(&self.path, text.as_bytes(), 0o600);
         zeroize::Zeroize::zeroize(&mut text);
         written
+    }
+}
+
+impl Pair {
+    fn of(kept: &Kept) -> Pair {
+        Pair {
+            round: kept.current.as_ref().map(|c| c.round),
+            psk: (kept.current.as_ref()).map(|c| c.psk.to_base64_secret()),
+            next: kept.next.as_ref().map(|n| Next {
+                round: n.round,
+                psk: n.psk.to_base64_secret(),
+                at: n.at_ms,
+            }),
+        }
+    }
+
+    /// What the entry holds; `None` if any part of it does not parse, or it holds nothing.
+    fn kept(&self) -> Option<Kept> {
+        let current = match (self.round, &self.psk) {
+            (Some(round), Some(psk)) => Some(Installed {
+                round,
+                psk: psk.parse::<PresharedKey>().ok()?,
+                at_ms: round,
+            }),
+            (None, None) => None,
+            _ => return None,
+        };
+        let next = match &self.next {
+            Some(n) => Some(Installed {
+                round: n.round,
+                psk: n.psk.parse::<PresharedKey>().ok()?,
+                at_ms: n.at,
+            }),
+            None => None,
+        };
+        let kept = Kept { current, next };
+        (!kept.is_empty()).then_some(kept)
     }
 }
 
@@ -139,7 +195,25 @@ mod tests {
         );
         let peer = PrivateKey::generate().unwrap().public_key();
         assert!(saved.load(&own).is_empty(), "no file: nothing");
-        let pairs = BTreeMap::from([(peer, installed(1_000, 7))]);
+        let committed = PrivateKey::generate().unwrap().public_key();
+        let mut next = installed(2_000, 8);
+        next.at_ms = 2_500;
+        let pairs = BTreeMap::from([
+            (
+                peer,
+                Kept {
+                    current: Some(installed(1_000, 7)),
+                    next: Some(next.clone()),
+                },
+            ),
+            (
+                committed,
+                Kept {
+                    current: None,
+                    next: Some(next.clone()),
+                },
+            ),
+        ]);
         saved.store(&own, &pairs).unwrap();
         assert_eq!(
             std::fs::metadata(saved.path()).unwrap().mode() & 0o777,
@@ -147,6 +221,39 @@ mod tests {
         );
         assert_eq!(saved.load(&own), pairs);
         assert!(saved.load(&other).is_empty(), "another own key: nothing");
+        let kept = &pairs[&peer];
+        assert_eq!(kept.in_force(2_499), Some(&installed(1_000, 7)));
+        assert_eq!(
+            kept.in_force(2_500),
+            Some(&next),
+            "the committed PSK at its moment"
+        );
+        assert_eq!(pairs[&committed].in_force(2_499), None);
+    }
+
+    #[test]
+    fn a_file_of_the_last_version_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = Saved::in_dir(dir.path());
+        let (own, peer) = (
+            PrivateKey::generate().unwrap().public_key(),
+            PrivateKey::generate().unwrap().public_key(),
+        );
+        let text = format!(
+            r#"{{"own":"{}","pairs":{{"{}":{{"round":5,"psk":"{}"}}}}}}"#,
+            own.to_base64(),
+            peer.to_base64(),
+            PresharedKey::from_bytes([5; 32]).to_base64_secret()
+        );
+        std::fs::write(saved.path(), text).unwrap();
+        let loaded = saved.load(&own);
+        assert_eq!(
+            loaded[&peer],
+            Kept {
+                current: Some(installed(5, 5)),
+                next: None
+            }
+        );
     }
 
     #[test]
@@ -157,11 +264,17 @@ mod tests {
         std::fs::write(saved.path(), "{not json").unwrap();
         assert!(saved.load(&own).is_empty());
         let good = PrivateKey::generate().unwrap().public_key();
+        let (bad_next, half) = (
+            PrivateKey::generate().unwrap().public_key(),
+            PrivateKey::generate().unwrap().public_key(),
+        );
+        let psk = PresharedKey::from_bytes([1; 32]).to_base64_secret();
         let text = format!(
-            r#"{{"own":"{}","pairs":{{"{}":{{"round":5,"psk":"{}"}},"garbage":{{"round":6,"psk":"x"}}}}}}"#,
+            r#"{{"own":"{}","pairs":{{"{}":{{"round":5,"psk":"{psk}"}},"garbage":{{"round":6,"psk":"x"}},"{}":{{"round":5,"psk":"{psk}","next":{{"round":7,"psk":"x","at":9}}}},"{}":{{"round":5}}}}}}"#,
             own.to_base64(),
             good.to_base64(),
-            PresharedKey::from_bytes([1; 32]).to_base64_secret()
+            bad_next.to_base64(),
+            half.to_base64(),
         );
         std::fs::write(saved.path(), text).unwrap();
         let loaded = saved.load(&own);

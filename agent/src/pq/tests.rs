@@ -59,6 +59,7 @@ impl Node {
             node: format!("node-{}", self.ip),
             public_key: self.key.public_key(),
             address: self.ip,
+            underlay: self.ip,
             ek: PqKey::Published(KemKeyPair::from_seed(self.seed).encaps_key()),
         }
     }

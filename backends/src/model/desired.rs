@@ -63,6 +63,9 @@ pub struct PqPeer {
     /// own on the underlay and crosses NAT as the tunnel does. ipsec: its public IP (see
     /// `plan::post_quantum::add`).
     pub address: std::net::IpAddr,
+    /// Its public IP (a WireGuard peer's endpoint as the registry publishes it; an ipsec
+    /// peer's `address`): where a fall-back notice goes when the tunnel cannot carry it.
+    pub underlay: std::net::IpAddr,
     pub ek: PqKey,
 }
 

@@ -45,27 +45,30 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
     // secret itself, so two nodes holding different secrets (one lost its saved state)
     // could not carry a round through it to mend that; between the public IPs, outside
     // the policies, the next round always arrives.
-    let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr)> = BTreeMap::new();
-    let wireguard = state.tunnels.iter().flat_map(|t| &t.peers).filter_map(|p| {
-        let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
-        Some((p.node.as_str(), p.public_key, net.network()))
+    // The underlay address: the registry's endpoint (not one learned by roaming).
+    let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr, IpAddr)> = BTreeMap::new();
+    let wireguard = state.tunnels.iter().flat_map(|t| {
+        t.peers.iter().filter_map(|p| {
+            let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
+            let endpoint = (state.planned_endpoints)
+                .get(&(t.device.clone(), p.public_key))
+                .unwrap_or(&p.endpoint);
+            Some((p.node.as_str(), p.public_key, net.network(), endpoint.ip()))
+        })
     });
     let ipsec = state.ipsec.iter().flat_map(|s| &s.peers).map(|p| {
-        (
-            p.node.as_str(),
-            p.public_key,
-            std::net::IpAddr::V4(p.remote),
-        )
+        let remote = std::net::IpAddr::V4(p.remote);
+        (p.node.as_str(), p.public_key, remote, remote)
     });
-    for (node, key, address) in wireguard.chain(ipsec) {
-        let entry = peers_of.entry(node).or_insert((key, address));
+    for (node, key, address, underlay) in wireguard.chain(ipsec) {
+        let entry = peers_of.entry(node).or_insert((key, address, underlay));
         if address.is_ipv4() && entry.1.is_ipv6() {
             entry.1 = address;
         }
     }
     let peers: Vec<PqPeer> = peers_of
         .into_iter()
-        .map(|(node, (public_key, address))| {
+        .map(|(node, (public_key, address, underlay))| {
             let ek = match input
                 .view
                 .leases
@@ -82,6 +85,7 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
                 node: node.to_string(),
                 public_key,
                 address,
+                underlay,
                 ek,
             }
         })

@@ -349,13 +349,42 @@ fn after_falling_back_a_round_brings_the_protection_back() {
     let (mut a, mut b) = nodes(Timing::default());
     run(&mut a, &mut b, 0, 2_000, &mut never);
     let before = a.psk(T0 + 2_000).unwrap();
-    a.ex.fall_back(T0 + 2_000);
-    b.ex.fall_back(T0 + 2_000);
-    assert!(a.psk(T0 + 2_000).is_none() && b.psk(T0 + 2_000).is_none());
-    run(&mut a, &mut b, 2_000, 4_500, &mut never);
+    // Only the follower sees the pair fail; its notice takes the leader along.
+    let notice = b.ex.fall_back(T0 + 2_000);
+    assert!(b.psk(T0 + 2_000).is_none() && a.psk(T0 + 2_000).is_some());
+    assert_eq!(a.ex.receive(&a.own, &notice, T0 + 2_010), Ok(Vec::new()));
+    assert!(a.psk(T0 + 2_010).is_none());
+    run(&mut a, &mut b, 2_010, 4_500, &mut never);
     let after = a.psk(T0 + 4_500).unwrap();
     assert_eq!(Some(after.clone()), b.psk(T0 + 4_500));
     assert_ne!(after.psk, before.psk);
+    // The same notice again, or one tampered with, costs the new PSK nothing.
+    assert!(matches!(
+        a.ex.receive(&a.own, &notice, T0 + 4_500),
+        Err(Refused::Stale { .. })
+    ));
+    let mut forged = b.ex.fall_back(T0 + 4_600);
+    b.ex.restore(Some(after.clone()), None);
+    let last = forged.len() - 1;
+    forged[last] ^= 1;
+    assert!(matches!(
+        a.ex.receive(&a.own, &forged, T0 + 4_600),
+        Err(Refused::Message(_))
+    ));
+    assert_eq!(a.psk(T0 + 4_600), Some(after.clone()));
+}
+
+#[test]
+fn a_classical_notice_from_long_ago_is_refused() {
+    let (mut a, mut b) = nodes(Timing::default());
+    run(&mut a, &mut b, 0, 2_000, &mut never);
+    let notice = b.ex.fall_back(T0 + 2_000);
+    let late = T0 + 2_000 + Timing::default().freshness + 1;
+    assert!(matches!(
+        a.ex.receive(&a.own, &notice, late),
+        Err(Refused::NotFresh { .. })
+    ));
+    assert!(a.psk(late).is_some(), "the leader keeps its PSK");
 }
 
 #[test]
@@ -384,8 +413,8 @@ fn a_restored_psk_stays_in_force_until_the_next_period() {
         T0 + 3_000,
     )
     .unwrap();
-    a2.restore(saved.clone());
-    b2.restore(saved.clone());
+    a2.restore(Some(saved.clone()), None);
+    b2.restore(Some(saved.clone()), None);
     assert_eq!(a2.poll(T0 + 3_000).unwrap().wake_at, saved.round + 10_000);
     let (mut a, mut b) = (Side { ex: a2, ..a }, Side { ex: b2, ..b });
     run(&mut a, &mut b, 3_000, 9_990, &mut never);
@@ -393,6 +422,38 @@ fn a_restored_psk_stays_in_force_until_the_next_period() {
     run(&mut a, &mut b, 10_000, 12_000, &mut never);
     assert_ne!(a.psk(T0 + 12_000), Some(saved));
     assert_eq!(a.psk(T0 + 12_000), b.psk(T0 + 12_000));
+}
+
+#[test]
+fn a_restart_between_commit_and_moment_switches_with_the_peer() {
+    let (mut a, mut b) = nodes(Timing::default());
+    // The first round: committed on both sides, its moment (the switch delay) not come.
+    run(&mut a, &mut b, 0, 100, &mut never);
+    let (committed, moment) = match (a.ex.pending(), b.ex.pending()) {
+        (Some(x), Some(y)) if x == y => (x.clone(), x.at_ms),
+        other => panic!("not committed on both sides: {other:?}"),
+    };
+    assert!(moment > T0 + 100 && a.psk(T0 + 100).is_none());
+    // The leader restarts with what it saved; the follower runs on.
+    let mut a2 = Exchange::new(
+        &a.own,
+        b.own.key.public_key(),
+        b.own.kem.encaps_key(),
+        Timing::default(),
+        T0 + 200,
+    )
+    .unwrap();
+    a2.restore(None, Some(committed.clone()));
+    let mut a = Side { ex: a2, ..a };
+    let after = moment - T0 + 100;
+    let wire = run(&mut a, &mut b, 200, after, &mut never);
+    assert!(
+        wire.sent.is_empty(),
+        "no new round: {} datagrams",
+        wire.sent.len()
+    );
+    assert_eq!(a.psk(T0 + after), Some(committed.clone()));
+    assert_eq!(b.psk(T0 + after), Some(committed));
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //! | wpq1 | kind | 0 0 0 | sender | receiver | round | ek fingerprint | body | HMAC-SHA256-128 |
 //! ```
 //! Bodies: `Init` a ciphertext; `Reply` a ciphertext and a confirmation; `Commit` the
-//! delay until the switch (ms) and a confirmation; `Ack` a confirmation.
+//! delay until the switch (ms) and a confirmation; `Ack` a confirmation; `Classical`
+//! none (its round is the sender's clock when it fell back).
 
 use super::{AuthKey, Ciphertext, CIPHERTEXT_LEN};
 use crate::{PublicKey, KEY_LEN};
@@ -21,6 +22,8 @@ const TAG_LEN: usize = 16;
 pub const CONFIRM_LEN: usize = 16;
 /// Bytes of an encapsulation key's fingerprint in a message.
 pub const FINGERPRINT_LEN: usize = 16;
+/// The kind byte of a `Classical` notice.
+pub const CLASSICAL_KIND: u8 = 5;
 /// The largest message (a `Reply`); anything longer is refused unread.
 pub const MAX_LEN: usize = HEADER_LEN + CIPHERTEXT_LEN + CONFIRM_LEN + TAG_LEN;
 
@@ -42,6 +45,9 @@ pub enum Body {
     },
     /// The follower: it has the commit (the leader stops sending it).
     Ack { confirm: [u8; CONFIRM_LEN] },
+    /// Either node: it went back to the classical PSK (the pair could not handshake), so
+    /// that the other does too and the two agree again.
+    Classical,
 }
 
 impl Body {
@@ -51,6 +57,7 @@ impl Body {
             Body::Reply { .. } => 2,
             Body::Commit { .. } => 3,
             Body::Ack { .. } => 4,
+            Body::Classical => CLASSICAL_KIND,
         }
     }
 
@@ -60,6 +67,7 @@ impl Body {
             Body::Reply { .. } => "reply",
             Body::Commit { .. } => "commit",
             Body::Ack { .. } => "ack",
+            Body::Classical => "classical notice",
         }
     }
 }
@@ -70,6 +78,7 @@ fn body_len(kind: u8) -> Option<usize> {
         2 => Some(CIPHERTEXT_LEN + CONFIRM_LEN),
         3 => Some(8 + CONFIRM_LEN),
         4 => Some(CONFIRM_LEN),
+        CLASSICAL_KIND => Some(0),
         _ => None,
     }
 }
@@ -105,6 +114,11 @@ pub enum MessageError {
 }
 
 impl Message {
+    /// Whether `bytes`, if a message at all, is a `Classical` notice (before any check).
+    pub fn is_classical_notice(bytes: &[u8]) -> bool {
+        bytes.get(4) == Some(&CLASSICAL_KIND)
+    }
+
     /// The datagram, tagged with `auth`.
     pub fn encode(&self, auth: &AuthKey) -> Vec<u8> {
         let mut out = Vec::with_capacity(MAX_LEN);
@@ -128,6 +142,7 @@ impl Message {
                 out.extend_from_slice(confirm);
             }
             Body::Ack { confirm } => out.extend_from_slice(confirm),
+            Body::Classical => {}
         }
         let tag: [u8; TAG_LEN] = auth.tag(&out);
         out.extend_from_slice(&tag);
@@ -174,9 +189,10 @@ impl Message {
                 switch_in_ms: u64::from_be_bytes(array(take(8))),
                 confirm: array(take(CONFIRM_LEN)),
             },
-            _ => Body::Ack {
+            4 => Body::Ack {
                 confirm: array(take(CONFIRM_LEN)),
             },
+            _ => Body::Classical,
         };
         Ok(Message {
             from,

@@ -16,7 +16,9 @@ pub use kem::{
     encapsulate, seed_from_base64, seed_to_base64, Ciphertext, EncapsKey, KemError, KemKeyPair,
     SharedSecret, CIPHERTEXT_LEN, ENCAPS_KEY_BASE64_LEN, ENCAPS_KEY_LEN, SECRET_LEN, SEED_LEN,
 };
-pub use message::{Body, Message, MessageError, CONFIRM_LEN, FINGERPRINT_LEN, MAX_LEN};
+pub use message::{
+    Body, Message, MessageError, CLASSICAL_KIND, CONFIRM_LEN, FINGERPRINT_LEN, MAX_LEN,
+};
 
 #[cfg(test)]
 mod exchange_tests;

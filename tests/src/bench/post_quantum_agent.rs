@@ -106,6 +106,7 @@ pub fn run(peers: usize, period: Duration, periods: u32) -> anyhow::Result<Strin
             node: format!("node-{i}"),
             public_key: own.key.public_key(),
             address: IpAddr::V4(peer_ip(i)),
+            underlay: IpAddr::V4(peer_ip(i)),
             ek: PqKey::Published(own.kem.encaps_key()),
         });
         sims.push(own);

@@ -11,10 +11,10 @@ use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 use weft_backends::model::{PqKey, PqPeer};
-use weft_crypto::pq::{Exchange, Installed, KemKeyPair, Message, Own, Timing, MAX_LEN};
+use weft_crypto::pq::{Exchange, KemKeyPair, Message, Own, Timing, MAX_LEN};
 use weft_crypto::{PrivateKey, PublicKey};
 
-use super::saved::Saved;
+use super::saved::{Kept, Saved};
 use super::{PairStatus, Published};
 
 mod publish;
@@ -25,6 +25,8 @@ use publish::secret;
 struct Pair {
     node: String,
     address: IpAddr,
+    /// The peer's public IP: a `Classical` notice goes there too (`fall_back`).
+    underlay: IpAddr,
     ex: Exchange,
     /// When to poll the exchange next (its entry in `Manager::timers`).
     wake_at: u64,
@@ -55,11 +57,12 @@ pub(super) struct Manager {
     /// the same with 10 peers as with 10,000.
     dirty: HashSet<PublicKey>,
     /// Saved PSKs not yet given back to a pair (its peer not listed yet).
-    restored: BTreeMap<PublicKey, Installed>,
-    /// The PSKs in force: what the saved file is to hold.
-    in_force: BTreeMap<PublicKey, Installed>,
-    /// `in_force` changed since the file was written (at most every `SAVE_EVERY`: a
-    /// period's rounds with many peers complete in a burst).
+    restored: BTreeMap<PublicKey, Kept>,
+    /// Each pair's PSK in force and the one committed to follow it: what the saved file is
+    /// to hold.
+    kept: BTreeMap<PublicKey, Kept>,
+    /// `kept` changed since the file was written (written at most once a millisecond per
+    /// pair, so a period's burst of rounds with many peers costs a few writes).
     unsaved: bool,
     stored_at: Option<std::time::Instant>,
     /// The plan's last list, to rebuild the pairs under a new own key.
@@ -74,9 +77,12 @@ pub(super) struct Inputs {
     pub(super) own_kem: mpsc::Receiver<KemKeyPair>,
 }
 
-/// The saved file is written at most this often. A restart within it after a round puts
-/// back the PSK before that round: the pair then falls back and runs a new round.
-const SAVE_EVERY: Duration = Duration::from_secs(1);
+/// The saved file is written at most once this long per pair it holds, and at least this
+/// often (`SAVE_EVERY_MAX`). A commit is saved before its moment (the switch delay) unless
+/// the pairs are more than the delay in milliseconds; a restart that loses one puts back
+/// the PSK before it, and the pair falls back and runs a new round.
+const SAVE_EVERY_PAIR: Duration = Duration::from_millis(1);
+const SAVE_EVERY_MAX: Duration = Duration::from_secs(1);
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -99,11 +105,11 @@ impl Manager {
         }
         // In force from the first pass on, before the plan has listed any peer: a pass
         // without them would give the peers the classical PSK for a moment.
+        let now = now_ms();
         published.send_replace(Published {
             psks: Arc::new(
-                restored
-                    .iter()
-                    .map(|(k, i)| (*k, secret(i, None)))
+                (restored.iter())
+                    .filter_map(|(k, kept)| Some((*k, secret(kept.in_force(now)?, None))))
                     .collect(),
             ),
             next_switch: None,
@@ -123,7 +129,7 @@ impl Manager {
             switches: BTreeSet::new(),
             // The first publish drops what no listed peer took back by then.
             dirty: restored.keys().copied().collect(),
-            in_force: restored.clone(),
+            kept: restored.clone(),
             unsaved: false,
             stored_at: None,
             restored,
@@ -167,7 +173,7 @@ impl Manager {
                     let listed = inputs.peers.borrow_and_update().clone();
                     self.set_peers(listed);
                 }
-                Some(node) = inputs.fall_back.recv() => self.fall_back(&node),
+                Some(node) = inputs.fall_back.recv() => self.fall_back(&node).await,
                 Some(key) = inputs.own_key.recv() => self.set_own_key(key),
                 Some(kem) = inputs.own_kem.recv() => self.set_own_kem(kem),
                 () = tokio::time::sleep(wait) => {}
@@ -199,6 +205,7 @@ impl Manager {
             keep.insert(peer.public_key);
             if let Some(pair) = self.pairs.get_mut(&peer.public_key) {
                 pair.address = peer.address;
+                pair.underlay = peer.underlay;
                 pair.ex.peer_ek_changed(ek.clone(), now);
                 self.wake(peer.public_key, now);
                 continue;
@@ -206,7 +213,7 @@ impl Manager {
             match Exchange::new(&self.own, peer.public_key, ek.clone(), self.timing, now) {
                 Ok(mut ex) => {
                     if let Some(saved) = self.restored.remove(&peer.public_key) {
-                        ex.restore(saved);
+                        ex.restore(saved.current, saved.next);
                     }
                     debug!(peer = %peer.node, leads = ex.leads(), "post-quantum pair");
                     self.pairs.insert(
@@ -214,6 +221,7 @@ impl Manager {
                         Pair {
                             node: peer.node.clone(),
                             address: peer.address,
+                            underlay: peer.underlay,
                             ex,
                             wake_at: now,
                             switch_at: None,
@@ -302,16 +310,38 @@ impl Manager {
         self.dirty.insert(key);
     }
 
-    fn fall_back(&mut self, node: &str) {
+    /// The pair of `node` cannot handshake: classical on this node, and a notice to the
+    /// peer, through the tunnel and to its public IP (the tunnel may be what is broken), so
+    /// that it goes classical too.
+    async fn fall_back(&mut self, node: &str) {
         let Some((key, pair)) = self.pairs.iter_mut().find(|(_, p)| p.node == node) else {
             return;
         };
-        if pair.in_force.is_some() {
-            warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes");
+        // Classical already (its saved state lost, say): the peer may still hold a PSK.
+        match pair.in_force.is_some() || pair.ex.pending().is_some() {
+            true => {
+                warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes; the peer is told")
+            }
+            false => {
+                warn!(peer = %pair.node, "the pair does not handshake: telling the peer this node is classical, in case it holds a post-quantum PSK")
+            }
         }
-        pair.ex.fall_back(now_ms());
+        let notice = pair.ex.fall_back(now_ms());
+        let mut to = vec![pair.address];
+        if pair.underlay != pair.address {
+            to.push(pair.underlay);
+        }
         let key = *key;
         self.wake(key, 0);
+        for ip in to {
+            send(
+                self.v4.as_ref(),
+                self.v6.as_ref(),
+                &notice,
+                SocketAddr::new(ip, self.port),
+            )
+            .await;
+        }
     }
 
     /// A datagram from `from`: to the pair of the key it names, if it comes from that
@@ -330,17 +360,22 @@ impl Manager {
         let Some(pair) = self.pairs.get_mut(&sender) else {
             return refused(&"from a key with no pair here");
         };
-        if from.ip().to_canonical() != pair.address {
+        let ip = from.ip().to_canonical();
+        if ip != pair.address && ip != pair.underlay {
             return refused(&format!(
-                "not from {}'s address for rounds {}",
-                pair.node, pair.address
+                "not from {}'s address for rounds {} nor its public IP {}",
+                pair.node, pair.address, pair.underlay
             ));
         }
+        let had_psk = pair.in_force.is_some() || pair.ex.pending().is_some();
         let now = now_ms();
         let to = SocketAddr::new(pair.address, self.port);
         self.dirty.insert(sender);
         match pair.ex.receive(&self.own, bytes, now) {
             Ok(replies) => {
+                if had_psk && Message::is_classical_notice(bytes) {
+                    warn!(peer = %pair.node, "the peer went back to the classical PSK (its pair could not handshake): so does this node, until a new round completes");
+                }
                 self.wake(sender, now);
                 for reply in replies {
                     send(self.v4.as_ref(), self.v6.as_ref(), &reply, to).await;

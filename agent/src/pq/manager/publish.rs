@@ -9,7 +9,7 @@ use weft_backends::model::PairSecret;
 use weft_crypto::pq::Installed;
 use weft_crypto::PublicKey;
 
-use super::{now_ms, Manager, SAVE_EVERY};
+use super::{now_ms, Kept, Manager, SAVE_EVERY_MAX, SAVE_EVERY_PAIR};
 
 impl Manager {
     /// Tells the loop the PSKs in force and the next switch, saves them, and updates the
@@ -30,7 +30,7 @@ impl Manager {
         let mut status = self.status.lock().ok();
         for key in std::mem::take(&mut self.dirty) {
             let Some(pair) = self.pairs.get_mut(&key) else {
-                self.unsaved |= self.in_force.remove(&key).is_some();
+                self.unsaved |= self.kept.remove(&key).is_some();
                 news.push((key, None));
                 continue;
             };
@@ -69,13 +69,17 @@ impl Manager {
                 key,
                 installed.as_ref().map(|i| secret(i, pair.ex.previous())),
             ));
-            self.unsaved |= match installed {
-                Some(i) if self.in_force.get(&key) != Some(&i) => {
-                    self.in_force.insert(key, i);
+            let kept = Kept {
+                current: installed,
+                next: pair.ex.pending().cloned(),
+            };
+            self.unsaved |= match kept.is_empty() {
+                false if self.kept.get(&key) != Some(&kept) => {
+                    self.kept.insert(key, kept);
                     true
                 }
-                Some(_) => false,
-                None => self.in_force.remove(&key).is_some(),
+                false => false,
+                true => self.kept.remove(&key).is_some(),
             };
         }
         drop(status);
@@ -103,14 +107,17 @@ impl Manager {
         }
     }
 
-    /// How long until the PSKs in force are written, if they differ from the file.
+    /// How long until the PSKs kept are written, if they differ from the file.
     pub(super) fn save_due(&self) -> Option<Duration> {
         if !self.unsaved {
             return None;
         }
+        let every = (SAVE_EVERY_PAIR
+            .saturating_mul(u32::try_from(self.kept.len()).unwrap_or(u32::MAX)))
+        .min(SAVE_EVERY_MAX);
         Some(
             self.stored_at
-                .map_or(Duration::ZERO, |at| SAVE_EVERY.saturating_sub(at.elapsed())),
+                .map_or(Duration::ZERO, |at| every.saturating_sub(at.elapsed())),
         )
     }
 
@@ -118,7 +125,7 @@ impl Manager {
         if !std::mem::take(&mut self.unsaved) {
             return;
         }
-        if let Err(e) = self.saved.store(&self.own_public, &self.in_force) {
+        if let Err(e) = self.saved.store(&self.own_public, &self.kept) {
             warn!(path = %self.saved.path().display(), error = %e, "post-quantum PSKs not saved: after a restart these pairs fall back to classical until a round");
         }
         self.stored_at = Some(std::time::Instant::now());

@@ -188,6 +188,9 @@ pub struct Exchange {
     previous: Option<Installed>,
     /// Why the last round failed, for `weft status`.
     last_refusal: Option<Refused>,
+    /// The newest `Classical` notice taken from the peer (its clock): an older one, or
+    /// the same again, is a replay.
+    notice_seen: u64,
 }
 
 /// What `poll` asks of the caller.
@@ -229,20 +232,30 @@ impl Exchange {
             next: None,
             previous: None,
             last_refusal: None,
+            notice_seen: 0,
         })
     }
 
-    /// Puts a PSK saved before a restart back in force; the next round follows it by the
-    /// period, as if the agent had not stopped.
-    pub fn restore(&mut self, saved: Installed) {
-        self.newest = self.newest.max(saved.round);
+    /// Puts what was saved before a restart back: the PSK in force (`current`) and the one
+    /// committed to follow it at its moment (`next`). The next round follows the newest of
+    /// them by the period, as if the agent had not stopped.
+    pub fn restore(&mut self, current: Option<Installed>, next: Option<Installed>) {
+        let newest = [&current, &next]
+            .into_iter()
+            .flatten()
+            .map(|i| i.round)
+            .max();
+        let Some(newest) = newest else {
+            return;
+        };
+        self.newest = self.newest.max(newest);
         if self.leads {
             self.state = State::Idle {
-                next_at: saved.round.saturating_add(self.timing.period),
+                next_at: newest.saturating_add(self.timing.period),
             };
         }
-        self.current = Some(saved);
-        self.next = None;
+        self.current = current;
+        self.next = next;
         self.previous = None;
     }
 
@@ -276,9 +289,17 @@ impl Exchange {
 
     /// The pair cannot complete a handshake while a post-quantum PSK is in force (the two
     /// nodes hold different ones, after a state lost on one side): back to the classical
-    /// PSK, and a leader begins a round at once. Both nodes see the pair fail, so both fall
-    /// back; a round then brings the protection back.
-    pub fn fall_back(&mut self, now: u64) {
+    /// PSK, and a leader begins a round at once. Returns the `Classical` notice for the
+    /// peer: the peer may not see the pair fail (it sends nothing), and without the notice
+    /// would keep its PSK; with it, both are classical, the pair handshakes, and a round
+    /// brings the protection back.
+    pub fn fall_back(&mut self, now: u64) -> Vec<u8> {
+        self.go_classical(now);
+        self.message(now, [0; FINGERPRINT_LEN], Body::Classical)
+            .encode(&self.auth)
+    }
+
+    fn go_classical(&mut self, now: u64) {
         self.current = None;
         self.next = None;
         self.previous = None;

@@ -22,6 +22,9 @@ impl Exchange {
         if msg.to != self.own_key || msg.from != self.peer_key {
             return Err(Refused::NotForUs);
         }
+        if matches!(msg.body, Body::Classical) {
+            return self.on_classical(msg.round, now);
+        }
         let kind = msg.body.name();
         let from_leader = matches!(msg.body, Body::Init { .. } | Body::Commit { .. });
         if from_leader == self.leads {
@@ -47,7 +50,23 @@ impl Exchange {
                 confirm,
             } => self.on_commit(msg.round, switch_in_ms, &confirm, now),
             Body::Ack { confirm } => self.on_ack(msg.round, &confirm),
+            Body::Classical => Ok(Vec::new()),
         }
+    }
+
+    /// The peer went back to the classical PSK: so does this node, once per notice, and
+    /// only for a notice within `freshness` of this node's clock.
+    fn on_classical(&mut self, at: u64, now: u64) -> Result<Vec<Vec<u8>>, Refused> {
+        self.fresh(at, now)?;
+        if at <= self.notice_seen {
+            return Err(Refused::Stale {
+                round: at,
+                newest: self.notice_seen,
+            });
+        }
+        self.notice_seen = at;
+        self.go_classical(now);
+        Ok(Vec::new())
     }
 
     fn on_init(
