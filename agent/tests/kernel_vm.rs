@@ -122,7 +122,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "post-quantum: kernel",
             kernel,
             &post_quantum,
-            "every_pair_gets_a_psk_of_its_own",
+            "every_pair_gets_a_psk_of_its_own a_node_that_lost_its_psks",
         ),
         // ipsec pairs' ESP keys from the same rounds (kernel ESP).
         (

@@ -28,6 +28,8 @@ const IPSEC_LOSS: usize = 1;
 fn config(nodes: usize, period: Option<Duration>) -> LabConfig {
     let mut cfg =
         LabConfig::wireguard(nodes, WEFT).backend_key("PostQuantum", serde_json::Value::Bool(true));
+    // The tests watch the first rounds themselves (time to protection, hostile keys).
+    cfg.settle = false;
     if let Some(p) = period {
         cfg.extra_args
             .push(format!("--post-quantum-period={}", p.as_secs()));
@@ -339,6 +341,59 @@ fn a_node_that_takes_no_part_keeps_its_pairs_classical_and_reachable() {
     assert!(psks[2].values().all(|p| p == "(none)"), "{:?}", psks[2]);
 }
 
+/// A node that lost its saved PSKs (and its device's sessions) comes back classical while
+/// its peer still holds the pair's PSK: their handshakes fail. Only the node that lost them
+/// sends (a ping its peer never gets, so never answers): its liveness watcher finds the pair
+/// dead, re-applies and re-handshakes it, then tells the peer it is classical; the peer
+/// goes classical too, the ping gets through, and a round protects the pair again.
+#[test]
+fn a_node_that_lost_its_psks_is_reached_again_and_protected_again() {
+    let mut cfg = config(3, None);
+    cfg.settle = true;
+    let mut lab = Lab::start(cfg).unwrap();
+    let before = agreed(&lab, &[0, 1]).unwrap();
+    lab.stop_agent(1, "KILL").unwrap();
+    lab.on_node(
+        1,
+        // The userspace device's process ends with its interface.
+        "rm -f /var/lib/weft/pq-pairs.json && ip link del flannel-wg",
+    )
+    .unwrap();
+    until_or(
+        "node 1's device gone",
+        Duration::from_secs(5),
+        || lab.device_pids(1).is_empty() && lab.on_node(1, "ip link show flannel-wg").is_err(),
+        || lab.logs(),
+    );
+    lab.start_agent(1).unwrap();
+    let started = Instant::now();
+    let (from, to) = (&lab.nodes[1].pods[0].ns, lab.nodes[0].pods[0].ip);
+    assert!(
+        lab.ping(from, to, Duration::from_secs(20)),
+        "node 1 never reached node 0\n{}",
+        pq_lines(&lab)
+    );
+    let reached = started.elapsed();
+    // By its own watcher (it answers the handshakes the other sends, and nothing comes
+    // of them), or by the notice.
+    assert!(
+        lab.nodes[0].logged_at("classical PSK").is_some(),
+        "node 0 kept its PSK\n{}",
+        pq_lines(&lab)
+    );
+    until_or(
+        "the pair protected again",
+        Duration::from_secs(5),
+        || agreed(&lab, &[0, 1]).is_ok_and(|now| now[&(0, 1)] != before[&(0, 1)]),
+        || pq_lines(&lab),
+    );
+    println!(
+        "a node that lost its PSKs: reached again {:.1} s after its restart, protected again {:.1} s after it",
+        reached.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
 #[test]
 fn a_garbled_key_and_hostile_datagrams_are_refused_and_every_pair_stays_up() {
     let mut cfg = config(3, None);
@@ -438,6 +493,7 @@ fn ipsec_pairs_take_a_post_quantum_psk_into_their_keys_every_period_without_loss
         .backend_key("PostQuantum", serde_json::Value::Bool(true));
     cfg.extra_args
         .push(format!("--post-quantum-period={}", PERIOD.as_secs()));
+    cfg.settle = false;
     let lab = Lab::start(cfg).unwrap();
     let all = [0usize, 1, 2];
     let ip = |j: usize| lab.nodes[j].ip.to_string();

@@ -75,6 +75,9 @@ pub struct LabConfig {
     /// Nodes (by index) whose own link to the fabric has this MTU (both ends of it), below
     /// everyone else's 1500: a node whose own link is the narrow one.
     pub link_mtu: Vec<(usize, u32)>,
+    /// `Lab::start` returns once every pair's first post-quantum round is in force and
+    /// applied (`Lab::settle_post_quantum`); off for a test that watches the start itself.
+    pub settle: bool,
 }
 
 /// Chooses the WireGuard implementation of the lab's nodes: `userspace` (the default),
@@ -118,6 +121,7 @@ impl LabConfig {
             ipv4: true,
             narrow: None,
             link_mtu: Vec::new(),
+            settle: true,
         }
     }
 

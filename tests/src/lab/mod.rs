@@ -29,6 +29,7 @@ mod pods;
 mod reach;
 pub mod read;
 mod secrets;
+pub mod settle;
 mod turn;
 pub mod xfrm_record;
 
@@ -105,6 +106,10 @@ pub struct Lab {
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
 
+/// Every pair of a lab is post-quantum protected within this of its agents' start (the
+/// target is 5 s; emulation in the VM is slower).
+const SETTLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Lab {
     /// Builds the fabric, etcd and the nodes, starts every agent and wires the pods once
     /// each node has its subnet.
@@ -178,6 +183,9 @@ impl Lab {
         }
         for i in 0..count {
             lab.check_implementation(i)?;
+        }
+        if lab.cfg.settle {
+            lab.settle_post_quantum(SETTLE_WITHIN)?;
         }
         Ok(lab)
     }
