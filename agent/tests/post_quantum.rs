@@ -369,7 +369,7 @@ fn a_node_that_lost_its_psks_is_reached_again_and_protected_again() {
     let started = Instant::now();
     let (from, to) = (&lab.nodes[1].pods[0].ns, lab.nodes[0].pods[0].ip);
     assert!(
-        lab.ping(from, to, Duration::from_secs(20)),
+        lab.ping(from, to, bound(Duration::from_secs(20), Duration::from_secs(40))),
         "node 1 never reached node 0\n{}",
         pq_lines(&lab)
     );
