@@ -7,9 +7,10 @@
 //! On WireGuard the rounds travel inside the pair's tunnel, between the two nodes' tunnel
 //! addresses on UDP `--post-quantum-port`: no port of their own on the underlay, and NAT is
 //! crossed as the tunnel crosses it. Should a pair ever hold two different PSKs (one side's
-//! saved state lost), its handshakes fail; the liveness watcher, once re-applying and re-handshaking the pair
-//! did not bring it back, calls `fall_back`;
-//! both sides go classical, and a new round brings the protection back. On ipsec they go
+//! saved state lost), its handshakes fail; the liveness watcher, once re-applying and
+//! re-handshaking the pair did not bring it back, calls `fall_back`, which sends the peer a
+//! `classical` notice (through the tunnel and to its public IP): both sides go classical,
+//! and a new round brings the protection back. On ipsec they go
 //! between the nodes' public IPs, outside the ESP policies: a pair whose two nodes hold
 //! different secrets cannot carry anything through its tunnel, and the leader's next round
 //! (at once if the leader is the node that lost its state) mends it.
