@@ -177,6 +177,17 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use weft_crypto::PrivateKey;
 
+    fn key() -> PublicKey {
+        PrivateKey::generate().unwrap().public_key()
+    }
+
+    /// A `Saved` in a directory of its own (kept while the test holds it).
+    fn in_temp() -> (tempfile::TempDir, Saved) {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = Saved::in_dir(dir.path());
+        (dir, saved)
+    }
+
     fn installed(round: u64, fill: u8) -> Installed {
         Installed {
             round,
@@ -187,15 +198,10 @@ mod tests {
 
     #[test]
     fn pairs_come_back_for_the_same_key_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let saved = Saved::in_dir(dir.path());
-        let (own, other) = (
-            PrivateKey::generate().unwrap().public_key(),
-            PrivateKey::generate().unwrap().public_key(),
-        );
-        let peer = PrivateKey::generate().unwrap().public_key();
+        let (_dir, saved) = in_temp();
+        let (own, other, peer) = (key(), key(), key());
         assert!(saved.load(&own).is_empty(), "no file: nothing");
-        let committed = PrivateKey::generate().unwrap().public_key();
+        let committed = key();
         let mut next = installed(2_000, 8);
         next.at_ms = 2_500;
         let pairs = BTreeMap::from([
@@ -233,12 +239,8 @@ mod tests {
 
     #[test]
     fn a_file_of_the_last_version_comes_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let saved = Saved::in_dir(dir.path());
-        let (own, peer) = (
-            PrivateKey::generate().unwrap().public_key(),
-            PrivateKey::generate().unwrap().public_key(),
-        );
+        let (_dir, saved) = in_temp();
+        let (own, peer) = (key(), key());
         let text = format!(
             r#"{{"own":"{}","pairs":{{"{}":{{"round":5,"psk":"{}"}}}}}}"#,
             own.to_base64(),
@@ -258,16 +260,12 @@ mod tests {
 
     #[test]
     fn a_bad_file_or_entry_costs_only_itself() {
-        let dir = tempfile::tempdir().unwrap();
-        let saved = Saved::in_dir(dir.path());
-        let own = PrivateKey::generate().unwrap().public_key();
+        let (_dir, saved) = in_temp();
+        let own = key();
         std::fs::write(saved.path(), "{not json").unwrap();
         assert!(saved.load(&own).is_empty());
-        let good = PrivateKey::generate().unwrap().public_key();
-        let (bad_next, half) = (
-            PrivateKey::generate().unwrap().public_key(),
-            PrivateKey::generate().unwrap().public_key(),
-        );
+        let good = key();
+        let (bad_next, half) = (key(), key());
         let psk = PresharedKey::from_bytes([1; 32]).to_base64_secret();
         let text = format!(
             r#"{{"own":"{}","pairs":{{"{}":{{"round":5,"psk":"{psk}"}},"garbage":{{"round":6,"psk":"x"}},"{}":{{"round":5,"psk":"{psk}","next":{{"round":7,"psk":"x","at":9}}}},"{}":{{"round":5}}}}}}"#,

@@ -37,6 +37,13 @@ struct Pair {
     in_force: Option<u64>,
 }
 
+impl Pair {
+    /// Whether the pair has a post-quantum PSK in force or committed.
+    fn holds_psk(&self) -> bool {
+        self.in_force.is_some() || self.ex.pending().is_some()
+    }
+}
+
 pub(super) struct Manager {
     own: Own,
     own_public: PublicKey,
@@ -318,7 +325,7 @@ impl Manager {
             return;
         };
         // Classical already (its saved state lost, say): the peer may still hold a PSK.
-        match pair.in_force.is_some() || pair.ex.pending().is_some() {
+        match pair.holds_psk() {
             true => {
                 warn!(peer = %pair.node, "the pair does not handshake with its post-quantum PSK: back to the classical PSK until a new round completes; the peer is told")
             }
@@ -367,7 +374,7 @@ impl Manager {
                 pair.node, pair.address, pair.underlay
             ));
         }
-        let had_psk = pair.in_force.is_some() || pair.ex.pending().is_some();
+        let had_psk = pair.holds_psk();
         let now = now_ms();
         let to = SocketAddr::new(pair.address, self.port);
         self.dirty.insert(sender);

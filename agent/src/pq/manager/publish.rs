@@ -73,13 +73,10 @@ impl Manager {
                 current: installed,
                 next: pair.ex.pending().cloned(),
             };
-            self.unsaved |= match kept.is_empty() {
-                false if self.kept.get(&key) != Some(&kept) => {
-                    self.kept.insert(key, kept);
-                    true
-                }
-                false => false,
-                true => self.kept.remove(&key).is_some(),
+            self.unsaved |= if kept.is_empty() {
+                self.kept.remove(&key).is_some()
+            } else {
+                self.kept.insert(key, kept.clone()) != Some(kept)
             };
         }
         drop(status);
