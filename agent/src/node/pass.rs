@@ -138,7 +138,8 @@ impl Controller<'_> {
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
-        let published = self.inputs.pq.published.borrow_and_update().psks.clone();
+        let own = self.keys.key.public_key();
+        let published = self.inputs.pq.published.borrow_and_update().psks_for(&own);
         let pair_psks = self.pq_seen.plan_with(published, now);
         let state = plan(&PlanInput {
             local: &self.me,

@@ -40,8 +40,22 @@ pub struct Published {
     /// peer's key. Shared: a pass takes it without a copy, and the task changes it in
     /// place unless a pass holds it at that moment.
     pub psks: Arc<BTreeMap<PublicKey, PairSecret>>,
+    /// This node's X25519 key the PSKs were made with. A pass that already has a newer
+    /// one (its key switched before the task heard of it) plans every pair classical:
+    /// the peers' entries for that key are new pairs with no PSK yet.
+    pub own: Option<PublicKey>,
     /// The next moment a committed PSK takes over: the loop plans again then.
     pub next_switch: Option<SystemTime>,
+}
+
+impl Published {
+    /// The PSKs to plan with on a node whose key is `own` now.
+    pub fn psks_for(&self, own: &PublicKey) -> Arc<BTreeMap<PublicKey, PairSecret>> {
+        if self.own.as_ref().is_some_and(|o| o != own) {
+            return Arc::default();
+        }
+        self.psks.clone()
+    }
 }
 
 /// One pair, for `weft status`, `weft doctor` and `/metrics`: the snapshot's own row.

@@ -250,3 +250,30 @@ async fn a_peer_dropped_from_the_plan_loses_its_psk_and_the_others_keep_theirs()
     assert!(!ha.status.lock().unwrap().contains_key(&c.key.public_key()));
     drop((hb, hc));
 }
+
+#[tokio::test]
+async fn a_new_own_key_plans_every_pair_classical_until_the_task_has_it() {
+    let port = free_port();
+    let (a, b) = (Node::new(1), Node::new(2));
+    let (mut ha, hb) = (a.start(port), b.start(port));
+    ha.peers.send_replace(vec![b.as_peer()]);
+    hb.peers.send_replace(vec![a.as_peer()]);
+    psk_for(&mut ha, &b.key.public_key()).await;
+    let (old, new) = (a.key.public_key(), PrivateKey::generate().unwrap());
+    let published = ha.published.borrow().clone();
+    assert_eq!(published.own, Some(old));
+    assert_eq!(published.psks_for(&old).len(), 1);
+    // The loop switched its key and plans before the task heard of it: no pair's PSK.
+    assert!(published.psks_for(&new.public_key()).is_empty());
+    // Once told, the task forgets the pairs made under the old key.
+    ha.own_key.send(new.clone()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), async {
+        while ha.published.borrow_and_update().own != Some(new.public_key()) {
+            ha.published.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the task publishes under the new key");
+    assert!(ha.published.borrow().psks.is_empty());
+    drop(hb);
+}

@@ -125,3 +125,61 @@ fn a_staged_next_key_is_not_a_pair_of_its_own() {
     let keys: Vec<_> = state.post_quantum.iter().map(|p| p.public_key).collect();
     assert_eq!(keys, [key(2)]);
 }
+
+#[test]
+fn a_peers_next_key_starts_classical_staged_switched_and_watched() {
+    let pair = PresharedKey::from_bytes([7; 32]);
+    let cluster: PresharedKey = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE="
+        .parse()
+        .unwrap();
+    let psks = BTreeMap::from([(key(2), PairSecret::settled(pair.clone(), 1))]);
+    let announcing = |ahead_ms: i64| {
+        let mut b = with_ek(good_peer(), 2);
+        b.next_key = Some(crate::model::NextKey {
+            public_key: key(22).to_base64(),
+            switch_at_ms: (NOW.as_millis() as i64 + ahead_ms) as u64,
+            generation: 2,
+        });
+        b
+    };
+    let plan = |ahead_ms: i64, config: &str| {
+        let no = Default::default();
+        run_with_psks(
+            local(),
+            config,
+            vec![announcing(ahead_ms)],
+            false,
+            &no,
+            &psks,
+        )
+        .unwrap()
+    };
+    let psk_of_key = |state: &DesiredState, k| {
+        let p = state.tunnels[0].peers.iter().find(|p| p.public_key == k);
+        p.unwrap().psk.clone()
+    };
+    for (config, classical) in [(PQ, None), (PQ_CLUSTER_PSK, Some(cluster.clone()))] {
+        // Before the moment: the current key keeps the pair's PSK; the staged key, and the
+        // entry the switch watcher would move the AllowedIPs to, have the classical one.
+        let staged = plan(60_000, config);
+        assert_eq!(
+            psk_of_key(&staged, key(2)),
+            Some(combine(&pair, classical.as_ref()))
+        );
+        assert_eq!(psk_of_key(&staged, key(22)), classical);
+        assert_eq!(
+            staged.key_watch.as_ref().unwrap().moves[0].next.psk,
+            classical
+        );
+        // After it: the switched entry is the new key's, classical too.
+        let switched = plan(-60_000, config);
+        assert_eq!(switched.tunnels[0].peers.len(), 1);
+        assert_eq!(psk_of_key(&switched, key(22)), classical);
+    }
+    // A round with the new key completed: its PSK, staged and switched alike.
+    let new_pair = PresharedKey::from_bytes([9; 32]);
+    let psks = BTreeMap::from([(key(22), PairSecret::settled(new_pair.clone(), 2))]);
+    let no = Default::default();
+    let state = run_with_psks(local(), PQ, vec![announcing(-60_000)], false, &no, &psks).unwrap();
+    assert_eq!(psk_of_key(&state, key(22)), Some(combine(&new_pair, None)));
+}

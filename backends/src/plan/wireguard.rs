@@ -175,7 +175,7 @@ pub(crate) fn plan(
                     // A rotation announced by the peer: before its moment the next key is
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
                     // from then on it is the peer's key.
-                    let (p, staged) = rotated(p, c.lease, own_key, input);
+                    let (p, staged) = rotated(p, c.lease, own_key, input, wg);
                     if let Some(Staged {
                         entry,
                         at,
@@ -189,6 +189,7 @@ pub(crate) fn plan(
                             device: dev.name.to_string(),
                             next: PeerSpec {
                                 public_key: entry.public_key,
+                                psk: entry.psk.clone(),
                                 ..p.clone()
                             },
                             current: p.public_key,
@@ -366,11 +367,16 @@ struct Staged {
 /// announcement), whichever comes first; before that, with the next key staged beside it
 /// (returned second). Switching on the handshake rather than on the clock means no packet
 /// goes to a key not yet in use.
+///
+/// The next key's entry has the PSK of the pair with that key: a post-quantum PSK is one
+/// pair's, made with the peer's key of its round, so the new key starts classical (the
+/// cluster's PSK, if any) until a round with it completes, on both sides alike.
 fn rotated(
     mut p: PeerSpec,
     lease: &Lease,
     own_key: PublicKey,
     input: &PlanInput<'_>,
+    wg: &WireguardConf,
 ) -> (PeerSpec, Option<Staged>) {
     let Some(next) = &lease.next_key else {
         return (p, None);
@@ -389,14 +395,17 @@ fn rotated(
         None => next.switch_at(),
     };
     let at = moment + SWITCH_GRACE;
+    let psk = super::post_quantum::peer_psk(input, wg, &key);
     if input.now >= at || input.observed.next_keys_in_use.contains(&key) {
         p.public_key = key;
+        p.psk = psk;
         return (p, None);
     }
     let entry = PeerSpec {
         node: format!("{}{STAGED}", p.node),
         public_key: key,
         allowed_ips: Vec::new(),
+        psk,
         ..p.clone()
     };
     let announced = next.switch_at();

@@ -119,6 +119,7 @@ impl Manager {
                     .filter_map(|(k, kept)| Some((*k, secret(kept.in_force(now)?, None))))
                     .collect(),
             ),
+            own: Some(own_public),
             next_switch: None,
         });
         Manager {

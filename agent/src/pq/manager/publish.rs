@@ -84,8 +84,10 @@ impl Manager {
             .map(|(ms, _)| SystemTime::UNIX_EPOCH + Duration::from_millis(*ms));
         // The map is copied only if the loop's pass holds it at this moment.
         self.published.send_if_modified(|p| {
-            let mut changed = p.next_switch != next_switch;
+            let own = Some(self.own_public);
+            let mut changed = p.next_switch != next_switch || p.own != own;
             p.next_switch = next_switch;
+            p.own = own;
             for (key, secret) in news {
                 if p.psks.get(&key) == secret.as_ref() {
                     continue;
