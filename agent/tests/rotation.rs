@@ -68,13 +68,20 @@ fn finish_when_switched(lab: &Lab, probe: Probe, from: usize, to: usize) -> Disr
 /// docs/reliability.md states for the VM: kernel devices lose at most 5 pings there (10),
 /// the userspace device, the control, up to 44 (90: it is measured to compare with, not
 /// claimed, and loses more when the machine is busy); a TCP stream stalls there up to
-/// 0.66 s, one retransmission timeout after a lost segment or two (1 s).
+/// 0.66 s, one retransmission timeout after a lost segment or two (1 s). The control's
+/// stall bound follows its loss bound: a hole of up to 90 pings (0.9 s) stalls a stream
+/// for the hole and the retransmission back-off after it (a 66-ping hole in CI's run of
+/// 2026-11-27 stalled one 1.08 s), so 2 s.
 fn assert_bounded(lab: &Lab, what: &str, d: &Disruption) {
     println!("{what}: {d}");
     let kernel = lab.implementation(0) == Some("kernel");
     let (stall, lost) = weft_lab::wait::bound(
         (Duration::from_millis(200), 6),
-        (Duration::from_secs(1), if kernel { 10 } else { 90 }),
+        if kernel {
+            (Duration::from_secs(1), 10)
+        } else {
+            (Duration::from_secs(2), 90)
+        },
     );
     let ok = d.stream_error.is_none()
         && d.stream_bytes > 0
