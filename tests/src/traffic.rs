@@ -19,6 +19,8 @@ pub struct Disruption {
     pub stream_bytes: u64,
     /// The longest time the receiver went without data.
     pub max_stall: Duration,
+    /// When that stall began (seconds since the Unix epoch), to set beside the agents' logs.
+    pub stall_from_unix_s: Option<f64>,
     /// How the stream ended if not cleanly (a reset, say).
     pub stream_error: Option<String>,
     pub pings_sent: u64,
@@ -46,9 +48,12 @@ impl std::fmt::Display for Disruption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "TCP: {} bytes, longest stall {} ms, {}; ping at 100 pps: {} of {} lost ({} ms)",
+            "TCP: {} bytes, longest stall {} ms{}, {}; ping at 100 pps: {} of {} lost ({} ms)",
             self.stream_bytes,
             self.max_stall.as_millis(),
+            self.stall_from_unix_s
+                .map(|t| format!(" from {t:.3}"))
+                .unwrap_or_default(),
             self.stream_error.as_deref().unwrap_or("no reset"),
             self.pings_lost,
             self.pings_sent,
@@ -65,8 +70,32 @@ impl std::fmt::Display for Disruption {
     }
 }
 
-/// What the receiver saw: bytes, the longest silence, how it ended if not cleanly.
-type Received = (u64, Duration, Option<String>);
+/// What the receiver saw.
+#[derive(Default)]
+struct Received {
+    bytes: u64,
+    /// The longest silence, and when it began (Unix seconds).
+    stall: Duration,
+    stall_from: Option<f64>,
+    /// How the stream ended if not cleanly.
+    error: Option<String>,
+}
+
+impl Received {
+    fn failed(error: String) -> Received {
+        Received {
+            error: Some(error),
+            ..Received::default()
+        }
+    }
+}
+
+/// Now, in seconds since the Unix epoch.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
 
 pub struct Probe {
     stop: Arc<AtomicBool>,
@@ -88,43 +117,47 @@ impl Probe {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
-        let receiver = in_named_netns(
-            to_ns,
-            move || -> std::io::Result<(u64, Duration, Option<String>)> {
-                let listener = TcpListener::bind((any, PORT))?;
-                let _ = ready_tx.send(());
-                // A connection that never comes (the path was down at the start) ends the
-                // wait once the probe is stopped, rather than holding `finish` for ever.
-                listener.set_nonblocking(true)?;
-                let mut conn = loop {
-                    match listener.accept() {
-                        Ok((conn, _)) => break conn,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            if stopped.load(Ordering::Relaxed) {
-                                return Ok((0, Duration::ZERO, Some("no connection came".into())));
-                            }
-                            std::thread::sleep(Duration::from_millis(20));
+        let receiver = in_named_netns(to_ns, move || -> std::io::Result<Received> {
+            let listener = TcpListener::bind((any, PORT))?;
+            let _ = ready_tx.send(());
+            // A connection that never comes (the path was down at the start) ends the
+            // wait once the probe is stopped, rather than holding `finish` for ever.
+            listener.set_nonblocking(true)?;
+            let mut conn = loop {
+                match listener.accept() {
+                    Ok((conn, _)) => break conn,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if stopped.load(Ordering::Relaxed) {
+                            return Ok(Received::failed("no connection came".into()));
                         }
-                        Err(e) => return Err(e),
+                        std::thread::sleep(Duration::from_millis(20));
                     }
-                };
-                conn.set_nonblocking(false)?;
-                conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-                let mut buf = [0u8; 65536];
-                let (mut bytes, mut last, mut max_stall) = (0u64, Instant::now(), Duration::ZERO);
-                loop {
-                    match conn.read(&mut buf) {
-                        Ok(0) => return Ok((bytes, max_stall, None)),
-                        Ok(n) => {
-                            bytes += n as u64;
-                            max_stall = max_stall.max(last.elapsed());
-                            last = Instant::now();
+                    Err(e) => return Err(e),
+                }
+            };
+            conn.set_nonblocking(false)?;
+            conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let mut buf = [0u8; 65536];
+            let mut got = Received::default();
+            let (mut last, mut last_unix) = (Instant::now(), unix_now());
+            loop {
+                match conn.read(&mut buf) {
+                    Ok(0) => return Ok(got),
+                    Ok(n) => {
+                        got.bytes += n as u64;
+                        if last.elapsed() > got.stall {
+                            got.stall = last.elapsed();
+                            got.stall_from = Some(last_unix);
                         }
-                        Err(e) => return Ok((bytes, max_stall, Some(e.to_string()))),
+                        (last, last_unix) = (Instant::now(), unix_now());
+                    }
+                    Err(e) => {
+                        got.error = Some(e.to_string());
+                        return Ok(got);
                     }
                 }
-            },
-        );
+            }
+        });
         ready_rx
             .recv_timeout(Duration::from_secs(5))
             .map_err(|_| anyhow::anyhow!("the stream's receiver did not start"))?;
@@ -191,15 +224,16 @@ impl Probe {
             Ok(Ok(Err(e))) | Ok(Err(e)) => Some(e.to_string()),
             Err(_) => Some("the sender panicked".into()),
         };
-        let (bytes, stall, recv_error) = match self.receiver.join() {
+        let got = match self.receiver.join() {
             Ok(Ok(Ok(r))) => r,
-            Ok(Ok(Err(e))) | Ok(Err(e)) => (0, Duration::ZERO, Some(e.to_string())),
-            Err(_) => (0, Duration::ZERO, Some("the receiver panicked".into())),
+            Ok(Ok(Err(e))) | Ok(Err(e)) => Received::failed(e.to_string()),
+            Err(_) => Received::failed("the receiver panicked".into()),
         };
         Ok(Disruption {
-            stream_bytes: bytes,
-            max_stall: stall,
-            stream_error: send_error.or(recv_error),
+            stream_bytes: got.bytes,
+            max_stall: got.stall,
+            stall_from_unix_s: got.stall_from,
+            stream_error: send_error.or(got.error),
             pings_sent: sent,
             pings_lost: sent.saturating_sub(received),
             longest_hole: longest_hole(replies),

@@ -240,6 +240,7 @@ mod tests {
         let calm = Disruption {
             stream_bytes: 1,
             max_stall: Duration::ZERO,
+            stall_from_unix_s: None,
             stream_error: None,
             pings_sent: 1000,
             pings_lost: 2,
