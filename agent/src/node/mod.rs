@@ -12,6 +12,7 @@
 
 mod address;
 pub mod backend_setup;
+mod clock_switch;
 mod error_policy;
 mod esp_epoch;
 pub mod iface;

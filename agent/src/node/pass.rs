@@ -85,6 +85,7 @@ impl Controller<'_> {
         }
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
+            self.clock_switches.programmed(&state);
         }
         if !state.esp_watch {
             // Read afresh when evidence is awaited next: an old reading is no evidence.

@@ -84,6 +84,7 @@ pub(super) struct Controller<'a> {
     /// The moment the last plan was made for (what PSK was in force then).
     pub(super) planned_at: SystemTime,
     resync: tokio::time::Interval,
+    resync_period: Duration,
     nft_check: tokio::time::Interval,
     psk_check: tokio::time::Interval,
     /// An nftables event came after the tables were last listed.
@@ -99,6 +100,8 @@ pub(super) struct Controller<'a> {
     pub(super) esp_read: Option<Instant>,
     /// When this node first planned with each pair's post-quantum PSK.
     pub(super) pq_seen: super::pq_seen::PqSeen,
+    /// Peers' next keys taken over by the clock: their handshakes started at once.
+    pub(super) clock_switches: super::clock_switch::ClockSwitches,
     /// Since when the resync has been put off for switches near (it is put off for at
     /// most `RESYNC_PUT_OFF`: with many pairs, one is always near).
     resync_put_off: Option<Instant>,
@@ -150,6 +153,15 @@ async fn switched(watcher: &mut Option<switch_watch::Handle>) -> Option<()> {
 }
 
 /// Whether a switch at `at` is within `SWITCH_GUARD` of `now`, before or after.
+/// `period`, give or take up to a fifth at random: agents started together (a rollout, a
+/// lab) would otherwise all resync at once, each full pass slowed by the others (in the
+/// VM, three at once took 4–7 s instead of 1.5–2.5 s).
+fn jittered(period: Duration) -> Duration {
+    let r = weft_crypto::random_bytes::<2>().map_or(0x8000, u16::from_be_bytes);
+    let fifth = period / 5;
+    period - fifth + (fifth * 2).mul_f64(f64::from(r) / f64::from(u16::MAX))
+}
+
 fn switch_near(at: SystemTime, now: SystemTime) -> bool {
     let gap = match at.duration_since(now) {
         Ok(ahead) => ahead,
@@ -218,6 +230,7 @@ pub(crate) async fn control_loop(
         roaming: Default::default(),
         planned_at: SystemTime::UNIX_EPOCH,
         resync: interval(args.resync_period),
+        resync_period: args.resync_period,
         nft_check: interval(NFT_CHECK),
         psk_check: interval(Duration::from_secs(1)),
         nft_dirty: true,
@@ -227,6 +240,7 @@ pub(crate) async fn control_loop(
         esp_heard: Default::default(),
         esp_read: None,
         pq_seen: Default::default(),
+        clock_switches: Default::default(),
         resync_put_off: None,
     };
     node.inputs.psk.refresh();
@@ -398,6 +412,7 @@ impl Controller<'_> {
                     }
                 }
                 _ = self.resync.tick() => if self.resync_due() {
+                    self.resync.reset_after(jittered(self.resync_period));
                     return Wake::Pass { full: true };
                 },
                 changed = next_event(&mut self.inputs.nft_changes),
@@ -431,9 +446,10 @@ impl Controller<'_> {
 
     /// Whether the periodic resync runs now: not while this node's announced key switch
     /// is within `SWITCH_GUARD` of its moment; then it is looked at again that much later.
-    /// Whether the resync runs now: it is put off while this node's key switch, or a
-    /// pair's post-quantum PSK taking over, is near (the pass that installs the PSK's
-    /// states would otherwise wait behind it).
+    /// Whether the resync runs now: it is put off while this node's key switch, a peer's
+    /// announced key switch (the pass that stages or switches its key would otherwise wait
+    /// behind it), or a pair's post-quantum PSK taking over is near (the same for the pass
+    /// that installs the PSK's states).
     fn resync_due(&mut self) -> bool {
         let now = SystemTime::now();
         let near = |at: Option<SystemTime>| at.is_some_and(|at| switch_near(at, now));
@@ -445,6 +461,11 @@ impl Controller<'_> {
         if waited < RESYNC_PUT_OFF {
             if near(self.keys.due()) {
                 info!("resync put off until this node's key switch is done");
+                self.resync.reset_after(SWITCH_GUARD);
+                return false;
+            }
+            if near(self.last.as_ref().and_then(|s| s.next_switch)) {
+                info!("resync put off until a peer's key switch is done");
                 self.resync.reset_after(SWITCH_GUARD);
                 return false;
             }
@@ -476,5 +497,19 @@ mod tests {
         // A switch stuck well past its moment (an unconfirmed announcement) holds the
         // resync no longer.
         assert!(!switch_near(now - s(6), now));
+    }
+
+    #[test]
+    fn resyncs_are_spread_a_fifth_either_side_of_the_period() {
+        let period = Duration::from_secs(30);
+        let draws: Vec<Duration> = (0..200).map(|_| jittered(period)).collect();
+        let (low, high) = (Duration::from_secs(24), Duration::from_secs(36));
+        assert!(draws.iter().all(|d| (low..=high).contains(d)), "{draws:?}");
+        let spread = draws
+            .iter()
+            .max()
+            .unwrap()
+            .saturating_sub(*draws.iter().min().unwrap());
+        assert!(spread > Duration::from_secs(6), "{spread:?}");
     }
 }

@@ -37,6 +37,12 @@ pub struct DesiredState {
     pub next_switch: Option<std::time::SystemTime>,
     /// Announced keys whose first handshake the agent watches for (see `Observed`).
     pub key_watch: Option<super::KeyWatch>,
+    /// Peers' next keys taken over by the clock, with no handshake on them seen: the agent
+    /// sends one packet into the tunnel to each (`probe_target`) once, so the device
+    /// starts the handshake at once. The rotating node's own first handshake may have come
+    /// before this node staged the key, and been dropped; WireGuard would retry only
+    /// after 5 s, while this node has already left the old key's session.
+    pub switched_on_clock: Vec<PublicKey>,
     /// ipsec: a peer's evidence of holding this node's next epoch is awaited, so the agent
     /// reads its inbound states' counters (`Observed::esp_heard`) until it comes or
     /// `next_switch`.

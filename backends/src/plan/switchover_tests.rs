@@ -215,3 +215,23 @@ fn a_late_announcement_is_watched_from_the_announced_moment() {
         )
     );
 }
+
+#[test]
+fn a_key_taken_over_by_the_clock_alone_is_named_for_a_handshake_at_once() {
+    let grace = SWITCH_GRACE.as_millis() as i64;
+    let peer = |offset_ms: i64| vec![announced(at(offset_ms), key(22).to_base64())];
+    let none = Observed::default();
+    let on_clock = run_observed(peer(-grace - 1), &none);
+    assert_eq!(on_clock.switched_on_clock, [key(22)]);
+    // Switched on its handshake: the session is there already.
+    assert!(run_observed(peer(-grace - 1), &in_use())
+        .switched_on_clock
+        .is_empty());
+    assert!(run_observed(peer(-100), &in_use())
+        .switched_on_clock
+        .is_empty());
+    // Staged: nothing switched.
+    assert!(run_observed(peer(1_000), &none)
+        .switched_on_clock
+        .is_empty());
+}

@@ -175,12 +175,15 @@ pub(crate) fn plan(
                     // A rotation announced by the peer: before its moment the next key is
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
                     // from then on it is the peer's key.
-                    let (p, staged) = rotated(p, c.lease, own_key, input, wg);
-                    if let Some(Staged {
+                    let (p, switch) = rotated(p, c.lease, own_key, input, wg);
+                    if let Switch::Now { on_clock: true } = switch {
+                        state.switched_on_clock.push(p.public_key);
+                    }
+                    if let Switch::Staged(Staged {
                         entry,
                         at,
                         announced,
-                    }) = staged
+                    }) = switch
                     {
                         // The clock switches it at `at` at the latest; its first handshake
                         // switches it earlier, so the agent watches for that.
@@ -351,6 +354,16 @@ fn peer(
     })
 }
 
+/// What a peer's announced rotation makes of its entry.
+enum Switch {
+    /// Nothing announced (or nothing usable): the entry as it is.
+    None,
+    /// The next key took over: by the clock, or on its handshake.
+    Now { on_clock: bool },
+    /// The next key staged beside the current one.
+    Staged(Staged),
+}
+
 /// A peer's next key, staged beside its current one.
 struct Staged {
     /// The entry: the next key, no AllowedIPs.
@@ -366,7 +379,8 @@ struct Staged {
 /// moment (by this node's clock, and not before `SEEN_LEAD` after it first saw the
 /// announcement), whichever comes first; before that, with the next key staged beside it
 /// (returned second). Switching on the handshake rather than on the clock means no packet
-/// goes to a key not yet in use.
+/// goes to a key not yet in use. A switch by the clock is noted in
+/// `DesiredState::switched_on_clock`.
 ///
 /// The next key's entry has the PSK of the pair with that key: a post-quantum PSK is one
 /// pair's, made with the peer's key of its round, so the new key starts classical (the
@@ -377,15 +391,15 @@ fn rotated(
     own_key: PublicKey,
     input: &PlanInput<'_>,
     wg: &WireguardConf,
-) -> (PeerSpec, Option<Staged>) {
+) -> (PeerSpec, Switch) {
     let Some(next) = &lease.next_key else {
-        return (p, None);
+        return (p, Switch::None);
     };
     let Ok(key) = next.public_key.parse::<PublicKey>() else {
-        return (p, None);
+        return (p, Switch::None);
     };
     if key == p.public_key || key == own_key {
-        return (p, None);
+        return (p, Switch::None);
     }
     // The moment, but never before `SEEN_LEAD` after this node saw the announcement: a
     // clock running ahead must not switch before the rotating node does.
@@ -396,10 +410,11 @@ fn rotated(
     };
     let at = moment + SWITCH_GRACE;
     let psk = super::post_quantum::peer_psk(input, wg, &key);
-    if input.now >= at || input.observed.next_keys_in_use.contains(&key) {
+    let in_use = input.observed.next_keys_in_use.contains(&key);
+    if input.now >= at || in_use {
         p.public_key = key;
         p.psk = psk;
-        return (p, None);
+        return (p, Switch::Now { on_clock: !in_use });
     }
     let entry = PeerSpec {
         node: format!("{}{STAGED}", p.node),
@@ -411,7 +426,7 @@ fn rotated(
     let announced = next.switch_at();
     (
         p,
-        Some(Staged {
+        Switch::Staged(Staged {
             entry,
             at,
             announced,
