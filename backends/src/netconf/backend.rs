@@ -254,9 +254,9 @@ impl Backend {
     }
 }
 
-/// `PostQuantum` when the config does not say: on, on both encrypting backends (a peer
-/// without it keeps its pair classical, so a mixed cluster stays reachable).
-pub const POST_QUANTUM_DEFAULT: bool = true;
+/// `PostQuantum` when the config does not say: off until the post-quantum exchange has
+/// its lab proofs on every encrypting backend.
+pub const POST_QUANTUM_DEFAULT: bool = false;
 
 const WIREGUARD_KEYS: &[&str] = &[
     "Type",
