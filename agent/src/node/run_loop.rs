@@ -152,7 +152,6 @@ async fn switched(watcher: &mut Option<switch_watch::Handle>) -> Option<()> {
     }
 }
 
-/// Whether a switch at `at` is within `SWITCH_GUARD` of `now`, before or after.
 /// `period`, or up to a fifth less at random (never more: a resync stays within its
 /// period): agents started together (a rollout, a lab) would otherwise all resync at once,
 /// each full pass slowed by the others (in the VM, three at once took 4–7 s instead of
@@ -162,6 +161,7 @@ fn jittered(period: Duration) -> Duration {
     period - (period / 5).mul_f64(f64::from(r) / f64::from(u16::MAX))
 }
 
+/// Whether a switch at `at` is within `SWITCH_GUARD` of `now`, before or after.
 fn switch_near(at: SystemTime, now: SystemTime) -> bool {
     let gap = match at.duration_since(now) {
         Ok(ahead) => ahead,
@@ -444,12 +444,10 @@ impl Controller<'_> {
         switched
     }
 
-    /// Whether the periodic resync runs now: not while this node's announced key switch
-    /// is within `SWITCH_GUARD` of its moment; then it is looked at again that much later.
     /// Whether the resync runs now: it is put off while this node's key switch, a peer's
     /// announced key switch (the pass that stages or switches its key would otherwise wait
     /// behind it), or a pair's post-quantum PSK taking over is near (the same for the pass
-    /// that installs the PSK's states).
+    /// that installs the PSK's states). Put off, it is looked at again `SWITCH_GUARD` later.
     fn resync_due(&mut self) -> bool {
         let now = SystemTime::now();
         let near = |at: Option<SystemTime>| at.is_some_and(|at| switch_near(at, now));
