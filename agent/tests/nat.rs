@@ -171,7 +171,8 @@ fn two_vpcs_and_a_nat() {
     );
     assert!(
         recovered < bound,
-        "traffic back after {recovered:?}, bound {bound:?}:\n{text}"
+        "traffic back after {recovered:?}, bound {bound:?}:\n{text}\n{}",
+        lab.logs()
     );
     lab.assert_all_pairs();
 }
