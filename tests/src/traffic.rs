@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::netns::in_named_netns;
+use crate::pinger::unix_now;
 
 const PORT: u16 = 7400;
 
@@ -88,13 +89,6 @@ impl Received {
             ..Received::default()
         }
     }
-}
-
-/// Now, in seconds since the Unix epoch.
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 pub struct Probe {

@@ -176,31 +176,7 @@ pub(crate) fn plan(
                     // staged (a peer entry without AllowedIPs, so the handshake is ready);
                     // from then on it is the peer's key.
                     let (p, switch) = rotated(p, c.lease, own_key, input, wg);
-                    if let Switch::Now { on_clock: true } = switch {
-                        state.switched_on_clock.push(p.public_key);
-                    }
-                    if let Switch::Staged(Staged {
-                        entry,
-                        at,
-                        announced,
-                    }) = switch
-                    {
-                        // The clock switches it at `at` at the latest; its first handshake
-                        // switches it earlier, so the agent watches for that.
-                        state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
-                        let moved = KeyMove {
-                            device: dev.name.to_string(),
-                            next: PeerSpec {
-                                public_key: entry.public_key,
-                                psk: entry.psk.clone(),
-                                ..p.clone()
-                            },
-                            current: p.public_key,
-                            announced,
-                        };
-                        KeyWatch::merge(&mut state.key_watch, moved, announced, at, input.now);
-                        peers.push(entry);
-                    }
+                    peers.extend(follow_switch(&mut state, dev.name, &p, switch, input.now));
                     peers.push(p);
                 }
                 Err(reason) => left_out.push(LeftOut {
@@ -352,6 +328,44 @@ fn peer(
         keepalive: wg.persistent_keepalive,
         psk: super::post_quantum::peer_psk(input, wg, &data.public_key),
     })
+}
+
+/// What `state` notes of peer `p`'s rotation on `device`; the staged entry to add, if any.
+fn follow_switch(
+    state: &mut DesiredState,
+    device: &str,
+    p: &PeerSpec,
+    switch: Switch,
+    now: std::time::SystemTime,
+) -> Option<PeerSpec> {
+    match switch {
+        Switch::None | Switch::Now { on_clock: false } => None,
+        Switch::Now { on_clock: true } => {
+            state.switched_on_clock.push(p.public_key);
+            None
+        }
+        Switch::Staged(Staged {
+            entry,
+            at,
+            announced,
+        }) => {
+            // The clock switches it at `at` at the latest; its first handshake switches
+            // it earlier, so the agent watches for that.
+            state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
+            let moved = KeyMove {
+                device: device.to_string(),
+                next: PeerSpec {
+                    public_key: entry.public_key,
+                    psk: entry.psk.clone(),
+                    ..p.clone()
+                },
+                current: p.public_key,
+                announced,
+            };
+            KeyWatch::merge(&mut state.key_watch, moved, announced, at, now);
+            Some(entry)
+        }
+    }
 }
 
 /// What a peer's announced rotation makes of its entry.
