@@ -203,6 +203,8 @@ pub trait Xfrm {
 }
 
 #[cfg(test)]
+mod outbound_tests;
+#[cfg(test)]
 mod pq_tests;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use super::tests::{book, installed_once, node, spec, Kernel, Node};
 use crate::model::{EspPq, IpsecSpec};
 
 /// `me`'s spec towards `peer`, every state keyed with the PSK `seed` in `slot`.
-fn with_pq(me: &Node, peer: &Node, slot: u8, seed: u8) -> IpsecSpec {
+pub(super) fn with_pq(me: &Node, peer: &Node, slot: u8, seed: u8) -> IpsecSpec {
     let mut s = spec(me, &[peer]);
     let pq = Some(EspPq {
         slot,

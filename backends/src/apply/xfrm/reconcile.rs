@@ -9,7 +9,7 @@
 //! would reuse the key from sequence number 1. It is not installed: the outcome reports it
 //! lost, the agent bumps its epoch and publishes it, and the plan after that wants new keys.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -317,9 +317,14 @@ fn states<X: Xfrm>(
     let mut install = Vec::new();
     let mut lost = Vec::new();
     let mut standing = HashMap::new();
+    let mut outbound = Outbound::default();
     for w in wanted {
+        if w.sa.src == local {
+            outbound.planned.insert(w.sa.reqid);
+        }
         match have.remove(&(w.sa.dst, w.sa.spi)) {
             Some(present) if *present == w.sa => {
+                outbound.stands(&w.sa, local);
                 standing.insert(w.fingerprint, Placement::of(&w.sa));
                 continue;
             }
@@ -364,6 +369,7 @@ fn states<X: Xfrm>(
         })?;
         for w in install {
             if log.write(xfrm.add_state(&w.sa), || format!("added {:?}", w.sa)) {
+                outbound.stands(&w.sa, local);
                 standing.insert(w.fingerprint, Placement::of(&w.sa));
             } else {
                 book.installed.remove(&w.fingerprint);
@@ -374,10 +380,21 @@ fn states<X: Xfrm>(
     }
     let now = Instant::now();
     memory.retiring.retain(|k, _| have.contains_key(k));
-    // Inbound: a peer may still send on it. Outbound: the kernel moves its traffic to the
-    // new state of the pair (the newest of one reqid) as that is added; the old one is not
-    // taken from under packets already on their way through it.
     for (k, stale) in have {
+        if stale.src == local {
+            match outbound.after(stale.reqid) {
+                Superseded::Now => {
+                    memory.retiring.remove(&k);
+                    log.write(xfrm.delete_state(stale), || {
+                        format!("removed {stale:?}: the pair's planned outbound state stands")
+                    });
+                    continue;
+                }
+                Superseded::NotYet => continue,
+                Superseded::PairGone => {}
+            }
+        }
+        // Inbound: a peer may still send on it for a moment after a switch.
         let since = *memory.retiring.entry(k).or_insert(now);
         if now.duration_since(since) < memory.grace {
             continue;
@@ -388,6 +405,51 @@ fn states<X: Xfrm>(
         });
     }
     Ok(lost)
+}
+
+/// The outbound states of a pass: the pairs that plan one, and those whose planned one
+/// stands in the kernel after it.
+///
+/// The kernel sends a pair's traffic with the newest valid state of its reqid, by
+/// `add_time`, which it keeps in whole seconds: of two added within one second it takes
+/// the first in its hash chain, and a resize of the table reverses the chains. So an
+/// outbound state the plan has left does not stay beside its successor: if it did, the
+/// kernel could go back to it, and its SPI may by then carry another key at the peer (a
+/// post-quantum slot taken again). It goes in the pass its successor stands. Until that
+/// one stands (refused, or not installed while a loss stands) it is the pair's only way
+/// out and stays; a pair no longer planned retires it like an inbound state.
+#[derive(Default)]
+struct Outbound {
+    planned: HashSet<u32>,
+    standing: HashSet<u32>,
+}
+
+/// What becomes of an outbound state the plan left.
+enum Superseded {
+    /// Its successor stands: removed in this pass.
+    Now,
+    /// Its successor does not stand yet: kept.
+    NotYet,
+    /// Its pair is not planned: retired after the grace.
+    PairGone,
+}
+
+impl Outbound {
+    fn stands(&mut self, sa: &SaSpec, local: Ipv4Addr) {
+        if sa.src == local {
+            self.standing.insert(sa.reqid);
+        }
+    }
+
+    fn after(&self, reqid: u32) -> Superseded {
+        if self.standing.contains(&reqid) {
+            Superseded::Now
+        } else if self.planned.contains(&reqid) {
+            Superseded::NotYet
+        } else {
+            Superseded::PairGone
+        }
+    }
 }
 
 fn policies<X: Xfrm>(

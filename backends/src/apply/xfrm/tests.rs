@@ -104,9 +104,14 @@ pub(super) struct Kernel {
 
 impl Kernel {
     pub(super) fn new(book: EspBook) -> Self {
+        Self::with_grace(book, Duration::ZERO)
+    }
+
+    /// A kernel whose reconciler keeps states the plan left for `grace`.
+    pub(super) fn with_grace(book: EspBook, grace: Duration) -> Self {
         Kernel {
             nl: FakeNetlink::default(),
-            plane: IpsecPlane::new(FakeXfrm::default(), book, None).with_grace(Duration::ZERO),
+            plane: IpsecPlane::new(FakeXfrm::default(), book, None).with_grace(grace),
         }
     }
 
@@ -121,7 +126,7 @@ impl Kernel {
     }
 
     /// A pass, with the errors it reported.
-    fn pass_with_errors(
+    pub(super) fn pass_with_errors(
         &mut self,
         spec: &IpsecSpec,
         key: &PrivateKey,
