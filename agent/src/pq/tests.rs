@@ -19,6 +19,7 @@ fn timing() -> Timing {
         round_lifetime: 10_000,
         switch_delay: 100,
         freshness: 300_000,
+        min_gap: 500,
     }
 }
 

@@ -305,17 +305,21 @@ fn a_leader_that_rotated_its_key_replaces_a_secret_resting_on_the_old_one_soon()
     let new_ek = new_kem.encaps_key();
     a.own.previous_kem = Some(std::mem::replace(&mut a.own.kem, new_kem));
     a.ex.own_kem_changed(T0 + 3_000);
-    run(&mut a, &mut b, 3_000, 5_000, &mut never);
-    let stale = a.psk(T0 + 5_000).unwrap();
+    let then = first.at_ms - T0 + MIN_GAP + 1_500;
+    run(&mut a, &mut b, 3_000, then, &mut never);
+    let stale = a.psk(T0 + then).unwrap();
     assert_ne!(stale.psk, first.psk);
-    // The follower sees the new key; the next round comes within five retries, not a
-    // period, and rests on the new key; the one after it a period later.
-    b.ex.peer_ek_changed(new_ek, T0 + 5_000);
-    run(&mut a, &mut b, 5_000, 10_000, &mut never);
-    let fresh = a.psk(T0 + 10_000).unwrap();
+    // The follower sees the new key; the next round comes soon (once the gap after the
+    // stale one's takeover has passed), not a period later, and rests on the new key; the
+    // one after it a period later.
+    b.ex.peer_ek_changed(new_ek, T0 + then);
+    let soon = stale.at_ms - T0 + MIN_GAP + 1_500;
+    run(&mut a, &mut b, then, soon, &mut never);
+    let fresh = a.psk(T0 + soon).unwrap();
     assert_ne!(fresh.psk, stale.psk, "a round soon after the stale one");
-    assert_eq!(b.psk(T0 + 10_000), Some(fresh.clone()));
-    run(&mut a, &mut b, 10_000, 60_000, &mut never);
+    assert!(fresh.at_ms >= stale.at_ms + MIN_GAP, "{fresh:?}");
+    assert_eq!(b.psk(T0 + soon), Some(fresh.clone()));
+    run(&mut a, &mut b, soon, 60_000, &mut never);
     assert_eq!(a.psk(T0 + 60_000), Some(fresh), "then the period");
 }
 
@@ -482,4 +486,34 @@ fn a_commit_is_sent_until_it_is_acknowledged() {
     let rest = run(&mut a, &mut b, 20_010, 60_000, &mut never);
     assert_eq!(commits(&rest), 1, "one more, acknowledged, and no other");
     assert_eq!(a.psk(T0 + 60_000), b.psk(T0 + 60_000));
+}
+
+/// PSKs alternate between two slots, so the one after next takes the slot of the one
+/// before: a round a key change calls for right after a takeover waits for `min_gap`.
+#[test]
+fn a_key_change_right_after_a_takeover_waits_for_the_gap() {
+    let (mut a, mut b) = nodes(Timing {
+        period: 600_000,
+        ..Timing::default()
+    });
+    run(&mut a, &mut b, 0, 1_500, &mut never);
+    let first = a.psk(T0 + 1_500).unwrap();
+    b.own.kem = KemKeyPair::generate().unwrap();
+    a.ex.peer_ek_changed(b.own.kem.encaps_key(), T0 + 1_500);
+    let gap_end = first.at_ms - T0 + MIN_GAP;
+    let wire = run(&mut a, &mut b, 1_500, gap_end - 10, &mut never);
+    assert!(wire.sent.is_empty(), "{} datagrams", wire.sent.len());
+    let wire = run(&mut a, &mut b, gap_end, gap_end + 2_000, &mut never);
+    assert!(wire.refused.is_empty(), "{:?}", wire.refused);
+    let second = a.psk(T0 + gap_end + 2_000).unwrap();
+    assert_eq!(Some(&second), b.psk(T0 + gap_end + 2_000).as_ref());
+    assert_ne!(second.psk, first.psk);
+    assert!(second.at_ms >= first.at_ms + MIN_GAP, "{second:?}");
+    assert_ne!(second.slot(), first.slot());
+    // A change long after the last takeover begins at once, as before.
+    b.own.kem = KemKeyPair::generate().unwrap();
+    let later = gap_end + 60_000;
+    a.ex.peer_ek_changed(b.own.kem.encaps_key(), T0 + later);
+    let wire = run(&mut a, &mut b, later, later, &mut never);
+    assert_eq!(wire.sent.len(), 4, "a whole round within the step");
 }

@@ -11,7 +11,7 @@ mod kem;
 mod message;
 
 pub use derive::{combine, AuthKey, Pair, PairKeyError, RoundInput, RoundSecret};
-pub use exchange::{slot, Exchange, Installed, Own, Poll, Refused, Timing};
+pub use exchange::{slot, Exchange, Installed, Own, Poll, Refused, Timing, MIN_GAP};
 pub use kem::{
     encapsulate, seed_from_base64, seed_to_base64, Ciphertext, EncapsKey, KemError, KemKeyPair,
     SharedSecret, CIPHERTEXT_LEN, ENCAPS_KEY_BASE64_LEN, ENCAPS_KEY_LEN, SECRET_LEN, SEED_LEN,

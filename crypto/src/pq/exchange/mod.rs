@@ -62,6 +62,11 @@ pub struct Timing {
     pub switch_delay: u64,
     /// A round more than this far from this node's clock is refused.
     pub freshness: u64,
+    /// A round a key change calls for begins no sooner than this after the last PSK took
+    /// over. PSKs alternate between two slots, so the one after next takes the slot (and
+    /// on ipsec the SPIs) of the one before: each node must have stopped sending with that
+    /// one by then, which it does 2 s after the next took over, in its next pass.
+    pub min_gap: u64,
 }
 
 impl Default for Timing {
@@ -73,9 +78,14 @@ impl Default for Timing {
             round_lifetime: 60_000,
             switch_delay: 1_000,
             freshness: 300_000,
+            min_gap: MIN_GAP,
         }
     }
 }
+
+/// `Timing::min_gap` by default: the 2 s after which a node sends with a new PSK, and 3 s
+/// for a pass that is slow to do so.
+pub const MIN_GAP: u64 = 5_000;
 
 /// A PSK from a completed round, and the moment it is (or was) put in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,8 +348,10 @@ impl Exchange {
     pub fn poll(&mut self, now: u64) -> Result<Poll, Refused> {
         let timing = self.timing;
         if let State::Idle { next_at } = self.state {
-            if now >= next_at {
-                self.begin(now)?;
+            match self.gap_until().filter(|t| now < *t) {
+                _ if now < next_at => {}
+                Some(later) => self.state = State::Idle { next_at: later },
+                None => self.begin(now)?,
             }
         }
         if let State::Offered { round, .. } = self.state {
@@ -401,6 +413,15 @@ impl Exchange {
             .collect();
         let wake_at = self.next.as_ref().map_or(wake_at, |n| wake_at.min(n.at_ms));
         Ok(Poll { send, wake_at })
+    }
+
+    /// The moment `Timing::min_gap` after the newest PSK takes or took over, if any.
+    fn gap_until(&self) -> Option<u64> {
+        [&self.current, &self.next]
+            .into_iter()
+            .flatten()
+            .map(|i| i.at_ms.saturating_add(self.timing.min_gap))
+            .max()
     }
 
     /// Leader: a new round, its secret encapsulated to the peer's key.
