@@ -63,8 +63,14 @@ pub(super) struct Manager {
     /// key, a switch moment come): only these are looked at again, so a datagram costs
     /// the same with 10 peers as with 10,000.
     dirty: HashSet<PublicKey>,
-    /// Saved PSKs not yet given back to a pair (its peer not listed yet).
+    /// Saved PSKs not yet given back to a pair (its peer not listed yet), and the state
+    /// of pairs whose peer left the listing (`left`).
     restored: BTreeMap<PublicKey, Kept>,
+    /// Peers that left the listing with a PSK, and when: their state waits in `restored`
+    /// and their PSK stays published, so a peer back with the same key (a registry
+    /// restored from a snapshot, a lease lost and claimed again) has the PSK it never
+    /// stopped using. At most `LEFT_MAX`, for `LEFT_KEPT_MS`.
+    left: BTreeMap<PublicKey, u64>,
     /// Each pair's PSK in force and the one committed to follow it: what the saved file is
     /// to hold.
     kept: BTreeMap<PublicKey, Kept>,
@@ -90,6 +96,11 @@ pub(super) struct Inputs {
 /// the PSK before it, and the pair falls back and runs a new round.
 const SAVE_EVERY_PAIR: Duration = Duration::from_millis(1);
 const SAVE_EVERY_MAX: Duration = Duration::from_secs(1);
+
+/// How long, and for how many peers at most, the state of a pair whose peer left the
+/// listing is kept for its return (`Manager::left`).
+const LEFT_KEPT_MS: u64 = 600_000;
+const LEFT_MAX: usize = 4096;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -141,6 +152,7 @@ impl Manager {
             unsaved: false,
             stored_at: None,
             restored,
+            left: BTreeMap::new(),
             listed: Vec::new(),
         }
     }
@@ -220,6 +232,7 @@ impl Manager {
             }
             match Exchange::new(&self.own, peer.public_key, ek.clone(), self.timing, now) {
                 Ok(mut ex) => {
+                    self.left.remove(&peer.public_key);
                     if let Some(saved) = self.restored.remove(&peer.public_key) {
                         ex.restore(saved.current, saved.next);
                     }
@@ -250,8 +263,10 @@ impl Manager {
             .copied()
             .collect();
         for key in gone {
+            self.keep_for_return(key, now);
             self.forget(key);
         }
+        self.prune_left(now);
         if let Ok(mut status) = self.status.lock() {
             let listed_keys: HashSet<PublicKey> = listed.iter().map(|p| p.public_key).collect();
             status.retain(|key, _| listed_keys.contains(key));
@@ -277,6 +292,7 @@ impl Manager {
             self.forget(key);
         }
         self.restored.clear();
+        self.left.clear();
         let listed = std::mem::take(&mut self.listed);
         self.set_peers(listed);
     }
@@ -307,7 +323,38 @@ impl Manager {
         }
     }
 
-    /// Drops `key`'s pair, its timers with it; the next publish drops its PSK.
+    /// Keeps the PSKs of `key`'s pair, whose peer left the listing, for its return.
+    fn keep_for_return(&mut self, key: PublicKey, now: u64) {
+        let Some(pair) = self.pairs.get_mut(&key) else {
+            return;
+        };
+        let kept = Kept {
+            current: pair.ex.psk(now).cloned(),
+            next: pair.ex.pending().cloned(),
+        };
+        if !kept.is_empty() {
+            debug!(peer = %pair.node, "post-quantum pair kept for the peer's return");
+            self.restored.insert(key, kept);
+            self.left.insert(key, now);
+        }
+    }
+
+    /// Drops what `left` holds past `LEFT_KEPT_MS`, and the oldest past `LEFT_MAX`.
+    fn prune_left(&mut self, now: u64) {
+        let mut by_age: Vec<(u64, PublicKey)> = self.left.iter().map(|(k, t)| (*t, *k)).collect();
+        by_age.sort_unstable();
+        let over = by_age.len().saturating_sub(LEFT_MAX);
+        for (i, (at, key)) in by_age.into_iter().enumerate() {
+            if i < over || now.saturating_sub(at) > LEFT_KEPT_MS {
+                self.left.remove(&key);
+                self.restored.remove(&key);
+                self.dirty.insert(key);
+            }
+        }
+    }
+
+    /// Drops `key`'s pair, its timers with it; the next publish drops its PSK (unless the
+    /// pair is kept for its peer's return).
     fn forget(&mut self, key: PublicKey) {
         if let Some(pair) = self.pairs.remove(&key) {
             self.timers.remove(&(pair.wake_at, key));

@@ -30,8 +30,17 @@ impl Manager {
         let mut status = self.status.lock().ok();
         for key in std::mem::take(&mut self.dirty) {
             let Some(pair) = self.pairs.get_mut(&key) else {
-                self.unsaved |= self.kept.remove(&key).is_some();
-                news.push((key, None));
+                // A peer that left is kept for its return: its PSK stays, saved too.
+                let waiting = (self.left.contains_key(&key))
+                    .then(|| self.restored.get(&key)?.in_force(now))
+                    .flatten();
+                match waiting {
+                    Some(i) => news.push((key, Some(secret(i, None)))),
+                    None => {
+                        self.unsaved |= self.kept.remove(&key).is_some();
+                        news.push((key, None));
+                    }
+                }
                 continue;
             };
             let installed = pair.ex.psk(now).cloned();
