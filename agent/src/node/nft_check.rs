@@ -54,16 +54,75 @@ impl Controller<'_> {
             {
                 Ok(r) => {
                     log_report(&r);
-                    if !r.changes.is_empty() {
-                        // Something changed the tables behind the agent: `weft doctor`
-                        // names it even after the tables are back.
-                        let now = crate::keys::rotation::ms(SystemTime::now());
-                        self.inputs.snapshot.update(|s| s.repaired(&r.changes, now));
-                    }
+                    self.record_repairs(&r.changes);
                     self.esp_lost(&r.esp_lost).await;
                 }
                 Err(e) => warn!(error = %e, "nftables check failed"),
             }
         }
+    }
+
+    /// Changes that put back what something else changed behind the agent: `weft doctor`
+    /// names them even after the tables are back.
+    pub(super) fn record_repairs(&self, changes: &[String]) {
+        if !changes.is_empty() {
+            let now = crate::keys::rotation::ms(SystemTime::now());
+            self.inputs.snapshot.update(|s| s.repaired(changes, now));
+        }
+    }
+}
+
+/// The nftables changes of a pass whose tables were planned as in the pass before
+/// (`last`): repairs, as the checks' are. A pass often puts a deleted table back before
+/// the check its event calls for gets to it.
+pub(super) fn pass_repairs(
+    last: Option<&weft_backends::model::DesiredState>,
+    state: &weft_backends::model::DesiredState,
+    changes: &[String],
+) -> Vec<String> {
+    let same = last.is_some_and(|l| l.masquerade == state.masquerade && l.guard == state.guard);
+    if !same {
+        return Vec::new();
+    }
+    changes
+        .iter()
+        .filter(|c| c.starts_with("replace nftables table"))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_backends::model::{DesiredState, Family, MasqueradeTable};
+
+    use super::pass_repairs;
+
+    fn with_table() -> DesiredState {
+        let mut s = DesiredState::default();
+        s.masquerade.push(MasqueradeTable {
+            family: Family::Ipv4,
+            table: "flannel-ipv4",
+            postrouting: Vec::new(),
+            forward: Vec::new(),
+        });
+        s
+    }
+
+    #[test]
+    fn a_pass_that_puts_back_a_table_planned_as_before_is_a_repair() {
+        let changes = vec![
+            "replace nftables table ip flannel-ipv4".to_string(),
+            "add route 10.244.1.0/24 dev flannel-wg".to_string(),
+        ];
+        let (before, now) = (with_table(), with_table());
+        assert_eq!(
+            pass_repairs(Some(&before), &now, &changes),
+            ["replace nftables table ip flannel-ipv4"]
+        );
+        // The first pass, and a pass whose tables' plan changed, repair nothing.
+        assert!(pass_repairs(None, &now, &changes).is_empty());
+        let mut changed = with_table();
+        changed.masquerade[0].table = "flannel-ipv6";
+        assert!(pass_repairs(Some(&before), &changed, &changes).is_empty());
     }
 }

@@ -76,6 +76,9 @@ impl Controller<'_> {
             plan_ms,
         };
         if let Ok(report) = &result {
+            let repairs =
+                super::nft_check::pass_repairs(self.last.as_ref(), &state, &report.changes);
+            self.record_repairs(&repairs);
             self.esp_lost(&report.esp_lost).await;
             self.roaming
                 .passed(&state, &report.endpoints_set, SystemTime::now());
