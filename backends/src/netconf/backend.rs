@@ -254,9 +254,9 @@ impl Backend {
     }
 }
 
-/// `PostQuantum` when the config does not say: off until the post-quantum exchange has
-/// its lab proofs on every encrypting backend.
-pub const POST_QUANTUM_DEFAULT: bool = false;
+/// `PostQuantum` when the config does not say: on, on every encrypting backend (a peer
+/// without it keeps its pairs classical, never down).
+pub const POST_QUANTUM_DEFAULT: bool = true;
 
 const WIREGUARD_KEYS: &[&str] = &[
     "Type",

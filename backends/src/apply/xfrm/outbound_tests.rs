@@ -46,10 +46,7 @@ fn a_superseded_outbound_state_goes_in_the_pass_its_successor_stands() {
         "{changes:#?}"
     );
     // Inbound states the plan left keep receiving for the grace.
-    let mut inbound = vec![
-        first.peers[0].inbound[0].spi,
-        next.peers[0].inbound[0].spi,
-    ];
+    let mut inbound = vec![first.peers[0].inbound[0].spi, next.peers[0].inbound[0].spi];
     inbound.sort_unstable();
     assert_eq!(spis(&mut k, 2, 1), inbound);
     installed_once(k.xfrm());
@@ -95,7 +92,11 @@ fn a_pair_that_left_the_plan_retires_its_outbound_state_after_the_grace() {
     let mut k = Kernel::with_grace(book(None, a.epoch), LONG);
     k.pass(&spec(&a, &[&b, &c]), &a.key);
     let (_, changes) = k.pass(&spec(&a, &[&b]), &a.key);
-    assert_eq!(spis(&mut k, 1, 3).len(), 1, "kept for the grace: {changes:#?}");
+    assert_eq!(
+        spis(&mut k, 1, 3).len(),
+        1,
+        "kept for the grace: {changes:#?}"
+    );
     let mut k = Kernel::new(book(None, a.epoch));
     k.pass(&spec(&a, &[&b, &c]), &a.key);
     k.pass(&spec(&a, &[&b]), &a.key);
