@@ -297,7 +297,7 @@ impl Log<'_> {
 }
 
 /// The states: missing ones installed (recorded first) unless installed before, stale ones
-/// removed after the grace. Returns the lost ones. A state the kernel
+/// retired (`retire`). Returns the lost ones. A state the kernel
 /// refuses is an error of its own: the others are installed and removed all the same,
 /// and its key, never installed, is not counted as installed.
 fn states<X: Xfrm>(
@@ -378,9 +378,23 @@ fn states<X: Xfrm>(
         // While a loss stands the agent starts a new epoch: until then it is reported again.
         memory.standing = Some(standing);
     }
+    retire(xfrm, memory, have, &outbound, local, log);
+    Ok(lost)
+}
+
+/// The states the plan left (`stale`): an outbound one as soon as its successor stands
+/// (`Outbound`), the others once they have been left for the grace.
+fn retire<X: Xfrm>(
+    xfrm: &mut X,
+    memory: &mut StateMemory,
+    stale: BTreeMap<(Ipv4Addr, u32), &SaSpec>,
+    outbound: &Outbound,
+    local: Ipv4Addr,
+    log: &mut Log<'_>,
+) {
     let now = Instant::now();
-    memory.retiring.retain(|k, _| have.contains_key(k));
-    for (k, stale) in have {
+    memory.retiring.retain(|k, _| stale.contains_key(k));
+    for (k, stale) in stale {
         if stale.src == local {
             match outbound.after(stale.reqid) {
                 Superseded::Now => {
@@ -404,7 +418,6 @@ fn states<X: Xfrm>(
             format!("removed {stale:?}: not in the plan")
         });
     }
-    Ok(lost)
 }
 
 /// The outbound states of a pass: the pairs that plan one, and those whose planned one

@@ -348,10 +348,11 @@ impl Exchange {
     pub fn poll(&mut self, now: u64) -> Result<Poll, Refused> {
         let timing = self.timing;
         if let State::Idle { next_at } = self.state {
-            match self.gap_until().filter(|t| now < *t) {
-                _ if now < next_at => {}
-                Some(later) => self.state = State::Idle { next_at: later },
-                None => self.begin(now)?,
+            if now >= next_at {
+                match self.gap_until().filter(|t| now < *t) {
+                    Some(later) => self.state = State::Idle { next_at: later },
+                    None => self.begin(now)?,
+                }
             }
         }
         if let State::Offered { round, .. } = self.state {
