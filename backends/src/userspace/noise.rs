@@ -38,6 +38,10 @@ pub struct Noise {
     /// pair whose handshakes go unanswered (a wrong endpoint or PSK from the start, no
     /// session ever made) shows as sending, and the liveness watcher finds it dead.
     pub handshake_tx: usize,
+    /// Bytes (sent, received) of the `Tunn`s this peer had before: `wg show`'s transfer
+    /// counts never go back (kernel WireGuard's are the peer's, across its sessions), nor
+    /// do the `/metrics` counters read from them.
+    carried: (usize, usize),
 }
 
 /// Whether `tunn` holds an established session.
@@ -53,6 +57,7 @@ impl Noise {
             retiring: None,
             retired_index: None,
             handshake_tx: 0,
+            carried: (0, 0),
         }
     }
 
@@ -62,18 +67,32 @@ impl Noise {
     pub fn replace(&mut self, index: u32) -> Vec<u32> {
         let old_index = std::mem::replace(&mut self.index, index);
         let mut freed: Vec<u32> = self.retired_index.take().into_iter().collect();
-        match self.tunn.take().filter(|t| established(t)) {
-            Some(tunn) => {
-                freed.extend(self.retiring.take().map(|r| r.index));
+        match self.tunn.take() {
+            Some(tunn) if established(&tunn) => {
+                if let Some(r) = self.retiring.take() {
+                    self.carry(&r.tunn);
+                    freed.push(r.index);
+                }
                 self.retiring = Some(Retiring {
                     index: old_index,
                     tunn,
                     since: Instant::now(),
                 });
             }
-            None => freed.push(old_index),
+            dropped => {
+                if let Some(tunn) = dropped {
+                    self.carry(&tunn);
+                }
+                freed.push(old_index);
+            }
         }
         freed
+    }
+
+    /// Adds the bytes of `tunn`, going now, to what this peer carried.
+    fn carry(&mut self, tunn: &Tunn) {
+        let (_, tx, rx, _, _) = tunn.stats();
+        self.carried = (self.carried.0 + tx, self.carried.1 + rx);
     }
 
     /// The `Tunn` whose session index is `receiver >> 8`.
@@ -106,20 +125,27 @@ impl Noise {
             .as_deref()
             .is_some_and(|t| established(t) && t.stats().2 > 0);
         if taken_over || r.since.elapsed() >= REJECT_AFTER {
-            self.retired_index = self.retiring.take().map(|r| r.index);
+            if let Some(r) = self.retiring.take() {
+                self.carry(&r.tunn);
+                self.retired_index = Some(r.index);
+            }
         }
     }
 
-    /// What `wg show` reports: the session in use (handshake age, bytes), and the
-    /// handshake messages sent.
+    /// What `wg show` reports: the handshake of the session in use, and the bytes sent
+    /// (handshake messages included) and received over every `Tunn` the peer had.
     pub fn stats(&self) -> (Option<Duration>, usize, usize) {
         let current = self.tunn.as_deref().map(Tunn::stats);
-        let in_use = match (&current, &self.retiring) {
-            (Some(c), _) if c.0.is_some() => current,
-            (_, Some(r)) => Some(r.tunn.stats()),
-            _ => current,
+        let retiring = self.retiring.as_ref().map(|r| r.tunn.stats());
+        let since = match (&current, &retiring) {
+            (Some(c), _) if c.0.is_some() => c.0,
+            (_, Some(r)) => r.0,
+            _ => None,
         };
-        let (since, tx, rx) = in_use.map_or((None, 0, 0), |(since, tx, rx, _, _)| (since, tx, rx));
+        let (tx, rx) = [current, retiring]
+            .into_iter()
+            .flatten()
+            .fold(self.carried, |(tx, rx), s| (tx + s.1, rx + s.2));
         (since, tx + self.handshake_tx, rx)
     }
 

@@ -578,4 +578,90 @@ mod tests {
         let b_staged = node(&b, &a_new);
         assert!(deliver(&b_staged, &init).is_some());
     }
+
+    /// The transfer counts `wg show` reports never go back: a PSK change's new `Tunn`
+    /// starts at zero, and the peer's counts still hold what the one before carried,
+    /// before and after it retires.
+    #[test]
+    fn a_psk_change_keeps_the_peers_transfer_counts() {
+        use boringtun::noise::TunnResult;
+        let secret = |n: u8| StaticSecret::from([n; 32]);
+        let (a_key, b_key) = (secret(1), secret(2));
+        let mut a = node(&a_key, &b_key);
+        let mut b = node(&b_key, &a_key);
+        let peer_b = a.peers.values().next().cloned().unwrap();
+        let peer_a = b.peers.values().next().cloned().unwrap();
+        let mut buf = vec![0u8; 2048];
+        let initiation = |state: &State, peer: &Arc<Peer>, buf: &mut [u8]| {
+            let mut noise = lock(&peer.noise);
+            let tunn = state.session(&mut noise, peer).unwrap();
+            match tunn.format_handshake_initiation(buf, false) {
+                TunnResult::WriteToNetwork(p) => p.to_vec(),
+                _ => panic!("no initiation"),
+            }
+        };
+        let handshake = |a: &State, b: &State, buf: &mut [u8]| {
+            let response = deliver(b, &initiation(a, &peer_b, buf)).expect("b answers");
+            let confirm = deliver(a, &response).expect("a confirms");
+            assert!(deliver(b, &confirm).is_none());
+        };
+        // `from` sends a pod packet to its peer `via` on the session in use; the other side,
+        // whose peer is `to`, takes it.
+        let send = |from: &State, via: &Arc<Peer>, to: &Arc<Peer>, buf: &mut [u8]| {
+            let mut p = vec![0u8; 40];
+            p[0] = 0x45;
+            p[3] = 40;
+            let sent = {
+                let mut noise = lock(&via.noise);
+                match from.sending(&mut noise, via).unwrap().encapsulate(&p, buf) {
+                    TunnResult::WriteToNetwork(p) => p.to_vec(),
+                    _ => panic!("no packet sent"),
+                }
+            };
+            let mut noise = lock(&to.noise);
+            let mut out = vec![0u8; 2048];
+            let receiver = u32::from_le_bytes([sent[4], sent[5], sent[6], sent[7]]);
+            assert!(matches!(
+                noise
+                    .for_receiver(receiver)
+                    .unwrap()
+                    .decapsulate(None, &sent, &mut out),
+                TunnResult::WriteToTunnelV4(..)
+            ));
+        };
+        handshake(&a, &b, &mut buf);
+        send(&a, &peer_b, &peer_a, &mut buf);
+        send(&b, &peer_a, &peer_b, &mut buf);
+        let counts = |state: &State| {
+            let (_, tx, rx) = lock(&state.peers.values().next().unwrap().noise).stats();
+            (tx, rx)
+        };
+        let before = counts(&a);
+        assert!(before.0 > 0 && before.1 > 0, "{before:?}");
+
+        let psk = PeerConfig {
+            psk: Some([7; 32]),
+            ..with(&["10.0.0.0/24"])
+        };
+        a.upsert(PublicKey::from(&b_key).to_bytes(), psk.clone(), None);
+        b.upsert(PublicKey::from(&a_key).to_bytes(), psk, None);
+        assert_eq!(
+            counts(&a),
+            before,
+            "the new Tunn starts at zero; the peer does not"
+        );
+        handshake(&a, &b, &mut buf);
+        send(&a, &peer_b, &peer_a, &mut buf);
+        send(&b, &peer_a, &peer_b, &mut buf);
+        lock(&peer_b.noise).retire();
+        assert!(
+            lock(&peer_b.noise).retiring.is_none(),
+            "b sent on the new session"
+        );
+        let after = counts(&a);
+        assert!(
+            after.0 > before.0 && after.1 > before.1,
+            "{before:?} then {after:?}"
+        );
+    }
 }
