@@ -1,14 +1,20 @@
 //! A lab at rest: with `Backend.PostQuantum` on, each agent's first rounds complete a
 //! second or two after it starts, and the pass that puts their PSKs on the device makes
 //! every pair handshake anew. A test of what happens to a settled mesh (a fault, an
-//! outage, a count of data-plane writes) begins after that, not across it.
+//! outage, a count of data-plane writes) begins after that, not across it: a handshake
+//! still under way would, say, put back an endpoint the test just set wrong (the peer's
+//! message roams it), and the fault would never be seen.
 
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
+use weft_backends::apply::wireguard::uapi::parse_get;
 
-use super::Lab;
+use super::{Lab, Node};
+use crate::bench::log_time;
 
 /// An agent with post-quantum rounds logs this once, at start.
 const KEM_KEY: &str = "ML-KEM-768 key";
@@ -42,6 +48,57 @@ pub fn rounds(log: &str) -> Option<Rounds> {
     Some(Rounds { protected, applied })
 }
 
+/// When each peer (`(device, public key)`) last got a new PSK (or keepalive: either makes
+/// the userspace device handshake anew) on the device, from the agent's `data plane
+/// change=<device>: update peer <node> (<key>): … psk (new)` lines.
+pub fn psk_changes(log: &str) -> BTreeMap<(String, String), SystemTime> {
+    let anew = |l: &&str| {
+        [" psk (new)", " psk removed", " keepalive "]
+            .iter()
+            .any(|c| l.contains(c))
+    };
+    let mut at = BTreeMap::new();
+    for line in log.lines().filter(anew) {
+        let Some(change) = line.split(" data plane change=").nth(1) else {
+            continue;
+        };
+        let Some((device, rest)) = change.split_once(": update peer ") else {
+            continue;
+        };
+        let key = rest.split_once(" (").and_then(|(_, k)| k.split_once(')'));
+        if let (Some((key, _)), Some(t)) = (key, log_time(line)) {
+            at.insert((device.to_string(), key.to_string()), t);
+        }
+    }
+    at
+}
+
+/// The last handshake of each peer of `node`'s userspace device `device`, to the
+/// nanosecond (`wg show` gives whole seconds), from its UAPI socket.
+fn handshakes(node: &Node, device: &str) -> anyhow::Result<BTreeMap<String, SystemTime>> {
+    let path = node.dir.join(format!("run/wireguard/{device}.sock"));
+    let mut stream =
+        UnixStream::connect(&path).with_context(|| format!("connecting {}", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"get=1\n\n")?;
+    let mut answer = String::new();
+    let mut reader = BufReader::new(stream);
+    while !answer.lines().any(|l| l.starts_with("errno=")) {
+        if reader.read_line(&mut answer)? == 0 {
+            bail!("{} closed before its answer ended", path.display());
+        }
+    }
+    let device = parse_get(&answer).with_context(|| format!("the answer of {}", path.display()))?;
+    Ok((device.peers.into_iter())
+        .filter_map(|(key, peer)| {
+            Some((
+                key.to_string(),
+                SystemTime::UNIX_EPOCH + peer.last_handshake?,
+            ))
+        })
+        .collect())
+}
+
 impl Lab {
     /// Waits until every agent with post-quantum rounds has a PSK in force with every
     /// other such agent, and has applied it. Labs whose agents run none return at once.
@@ -58,12 +115,53 @@ impl Lab {
                 .map(|(i, r)| format!("node {}: {r:?}", i + 1))
                 .collect();
             if unsettled.is_empty() {
-                return Ok(());
+                return self.settle_handshakes(deadline, within);
             }
             if Instant::now() > deadline {
                 bail!(
                     "post-quantum pairs not protected within {within:?} of the agents' start \
                      ({peers} peers each): {unsettled:?}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Lab {
+    /// Waits until every peer of a userspace device that got a new PSK has handshaken
+    /// under it (its new session is the one in use). Kernel WireGuard keeps its session
+    /// and uses a new PSK from the next handshake on: nothing to wait for there.
+    fn settle_handshakes(&self, deadline: Instant, within: Duration) -> anyhow::Result<()> {
+        loop {
+            let mut pending = Vec::new();
+            for (i, node) in self.nodes.iter().enumerate() {
+                if self.implementation(i) != Some("userspace") {
+                    continue;
+                }
+                let log = std::fs::read_to_string(node.agent_log()).unwrap_or_default();
+                let mut devices: BTreeMap<String, BTreeMap<String, SystemTime>> = BTreeMap::new();
+                for ((device, key), changed) in psk_changes(&log) {
+                    if !devices.contains_key(&device) {
+                        devices.insert(device.clone(), handshakes(node, &device)?);
+                    }
+                    match devices[&device].get(&key) {
+                        Some(hs) if *hs >= changed => {}
+                        hs => pending.push(format!(
+                            "node {}: {device} peer {key}: PSK at {changed:?}, handshake {hs:?}",
+                            i + 1
+                        )),
+                    }
+                }
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "peers not handshaken under their new PSK within {within:?} of the agents' \
+                     start: {pending:?}\n{}",
                     self.logs()
                 );
             }
@@ -92,5 +190,19 @@ INFO weft::pq::manager::publish: post-quantum PSK in force peer=10.244.8.0-24 ro
         assert!(!r.applied, "no pass after the second PSK");
         let r = rounds(&format!("{log}\nINFO x: reconciled pass=7 writes=1")).unwrap();
         assert!(r.applied);
+    }
+
+    #[test]
+    fn each_peers_last_psk_change_is_read_with_its_device() {
+        let log = "\
+2026-11-28T06:28:11.204952Z  INFO weft::node::error_policy: data plane change=flannel-wg: update peer 10.244.71.0-24 (QcaS=): psk (new)
+2026-11-28T06:28:11.300000Z  INFO weft::node::error_policy: data plane change=flannel-wg: add peer 10.244.8.0-24 (AAAA=) endpoint 198.51.100.3:51820 allowed 10.244.8.0/24
+2026-11-28T06:28:12.500000Z  INFO weft::node::error_policy: data plane change=flannel-wg: update peer 10.244.71.0-24 (QcaS=): psk (new)
+2026-11-28T06:28:12.600000Z  INFO weft::node::error_policy: data plane change=flannel-wg-v6: update peer 10.244.9.0-24 (BBBB=): endpoint 198.51.100.4:51820 psk (new)";
+        let at = psk_changes(log);
+        let keys: Vec<_> = at.keys().map(|(d, k)| format!("{d} {k}")).collect();
+        assert_eq!(keys, ["flannel-wg QcaS=", "flannel-wg-v6 BBBB="]);
+        let t = at[&("flannel-wg".to_string(), "QcaS=".to_string())];
+        assert_eq!(Some(t), log_time("2026-11-28T06:28:12.500000Z x"));
     }
 }
