@@ -50,23 +50,28 @@ pub fn rounds(log: &str) -> Option<Rounds> {
 
 /// When each peer (`(device, public key)`) last got a new PSK (or keepalive: either makes
 /// the userspace device handshake anew) on the device, from the agent's `data plane
-/// change=<device>: update peer <node> (<key>): … psk (new)` lines.
+/// change=<device>: update peer <node> (<key>): … psk (new)` lines. A pass logs its changes
+/// as it ends, and the device may have handshaken under the new PSK before that: the
+/// moment given is the line before the pass's changes (`plan updated`, say), which the pass
+/// followed.
 pub fn psk_changes(log: &str) -> BTreeMap<(String, String), SystemTime> {
-    let anew = |l: &&str| {
+    let anew = |l: &str| {
         [" psk (new)", " psk removed", " keepalive "]
             .iter()
             .any(|c| l.contains(c))
     };
     let mut at = BTreeMap::new();
-    for line in log.lines().filter(anew) {
+    let mut before_pass = None;
+    for line in log.lines() {
         let Some(change) = line.split(" data plane change=").nth(1) else {
+            before_pass = log_time(line).or(before_pass);
             continue;
         };
         let Some((device, rest)) = change.split_once(": update peer ") else {
             continue;
         };
         let key = rest.split_once(" (").and_then(|(_, k)| k.split_once(')'));
-        if let (Some((key, _)), Some(t)) = (key, log_time(line)) {
+        if let (true, Some((key, _)), Some(t)) = (anew(rest), key, before_pass.or(log_time(line))) {
             at.insert((device.to_string(), key.to_string()), t);
         }
     }
@@ -195,14 +200,20 @@ INFO weft::pq::manager::publish: post-quantum PSK in force peer=10.244.8.0-24 ro
     #[test]
     fn each_peers_last_psk_change_is_read_with_its_device() {
         let log = "\
+2026-11-28T06:28:11.100000Z  INFO weft::node::error_policy: plan updated tunnels=1 peers=2 routes=3 left_out=0
 2026-11-28T06:28:11.204952Z  INFO weft::node::error_policy: data plane change=flannel-wg: update peer 10.244.71.0-24 (QcaS=): psk (new)
 2026-11-28T06:28:11.300000Z  INFO weft::node::error_policy: data plane change=flannel-wg: add peer 10.244.8.0-24 (AAAA=) endpoint 198.51.100.3:51820 allowed 10.244.8.0/24
+2026-11-28T06:28:12.400000Z  INFO weft::pq::manager::publish: post-quantum PSK in force peer=10.244.71.0-24
 2026-11-28T06:28:12.500000Z  INFO weft::node::error_policy: data plane change=flannel-wg: update peer 10.244.71.0-24 (QcaS=): psk (new)
 2026-11-28T06:28:12.600000Z  INFO weft::node::error_policy: data plane change=flannel-wg-v6: update peer 10.244.9.0-24 (BBBB=): endpoint 198.51.100.4:51820 psk (new)";
         let at = psk_changes(log);
         let keys: Vec<_> = at.keys().map(|(d, k)| format!("{d} {k}")).collect();
         assert_eq!(keys, ["flannel-wg QcaS=", "flannel-wg-v6 BBBB="]);
         let t = at[&("flannel-wg".to_string(), "QcaS=".to_string())];
-        assert_eq!(Some(t), log_time("2026-11-28T06:28:12.500000Z x"));
+        assert_eq!(
+            Some(t),
+            log_time("2026-11-28T06:28:12.400000Z x"),
+            "the line before the pass's changes"
+        );
     }
 }
