@@ -1,11 +1,14 @@
 //! Data-plane benchmark: two nodes, one pod each, one TCP flow pod to pod (SHA-256 at both
-//! ends, and iperf3 with the machine's CPU per Gbit/s), the RTT (median of 20 pings) and
-//! the pod MTU, for weft's three backends in the lab and for
-//! references configured by hand on namespaces of the same shape: a raw veth pair between
-//! the two pods, kernel vxlan, wireguard-go and boringtun-cli. Runs are interleaved (every
-//! setup once per round), each setup fresh; the table gives medians and ratios.
+//! ends, and iperf3 with the machine's CPU per Gbit/s), four flows at once (iperf3 `-P 4`),
+//! the RTT (median of 20 pings) and the pod MTU, for weft's three backends in the lab and
+//! for references configured by hand on namespaces of the same shape: a raw veth pair
+//! between the two pods, kernel vxlan, wireguard-go and boringtun-cli. Runs are interleaved
+//! (every setup once per round), each setup fresh; the table gives medians and ratios.
+//! `--baseline <weft binary>` adds an earlier build's userspace WireGuard beside this one
+//! (a change's effect, side by side), `--only-wireguard` leaves out every setup but raw veth
+//! and the userspace WireGuard ones.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,20 +19,91 @@ use super::median;
 use crate::lab::{in_ns, in_ns_private_mounts, run as run_cmd, Lab, LabConfig};
 use crate::live_demo::{median_rtt_ms, transfer};
 
-const SETUPS: [&str; 7] = [
-    "raw veth (pod to pod, no hop)",
-    "kernel vxlan (by hand)",
-    "weft host-gw",
-    "weft vxlan",
-    "wireguard-go (by hand)",
-    "boringtun-cli (by hand)",
-    "weft wireguard (userspace)",
-];
+/// One setup of the table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Setup {
+    RawVeth,
+    KernelVxlan,
+    WeftHostGw,
+    WeftVxlan,
+    WireguardGo,
+    BoringtunCli,
+    WeftWireguard,
+    /// `--baseline`'s build of weft, userspace WireGuard.
+    Baseline,
+}
+
+impl Setup {
+    fn name(self) -> &'static str {
+        match self {
+            Setup::RawVeth => "raw veth (pod to pod, no hop)",
+            Setup::KernelVxlan => "kernel vxlan (by hand)",
+            Setup::WeftHostGw => "weft host-gw",
+            Setup::WeftVxlan => "weft vxlan",
+            Setup::WireguardGo => "wireguard-go (by hand)",
+            Setup::BoringtunCli => "boringtun-cli (by hand)",
+            Setup::WeftWireguard => "weft wireguard (userspace)",
+            Setup::Baseline => "weft wireguard (userspace), baseline build",
+        }
+    }
+
+    fn measure(self, opts: &Options, weft: &Path) -> anyhow::Result<Sample> {
+        let bytes = opts.bytes;
+        match self {
+            Setup::RawVeth => raw_veth(bytes),
+            Setup::KernelVxlan => by_hand(bytes, &kernel_vxlan),
+            Setup::WeftHostGw => weft_setup(weft, "host-gw", bytes),
+            Setup::WeftVxlan => weft_setup(weft, "vxlan", bytes),
+            Setup::WireguardGo => by_hand(bytes, &userspace_wg("wireguard-go wg0")),
+            Setup::BoringtunCli => by_hand(
+                bytes,
+                &userspace_wg("boringtun-cli wg0 --disable-drop-privileges"),
+            ),
+            Setup::WeftWireguard => weft_setup(weft, "wireguard", bytes),
+            Setup::Baseline => match &opts.baseline {
+                Some(old) => weft_setup(old, "wireguard", bytes),
+                None => bail!("no --baseline build"),
+            },
+        }
+    }
+}
+
+/// What `scripts/bench data-plane` was asked for.
+pub struct Options {
+    pub runs: usize,
+    pub bytes: u64,
+    /// An earlier build of weft, measured beside this one.
+    pub baseline: Option<PathBuf>,
+    /// Raw veth and the userspace WireGuard setups only.
+    pub only_wireguard: bool,
+}
+
+impl Options {
+    fn setups(&self) -> Vec<Setup> {
+        let mut setups = vec![Setup::RawVeth];
+        if !self.only_wireguard {
+            setups.extend([
+                Setup::KernelVxlan,
+                Setup::WeftHostGw,
+                Setup::WeftVxlan,
+                Setup::WireguardGo,
+                Setup::BoringtunCli,
+            ]);
+        }
+        if self.baseline.is_some() {
+            setups.push(Setup::Baseline);
+        }
+        setups.push(Setup::WeftWireguard);
+        setups
+    }
+}
 
 struct Sample {
     mib_s: f64,
     rtt_ms: f64,
     flow: Flow,
+    /// Four flows at once: their sum.
+    flows4: Flow,
     mtu: u32,
 }
 
@@ -47,7 +121,8 @@ fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyho
     Ok(Sample {
         mib_s,
         rtt_ms,
-        flow: iperf::flow(from, to_ns, to)?,
+        flow: iperf::flow(from, to_ns, to, 1)?,
+        flows4: iperf::flow(from, to_ns, to, 4)?,
         mtu: iperf::pod_mtu(from)?,
     })
 }
@@ -217,68 +292,79 @@ fn userspace_wg(
     }
 }
 
-/// Runs every setup `runs` times, interleaved; returns the table.
-pub fn run(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
-    let mut samples: Vec<Vec<Sample>> = SETUPS.iter().map(|_| Vec::new()).collect();
+/// Runs every setup `opts.runs` times, interleaved; returns the table. Ratios are to raw
+/// veth, and to wireguard-go (or, without it, to the baseline build) when measured.
+pub fn run(weft: &Path, opts: &Options) -> anyhow::Result<String> {
+    let setups = opts.setups();
+    let runs = opts.runs;
+    let mut samples: Vec<Vec<Sample>> = setups.iter().map(|_| Vec::new()).collect();
     for round in 0..runs {
-        for (i, name) in SETUPS.iter().enumerate() {
-            eprintln!("data plane: round {} of {runs}: {name}", round + 1);
-            let s = match i {
-                0 => raw_veth(bytes),
-                1 => by_hand(bytes, &kernel_vxlan),
-                2 => weft_setup(weft, "host-gw", bytes),
-                3 => weft_setup(weft, "vxlan", bytes),
-                4 => by_hand(bytes, &userspace_wg("wireguard-go wg0")),
-                5 => by_hand(
-                    bytes,
-                    &userspace_wg("boringtun-cli wg0 --disable-drop-privileges"),
-                ),
-                _ => weft_setup(weft, "wireguard", bytes),
-            }
-            .with_context(|| format!("{name}, round {}", round + 1))?;
+        for (i, setup) in setups.iter().enumerate() {
+            eprintln!(
+                "data plane: round {} of {runs}: {}",
+                round + 1,
+                setup.name()
+            );
+            let s = (setup.measure(opts, weft))
+                .with_context(|| format!("{}, round {}", setup.name(), round + 1))?;
             samples[i].push(s);
         }
     }
     let med = |v: &[Sample], f: fn(&Sample) -> f64| {
         median(&v.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
     };
+    let of = |setup: Setup| {
+        setups
+            .iter()
+            .position(|s| *s == setup)
+            .map(|i| &samples[i][..])
+    };
+    let reference = of(Setup::WireguardGo)
+        .map(|s| ("wireguard-go", s))
+        .or_else(|| of(Setup::Baseline).map(|s| ("baseline", s)));
     let base = med(&samples[0], |s| s.mib_s);
-    let wg_go = med(&samples[4], |s| s.mib_s);
-    let (base_rtt, wg_go_flow) = (
-        med(&samples[0], |s| s.rtt_ms),
-        med(&samples[4], |s| s.flow.gbit_s),
-    );
+    let base_rtt = med(&samples[0], |s| s.rtt_ms);
+    let (ref_name, ref_mib, ref_flow) = match reference {
+        Some((name, s)) => (name, med(s, |s| s.mib_s), med(s, |s| s.flow.gbit_s)),
+        None => ("-", f64::NAN, f64::NAN),
+    };
     let mut out = format!(
-        "| setup | throughput, median of {runs} (MiB/s) | vs raw veth | vs wireguard-go | RTT, median (ms) | runs (MiB/s) |\n| --- | ---: | ---: | ---: | ---: | --- |\n"
+        "| setup | throughput, median of {runs} (MiB/s) | vs raw veth | vs {ref_name} | RTT, median (ms) | runs (MiB/s) |\n| --- | ---: | ---: | ---: | ---: | --- |\n"
     );
     let mut flows = format!(
-        "\n| setup | one TCP flow, iperf3, median of {runs} (Gbit/s) | vs wireguard-go | CPU (cores per Gbit/s) | RTT added over veth (µs) | pod MTU | runs (Gbit/s) |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n"
+        "\n| setup | one TCP flow, iperf3, median of {runs} (Gbit/s) | vs {ref_name} | CPU (cores per Gbit/s) | four flows (Gbit/s) | four / one | RTT added over veth (µs) | pod MTU | runs, one flow (Gbit/s) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n"
     );
-    for (i, name) in SETUPS.iter().enumerate() {
-        let t = med(&samples[i], |s| s.mib_s);
-        let r = med(&samples[i], |s| s.rtt_ms);
-        let all: Vec<String> = samples[i]
-            .iter()
-            .map(|s| format!("{:.0}", s.mib_s))
-            .collect();
+    // A ratio, or a dash where its reference was not measured.
+    let ratio = |a: f64, b: f64| match (a / b).is_finite() {
+        true => format!("{:.2}", a / b),
+        false => "-".to_string(),
+    };
+    let list = |v: &[Sample], f: fn(&Sample) -> f64, digits: usize| {
+        v.iter()
+            .map(|s| format!("{:.*}", digits, f(s)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (setup, v) in setups.iter().zip(&samples) {
+        let name = setup.name();
+        let t = med(v, |s| s.mib_s);
+        let r = med(v, |s| s.rtt_ms);
         out += &format!(
-            "| {name} | {t:.0} | {:.2} | {:.2} | {r:.3} | {} |\n",
-            t / base,
-            t / wg_go,
-            all.join(", ")
+            "| {name} | {t:.0} | {} | {} | {r:.3} | {} |\n",
+            ratio(t, base),
+            ratio(t, ref_mib),
+            list(v, |s| s.mib_s, 0)
         );
-        let g = med(&samples[i], |s| s.flow.gbit_s);
-        let cpu = med(&samples[i], |s| s.flow.cores_per_gbit_s);
-        let mtu = med(&samples[i], |s| f64::from(s.mtu));
-        let all: Vec<String> = samples[i]
-            .iter()
-            .map(|s| format!("{:.2}", s.flow.gbit_s))
-            .collect();
+        let g = med(v, |s| s.flow.gbit_s);
+        let g4 = med(v, |s| s.flows4.gbit_s);
+        let cpu = med(v, |s| s.flow.cores_per_gbit_s);
+        let mtu = med(v, |s| f64::from(s.mtu));
         flows += &format!(
-            "| {name} | {g:.2} | {:.2} | {cpu:.2} | {:.0} | {mtu:.0} | {} |\n",
-            g / wg_go_flow,
+            "| {name} | {g:.2} | {} | {cpu:.2} | {g4:.2} | {} | {:.0} | {mtu:.0} | {} |\n",
+            ratio(g, ref_flow),
+            ratio(g4, g),
             (r - base_rtt) * 1000.0,
-            all.join(", ")
+            list(v, |s| s.flow.gbit_s, 2)
         );
     }
     Ok(out + &flows)

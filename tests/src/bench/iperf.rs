@@ -47,8 +47,9 @@ fn listening(ns: &str, port: u16) -> bool {
         .unwrap_or(false)
 }
 
-/// Runs one iperf3 TCP flow from `from` to `to` (a server in `to_ns`).
-pub fn flow(from: &str, to_ns: &str, to: Ipv4Addr) -> anyhow::Result<Flow> {
+/// Runs `parallel` iperf3 TCP flows at once from `from` to `to` (a server in `to_ns`):
+/// their sum.
+pub fn flow(from: &str, to_ns: &str, to: Ipv4Addr, parallel: u32) -> anyhow::Result<Flow> {
     in_ns(to_ns, &format!("iperf3 -s -1 -D -p {PORT}"))
         .context("starting iperf3's server (apt-get install iperf3)")?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -60,8 +61,11 @@ pub fn flow(from: &str, to_ns: &str, to: Ipv4Addr) -> anyhow::Result<Flow> {
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let (busy0, total0) = cpu_jiffies()?;
-    let out = in_ns(from, &format!("iperf3 -c {to} -p {PORT} -t {SECS} -J"))
-        .context("running iperf3's client")?;
+    let out = in_ns(
+        from,
+        &format!("iperf3 -c {to} -p {PORT} -t {SECS} -P {parallel} -J"),
+    )
+    .context("running iperf3's client")?;
     let (busy1, total1) = cpu_jiffies()?;
     let report: serde_json::Value = serde_json::from_str(&out).context("iperf3's JSON report")?;
     let bits = report["end"]["sum_received"]["bits_per_second"]

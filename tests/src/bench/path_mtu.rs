@@ -63,10 +63,10 @@ fn one_run(weft: &std::path::Path, drop_icmp: bool) -> anyhow::Result<Run> {
     wait_route_mtu(&lab, 1328, Duration::from_secs(10))?;
     let pod = |n: usize| &lab.nodes[n].pods[0];
     let ip4 = |n: usize| -> anyhow::Result<std::net::Ipv4Addr> { Ok(pod(n).ip) };
-    let wide = iperf::flow(&pod(0).ns, &pod(1).ns, ip4(1)?)?.gbit_s;
+    let wide = iperf::flow(&pod(0).ns, &pod(1).ns, ip4(1)?, 1)?.gbit_s;
     narrow::count_fragments(&lab.tag)?;
-    let across = iperf::flow(&pod(0).ns, &pod(2).ns, ip4(2)?)?.gbit_s;
-    let back = iperf::flow(&pod(2).ns, &pod(0).ns, ip4(0)?)?.gbit_s;
+    let across = iperf::flow(&pod(0).ns, &pod(2).ns, ip4(2)?, 1)?.gbit_s;
+    let back = iperf::flow(&pod(2).ns, &pod(0).ns, ip4(0)?, 1)?.gbit_s;
     let fragments = narrow::fragments(&lab.tag)?;
     let oversized = in_ns(
         &pod(0).ns,

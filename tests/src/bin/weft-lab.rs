@@ -3,7 +3,7 @@
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
-//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--kernel | --vm]`, `weft-lab bench path-mtu
+//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--only-wireguard] [--baseline WEFT] [--kernel | --vm]`, `weft-lab bench path-mtu
 //!   [--runs 3]`, `weft-lab bench liveness [--runs 3]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
 //!   benchmarks of BENCHMARKS.md.
@@ -152,7 +152,21 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             let table = if args.iter().any(|a| a == "--kernel") {
                 weft_lab::bench::data_plane::run_kernel(&weft, runs, bytes)?
             } else {
-                weft_lab::bench::data_plane::run(&weft, runs, bytes)?
+                let baseline = opt(args, "--baseline").map(std::path::PathBuf::from);
+                if let Some(b) = &baseline {
+                    anyhow::ensure!(
+                        b.is_file(),
+                        "--baseline: {} is not a weft binary",
+                        b.display()
+                    );
+                }
+                let opts = weft_lab::bench::data_plane::Options {
+                    runs,
+                    bytes,
+                    baseline,
+                    only_wireguard: args.iter().any(|a| a == "--only-wireguard"),
+                };
+                weft_lab::bench::data_plane::run(&weft, &opts)?
             };
             print!("{table}");
             Ok(())
