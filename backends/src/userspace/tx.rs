@@ -28,7 +28,11 @@ pub fn padded_len(len: usize, mtu: usize) -> usize {
 
 /// Encrypted datagrams to one endpoint, back to back, all `stride` bytes but the last.
 struct Batch {
+    /// Allocated (and zeroed) once: datagrams are encrypted straight into it, and only its
+    /// first `len` bytes are the batch (no per-packet resize, which would zero each
+    /// datagram's room before boringtun overwrites it).
     buf: Vec<u8>,
+    len: usize,
     /// A packet padded with zeros to `padded_len`, when it must be.
     padded: Vec<u8>,
     stride: usize,
@@ -42,7 +46,8 @@ struct Batch {
 impl Batch {
     fn new() -> Batch {
         Batch {
-            buf: Vec::with_capacity(MAX_GSO_BYTES + HANDSHAKE_INIT + 64),
+            buf: vec![0; MAX_GSO_BYTES + HANDSHAKE_INIT + 64],
+            len: 0,
             padded: Vec::with_capacity(65_536),
             stride: 0,
             count: 0,
@@ -53,11 +58,11 @@ impl Batch {
 
     fn send(&mut self, udp: &Udp, to: &mut Endpoint) {
         if self.count > 0 {
-            if let Err(e) = udp.send_batch(to, &self.buf, self.stride) {
+            if let Err(e) = udp.send_batch(to, &self.buf[..self.len], self.stride) {
                 tracing::debug!(to = %to.to, error = %e, "sending to a peer failed");
             }
         }
-        self.buf.clear();
+        self.len = 0;
         self.count = 0;
         self.stride = 0;
         self.closed = false;
@@ -88,12 +93,14 @@ impl Batch {
     /// handshake message `encapsulate` writes instead goes out on its own.
     fn seal(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: &mut Endpoint) {
         let room = (segment.len() + OVERHEAD + 16).max(HANDSHAKE_INIT);
-        if self.closed || self.count == MAX_SEGMENTS || self.buf.len() + room > MAX_GSO_BYTES {
+        if self.closed || self.count == MAX_SEGMENTS || self.len + room > MAX_GSO_BYTES {
             self.send(udp, to);
         }
-        let start = self.buf.len();
-        self.buf.resize(start + room, 0);
-        let written = match tunn.encapsulate(segment, &mut self.buf[start..]) {
+        let start = self.len;
+        let Some(dst) = self.buf.get_mut(start..start + room) else {
+            return; // larger than any datagram: the segmenter never makes one
+        };
+        let written = match tunn.encapsulate(segment, dst) {
             TunnResult::WriteToNetwork(out) if out.first() == Some(&4) => Some(out.len()),
             TunnResult::WriteToNetwork(out) => {
                 self.handshakes += out.len();
@@ -103,17 +110,17 @@ impl Batch {
             _ => None,
         };
         let Some(n) = written else {
-            self.buf.truncate(start);
             return;
         };
-        self.buf.truncate(start + n);
+        self.len = start + n;
         if self.count == 0 {
             self.stride = n;
         } else if n > self.stride {
             // Longer than the ones before: it starts a batch of its own.
-            let tail = self.buf.split_off(start);
+            self.len = start;
             self.send(udp, to);
-            self.buf = tail;
+            self.buf.copy_within(start..start + n, 0);
+            self.len = n;
             self.stride = n;
         }
         self.closed = n < self.stride;
