@@ -5,8 +5,9 @@
 //! between the two pods, kernel vxlan, wireguard-go and boringtun-cli. Runs are interleaved
 //! (every setup once per round), each setup fresh; the table gives medians and ratios.
 //! `--baseline <weft binary>` adds an earlier build's userspace WireGuard beside this one
-//! (a change's effect, side by side), `--only-wireguard` leaves out every setup but raw veth
-//! and the userspace WireGuard ones.
+//! (a change's effect, side by side), `--wireguard-go <binary>` another wireguard-go beside
+//! Debian's (today's, built by hand: then the ratios are to it), and `--only-wireguard`
+//! leaves out every setup but raw veth, wireguard-go and weft's userspace WireGuard.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,7 +27,10 @@ enum Setup {
     KernelVxlan,
     WeftHostGw,
     WeftVxlan,
+    /// Debian's (on `PATH`).
     WireguardGo,
+    /// `--wireguard-go`'s (today's, built by hand): the reference when given.
+    WireguardGoGiven,
     BoringtunCli,
     WeftWireguard,
     /// `--baseline`'s build of weft, userspace WireGuard.
@@ -40,7 +44,8 @@ impl Setup {
             Setup::KernelVxlan => "kernel vxlan (by hand)",
             Setup::WeftHostGw => "weft host-gw",
             Setup::WeftVxlan => "weft vxlan",
-            Setup::WireguardGo => "wireguard-go (by hand)",
+            Setup::WireguardGo => "wireguard-go, Debian's (by hand)",
+            Setup::WireguardGoGiven => "wireguard-go, --wireguard-go's (by hand)",
             Setup::BoringtunCli => "boringtun-cli (by hand)",
             Setup::WeftWireguard => "weft wireguard (userspace)",
             Setup::Baseline => "weft wireguard (userspace), baseline build",
@@ -54,10 +59,14 @@ impl Setup {
             Setup::KernelVxlan => by_hand(bytes, &kernel_vxlan),
             Setup::WeftHostGw => weft_setup(weft, "host-gw", bytes),
             Setup::WeftVxlan => weft_setup(weft, "vxlan", bytes),
-            Setup::WireguardGo => by_hand(bytes, &userspace_wg("wireguard-go wg0")),
+            Setup::WireguardGo => by_hand(bytes, &userspace_wg("wireguard-go wg0".into())),
+            Setup::WireguardGoGiven => match &opts.wireguard_go {
+                Some(go) => by_hand(bytes, &userspace_wg(format!("{} wg0", go.display()))),
+                None => bail!("no --wireguard-go binary"),
+            },
             Setup::BoringtunCli => by_hand(
                 bytes,
-                &userspace_wg("boringtun-cli wg0 --disable-drop-privileges"),
+                &userspace_wg("boringtun-cli wg0 --disable-drop-privileges".into()),
             ),
             Setup::WeftWireguard => weft_setup(weft, "wireguard", bytes),
             Setup::Baseline => match &opts.baseline {
@@ -74,21 +83,24 @@ pub struct Options {
     pub bytes: u64,
     /// An earlier build of weft, measured beside this one.
     pub baseline: Option<PathBuf>,
-    /// Raw veth and the userspace WireGuard setups only.
+    /// Raw veth, wireguard-go and weft's userspace WireGuard only.
     pub only_wireguard: bool,
+    /// The wireguard-go to run (else the one on `PATH`).
+    pub wireguard_go: Option<PathBuf>,
 }
 
 impl Options {
     fn setups(&self) -> Vec<Setup> {
         let mut setups = vec![Setup::RawVeth];
         if !self.only_wireguard {
-            setups.extend([
-                Setup::KernelVxlan,
-                Setup::WeftHostGw,
-                Setup::WeftVxlan,
-                Setup::WireguardGo,
-                Setup::BoringtunCli,
-            ]);
+            setups.extend([Setup::KernelVxlan, Setup::WeftHostGw, Setup::WeftVxlan]);
+        }
+        setups.push(Setup::WireguardGo);
+        if self.wireguard_go.is_some() {
+            setups.push(Setup::WireguardGoGiven);
+        }
+        if !self.only_wireguard {
+            setups.push(Setup::BoringtunCli);
         }
         if self.baseline.is_some() {
             setups.push(Setup::Baseline);
@@ -259,9 +271,7 @@ fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<Stri
 
 /// A userspace WireGuard implementation run by hand: `daemon` starts a device named wg0
 /// in the node's namespace (and backgrounds itself), then `wg set` configures it.
-fn userspace_wg(
-    daemon: &'static str,
-) -> impl Fn(&Hand, usize, &str, &str) -> anyhow::Result<String> {
+fn userspace_wg(daemon: String) -> impl Fn(&Hand, usize, &str, &str) -> anyhow::Result<String> {
     move |h: &Hand, i: usize, _me: &str, peer: &str| {
         let node = h.ns(1 + i);
         let dir = h.dir.path().join(format!("n{i}"));
@@ -293,7 +303,7 @@ fn userspace_wg(
 }
 
 /// Runs every setup `opts.runs` times, interleaved; returns the table. Ratios are to raw
-/// veth, and to wireguard-go (or, without it, to the baseline build) when measured.
+/// veth, and to `--wireguard-go`'s wireguard-go, else Debian's, else the baseline build.
 pub fn run(weft: &Path, opts: &Options) -> anyhow::Result<String> {
     let setups = opts.setups();
     let runs = opts.runs;
@@ -319,8 +329,8 @@ pub fn run(weft: &Path, opts: &Options) -> anyhow::Result<String> {
             .position(|s| *s == setup)
             .map(|i| &samples[i][..])
     };
-    let reference = of(Setup::WireguardGo)
-        .map(|s| ("wireguard-go", s))
+    let reference = (of(Setup::WireguardGoGiven).map(|s| ("--wireguard-go's", s)))
+        .or_else(|| of(Setup::WireguardGo).map(|s| ("wireguard-go", s)))
         .or_else(|| of(Setup::Baseline).map(|s| ("baseline", s)));
     let base = med(&samples[0], |s| s.mib_s);
     let base_rtt = med(&samples[0], |s| s.rtt_ms);
@@ -367,7 +377,25 @@ pub fn run(weft: &Path, opts: &Options) -> anyhow::Result<String> {
             list(v, |s| s.flow.gbit_s, 2)
         );
     }
-    Ok(out + &flows)
+    let mut header = String::new();
+    let given = opts.wireguard_go.as_deref();
+    for go in [Some(Path::new("wireguard-go")), given]
+        .into_iter()
+        .flatten()
+    {
+        let version = Command::new(go).arg("--version").output().map_or_else(
+            |e| format!("{e}"),
+            |o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            },
+        );
+        header += &format!("wireguard-go `{}`: {version}\n", go.display());
+    }
+    Ok(header + "\n" + &out + &flows)
 }
 
 /// The setups of a kernel with WireGuard and ESP (the VM runner): weft's encrypting
