@@ -146,13 +146,14 @@ impl Lab {
                     continue;
                 }
                 let log = std::fs::read_to_string(node.agent_log()).unwrap_or_default();
-                let mut devices: BTreeMap<String, BTreeMap<String, SystemTime>> = BTreeMap::new();
+                // A device that cannot be read now (being made again, say) is asked again
+                // until the deadline.
+                let mut devices: BTreeMap<String, Result<_, String>> = BTreeMap::new();
                 for ((device, key), changed) in psk_changes(&log) {
-                    if !devices.contains_key(&device) {
-                        devices.insert(device.clone(), handshakes(node, &device)?);
-                    }
-                    match devices[&device].get(&key) {
-                        Some(hs) if *hs >= changed => {}
+                    let read = (devices.entry(device.clone()))
+                        .or_insert_with(|| handshakes(node, &device).map_err(|e| format!("{e:#}")));
+                    match read.as_ref().map(|peers| peers.get(&key)) {
+                        Ok(Some(hs)) if *hs >= changed => {}
                         hs => pending.push(format!(
                             "node {}: {device} peer {key}: PSK at {changed:?}, handshake {hs:?}",
                             i + 1
