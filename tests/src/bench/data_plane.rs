@@ -53,24 +53,27 @@ impl Setup {
     }
 
     fn measure(self, opts: &Options, weft: &Path) -> anyhow::Result<Sample> {
-        let bytes = opts.bytes;
+        let load = Load {
+            bytes: opts.bytes,
+            four_flows: true,
+        };
         match self {
-            Setup::RawVeth => raw_veth(bytes),
-            Setup::KernelVxlan => by_hand(bytes, &kernel_vxlan),
-            Setup::WeftHostGw => weft_setup(weft, "host-gw", bytes),
-            Setup::WeftVxlan => weft_setup(weft, "vxlan", bytes),
-            Setup::WireguardGo => by_hand(bytes, &userspace_wg("wireguard-go wg0".into())),
+            Setup::RawVeth => raw_veth(load),
+            Setup::KernelVxlan => by_hand(load, &kernel_vxlan),
+            Setup::WeftHostGw => weft_setup(weft, "host-gw", load),
+            Setup::WeftVxlan => weft_setup(weft, "vxlan", load),
+            Setup::WireguardGo => by_hand(load, &userspace_wg("wireguard-go wg0".into())),
             Setup::WireguardGoGiven => match &opts.wireguard_go {
-                Some(go) => by_hand(bytes, &userspace_wg(format!("{} wg0", go.display()))),
+                Some(go) => by_hand(load, &userspace_wg(format!("{} wg0", go.display()))),
                 None => bail!("no --wireguard-go binary"),
             },
             Setup::BoringtunCli => by_hand(
-                bytes,
+                load,
                 &userspace_wg("boringtun-cli wg0 --disable-drop-privileges".into()),
             ),
-            Setup::WeftWireguard => weft_setup(weft, "wireguard", bytes),
+            Setup::WeftWireguard => weft_setup(weft, "wireguard", load),
             Setup::Baseline => match &opts.baseline {
-                Some(old) => weft_setup(old, "wireguard", bytes),
+                Some(old) => weft_setup(old, "wireguard", load),
                 None => bail!("no --baseline build"),
             },
         }
@@ -110,23 +113,31 @@ impl Options {
     }
 }
 
+/// What a setup is measured with: the SHA-256 transfer's size, and whether four iperf3
+/// flows at once are run too (the kernel table has no column for them).
+#[derive(Clone, Copy)]
+struct Load {
+    bytes: u64,
+    four_flows: bool,
+}
+
 struct Sample {
     mib_s: f64,
     rtt_ms: f64,
     flow: Flow,
-    /// Four flows at once: their sum.
-    flows4: Flow,
+    /// Four flows at once: their sum (when asked for).
+    flows4: Option<Flow>,
     mtu: u32,
 }
 
-fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyhow::Result<Sample> {
+fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, load: Load) -> anyhow::Result<Sample> {
     // 20 pings to warm up (ARP, handshakes), then the 20 that count.
     in_ns(
         from,
         &format!("ping -c 20 -i 0.05 -W 1 -q {to} >/dev/null; true"),
     )?;
     let rtt_ms = median_rtt_ms(from, to, 20, "0.05").context("no ping replies")?;
-    let (mib_s, intact) = transfer(from, to_ns, to, bytes)?;
+    let (mib_s, intact) = transfer(from, to_ns, to, load.bytes)?;
     if !intact {
         bail!("the transfer arrived damaged");
     }
@@ -134,31 +145,34 @@ fn measure(from: &str, to_ns: &str, to: std::net::Ipv4Addr, bytes: u64) -> anyho
         mib_s,
         rtt_ms,
         flow: iperf::flow(from, to_ns, to, 1)?,
-        flows4: iperf::flow(from, to_ns, to, 4)?,
+        flows4: match load.four_flows {
+            true => Some(iperf::flow(from, to_ns, to, 4)?),
+            false => None,
+        },
         mtu: iperf::pod_mtu(from)?,
     })
 }
 
-fn weft_setup(weft: &Path, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
+fn weft_setup(weft: &Path, backend: &str, load: Load) -> anyhow::Result<Sample> {
     let cfg = if backend == "wireguard" {
         LabConfig::wireguard(2, weft)
     } else {
         LabConfig::backend(2, weft, backend, false)
     };
-    weft_lab(cfg, backend, bytes)
+    weft_lab(cfg, backend, load)
 }
 
 /// The ipsec backend with ESP proposal `proposal`.
-fn weft_ipsec(weft: &Path, proposal: &str, bytes: u64) -> anyhow::Result<Sample> {
+fn weft_ipsec(weft: &Path, proposal: &str, load: Load) -> anyhow::Result<Sample> {
     let mut cfg = LabConfig::backend(2, weft, "ipsec", false);
     cfg.net_conf = cfg.net_conf.replace(
         r#""Type": "ipsec""#,
         &format!(r#""Type": "ipsec", "ESPProposal": "{proposal}""#),
     );
-    weft_lab(cfg, "ipsec", bytes)
+    weft_lab(cfg, "ipsec", load)
 }
 
-fn weft_lab(mut cfg: LabConfig, backend: &str, bytes: u64) -> anyhow::Result<Sample> {
+fn weft_lab(mut cfg: LabConfig, backend: &str, load: Load) -> anyhow::Result<Sample> {
     cfg.pods_per_node = 1;
     cfg.extra_args.clear();
     let lab = Lab::start(cfg)?;
@@ -166,7 +180,7 @@ fn weft_lab(mut cfg: LabConfig, backend: &str, bytes: u64) -> anyhow::Result<Sam
     if !lab.ping(&a.ns, b.ip, Duration::from_secs(10)) {
         bail!("{backend}: pods cannot reach each other\n{}", lab.logs());
     }
-    measure(&a.ns, &b.ns, b.ip, bytes)
+    measure(&a.ns, &b.ns, b.ip, load)
 }
 
 /// Namespaces made by hand, removed on drop.
@@ -212,7 +226,7 @@ fn tag() -> String {
 }
 
 /// Two pods joined by one veth pair: the ceiling for everything else.
-fn raw_veth(bytes: u64) -> anyhow::Result<Sample> {
+fn raw_veth(load: Load) -> anyhow::Result<Sample> {
     let h = Hand::new(&tag(), &["p1", "p2"])?;
     in_ns(
         h.ns(0),
@@ -222,14 +236,14 @@ fn raw_veth(bytes: u64) -> anyhow::Result<Sample> {
         h.ns(1),
         "ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up",
     )?;
-    measure(h.ns(0), h.ns(1), "10.99.0.2".parse()?, bytes)
+    measure(h.ns(0), h.ns(1), "10.99.0.2".parse()?, load)
 }
 
 /// Underlay (fabric bridge, two nodes) and a pod behind each node; `tunnel` then joins the
 /// nodes (`node` index, own and peer underlay address) and returns each node's device
 /// (`dev` or `dev via GATEWAY`).
 fn by_hand(
-    bytes: u64,
+    load: Load,
     tunnel: &dyn Fn(&Hand, usize, &str, &str) -> anyhow::Result<String>,
 ) -> anyhow::Result<Sample> {
     let h = Hand::new(&tag(), &["fab", "n1", "n2", "p1", "p2"])?;
@@ -253,7 +267,7 @@ fn by_hand(
             &format!("ip route add 10.244.{}.0/24 dev {dev}", 2 - i),
         )?;
     }
-    measure(h.ns(3), h.ns(4), "10.244.2.2".parse()?, bytes)
+    measure(h.ns(3), h.ns(4), "10.244.2.2".parse()?, load)
 }
 
 fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<String> {
@@ -366,7 +380,7 @@ pub fn run(weft: &Path, opts: &Options) -> anyhow::Result<String> {
             list(v, |s| s.mib_s, 0)
         );
         let g = med(v, |s| s.flow.gbit_s);
-        let g4 = med(v, |s| s.flows4.gbit_s);
+        let g4 = med(v, |s| s.flows4.as_ref().map_or(f64::NAN, |f| f.gbit_s));
         let cpu = med(v, |s| s.flow.cores_per_gbit_s);
         let mtu = med(v, |s| f64::from(s.mtu));
         flows += &format!(
@@ -410,15 +424,19 @@ const KERNEL_SETUPS: [&str; 4] = [
 /// As `run`, for `KERNEL_SETUPS` (`WEFT_LAB_IMPLEMENTATION=kernel` makes the wireguard row
 /// kernel WireGuard); ratios against weft vxlan and kernel WireGuard.
 pub fn run_kernel(weft: &Path, runs: usize, bytes: u64) -> anyhow::Result<String> {
+    let load = Load {
+        bytes,
+        four_flows: false,
+    };
     let mut samples: Vec<Vec<Sample>> = KERNEL_SETUPS.iter().map(|_| Vec::new()).collect();
     for round in 0..runs {
         for (i, name) in KERNEL_SETUPS.iter().enumerate() {
             eprintln!("data plane: round {} of {runs}: {name}", round + 1);
             let s = match i {
-                0 => weft_setup(weft, "vxlan", bytes),
-                1 => weft_setup(weft, "wireguard", bytes),
-                2 => weft_ipsec(weft, "aes128gcm16-sha256-prfsha256-ecp256", bytes),
-                _ => weft_ipsec(weft, "chacha20poly1305-prfsha256-x25519", bytes),
+                0 => weft_setup(weft, "vxlan", load),
+                1 => weft_setup(weft, "wireguard", load),
+                2 => weft_ipsec(weft, "aes128gcm16-sha256-prfsha256-ecp256", load),
+                _ => weft_ipsec(weft, "chacha20poly1305-prfsha256-x25519", load),
             }
             .with_context(|| format!("{name}, round {}", round + 1))?;
             samples[i].push(s);
