@@ -203,8 +203,18 @@ impl Book {
                 .get(&peer.public_key)
                 .is_some_and(|p| p.dead_since.is_some())
         };
+        // Only a pair that has answered on this device since the watch began is evidence
+        // against the device: one that never did is a node that is down or not up yet
+        // (every added peer is sent a handshake at once), whatever the device's health.
+        // Counting those, a node whose other nodes are mostly down re-made its device,
+        // and the healthy pairs' sessions with it, over and over.
+        let answered_before = |peer: &PeerSpec| {
+            pairs
+                .get(&peer.public_key)
+                .is_some_and(|p| p.track.answered_at().is_some())
+        };
         let (mut busy, mut dead) = (0, 0);
-        for (peer, v, _) in &verdicts {
+        for (peer, v, _) in verdicts.iter().filter(|(p, _, _)| answered_before(p)) {
             let is_dead = v.is_dead() || (*v != Verdict::Alive && dead_already(peer));
             busy += usize::from(is_dead || *v != Verdict::Idle);
             dead += usize::from(is_dead);

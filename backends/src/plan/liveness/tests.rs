@@ -320,3 +320,24 @@ fn a_natted_pair_is_given_its_keepalive_interval_before_its_sessions_are_dropped
         repair::STEP_WAIT
     );
 }
+
+#[test]
+fn pairs_that_never_answered_are_dead_but_never_recreate_the_device() {
+    // Every peer is sent to from the start (the handshake primed when it was added) and
+    // none ever answers: nodes that are down, not a device at fault.
+    let silent: Vec<Second> = (0..40)
+        .map(|i| [(148 * (i + 1), 0), (148 * (i + 1), 0), (148 * (i + 1), 0)])
+        .collect();
+    let todo = run(&silent);
+    let dead = todo
+        .iter()
+        .filter(|(_, t)| matches!(t, Todo::Dead { .. }))
+        .count();
+    assert_eq!(dead, 3, "{todo:?}");
+    assert!(
+        !todo
+            .iter()
+            .any(|(_, t)| matches!(t, Todo::RecreateDevice { .. } | Todo::DeviceBackOff { .. })),
+        "{todo:?}"
+    );
+}
