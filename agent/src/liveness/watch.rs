@@ -24,6 +24,9 @@ use crate::observe::snapshot::{self, PairLiveness};
 
 /// A device that has not answered a read within this is not answering.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
+/// Up to this many pairs repaired after one read are logged one line each; more (a node
+/// whose peers went down together) get one line with the first of them.
+const REPAIRS_LOGGED: usize = 16;
 /// The same drift found again after the pass that was to put it back is told again only
 /// after this, doubling up to `DRIFT_PAUSE_MAX`.
 const DRIFT_PAUSE: Duration = Duration::from_secs(10);
@@ -155,6 +158,7 @@ impl Watcher {
                     self.book.unanswered(spec, since, now)
                 }
             };
+            let mut repairs = Vec::new();
             for t in todo {
                 // A key switch under way moves peers' AllowedIPs outside the passes: a
                 // repair now would put them back on the key being left.
@@ -163,8 +167,14 @@ impl Watcher {
                     debug!(todo = ?t, "liveness: no repair during a key switch");
                     continue;
                 }
-                self.act(t).await;
+                match t {
+                    Todo::Repair {
+                        peer, step, cause, ..
+                    } => repairs.push((peer, step, cause)),
+                    t => self.act(t).await,
+                }
             }
+            self.repair(&spec.device, &repairs).await;
         }
         self.publish(plan, counters);
     }
@@ -245,12 +255,8 @@ impl Watcher {
                     "pair dead: {cause}"
                 );
             }
-            Todo::Repair {
-                device,
-                peer,
-                step,
-                cause,
-            } => self.repair(&device, &peer, step, &cause).await,
+            // Gathered by `round`, applied together (`repair`).
+            Todo::Repair { .. } => {}
             Todo::BackOff {
                 device,
                 node,
@@ -314,21 +320,25 @@ impl Watcher {
         self.book.probed(device, key, Instant::now());
     }
 
-    /// A repair step on one pair, then a probe to see it work.
-    async fn repair(&mut self, device: &str, peer: &PeerSpec, step: Step, cause: &Cause) {
-        info!(
-            node = %peer.node,
-            device,
-            step = step.as_str(),
-            cause = cause.label(),
-            "repairing a dead pair"
-        );
-        self.metrics.pair_repaired(cause.label(), step.label());
-        let change = DeviceChange {
-            set_private_key: false,
-            listen_port: None,
-            peers: match step {
-                Step::Reapply => vec![PeerChange::Update {
+    /// The repair steps one read of `device` asked for, in one change to it (a node whose
+    /// many peers went down at once sends one request, not one per pair, and the control
+    /// loop's next pass is not queued behind thousands), then a probe to each pair to see
+    /// it work.
+    async fn repair(&mut self, device: &str, repairs: &[(PeerSpec, Step, Cause)]) {
+        if repairs.is_empty() {
+            return;
+        }
+        let mut peers = Vec::new();
+        for (peer, step, cause) in repairs {
+            // One line a pair, unless a crowd: then one line, each pair at debug.
+            if repairs.len() <= REPAIRS_LOGGED {
+                info!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
+            } else {
+                debug!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
+            }
+            self.metrics.pair_repaired(cause.label(), step.label());
+            match step {
+                Step::Reapply => peers.push(PeerChange::Update {
                     spec: peer.clone(),
                     fields: PeerFields {
                         endpoint: Some(peer.endpoint),
@@ -336,24 +346,39 @@ impl Watcher {
                         keepalive: Some(peer.keepalive),
                         psk: Some(peer.psk.clone()),
                     },
-                }],
-                Step::Rehandshake => vec![
+                }),
+                Step::Rehandshake => peers.extend([
                     PeerChange::Remove {
                         key: peer.public_key,
                     },
                     PeerChange::Add(peer.clone()),
-                ],
+                ]),
                 // The book asks for the device as a whole (`Todo::RecreateDevice`).
-                Step::RecreateDevice => return,
-            },
+                Step::RecreateDevice => {}
+            }
+        }
+        if repairs.len() > REPAIRS_LOGGED {
+            let first: Vec<&str> = repairs
+                .iter()
+                .take(REPAIRS_LOGGED)
+                .map(|(p, ..)| p.node.as_str())
+                .collect();
+            info!(device, pairs = repairs.len(), first = ?first, "repairing dead pairs");
+        }
+        let change = DeviceChange {
+            set_private_key: false,
+            listen_port: None,
+            peers,
         };
         // The change does not set the device's key, so no key is sent.
         let unused = PrivateKey::from_bytes([0; 32]);
         if let Err(e) = self.wg.apply(device, &change, &unused).await {
-            warn!(node = %peer.node, device, error = %e, "repairing a dead pair failed");
+            warn!(device, pairs = repairs.len(), error = %e, "repairing dead pairs failed");
         }
-        if let Some(to) = weft_backends::plan::liveness::probe_target(peer) {
-            self.probe(device, &peer.public_key, to);
+        for (peer, ..) in repairs {
+            if let Some(to) = weft_backends::plan::liveness::probe_target(peer) {
+                self.probe(device, &peer.public_key, to);
+            }
         }
     }
 

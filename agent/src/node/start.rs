@@ -57,8 +57,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<i32> {
 }
 
 pub(crate) fn init_tracing() {
+    // boringtun warns of every handshake retry, per peer: with thousands of peers down
+    // that is thousands of lines a minute saying what the liveness watcher says once a
+    // pair (`RUST_LOG` brings them back).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,boringtun=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

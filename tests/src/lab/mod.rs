@@ -378,7 +378,7 @@ impl Lab {
         };
         let mut command = self.node_shell(i, &script);
         command
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,boringtun=error")
             .env("NODE_NAME", format!("n{}", node.index));
         for (_, name, value) in self.cfg.agent_env.iter().filter(|(n, _, _)| *n == i) {
             command.env(name, value);
