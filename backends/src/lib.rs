@@ -8,3 +8,6 @@ pub mod model;
 pub mod netconf;
 pub mod plan;
 pub mod userspace;
+
+#[cfg(test)]
+mod test_rng;

@@ -7,6 +7,7 @@ use super::checksum;
 use super::coalesce::Coalescer;
 use super::segment::{read_u16, read_u32, split, SplitError};
 use super::vnet::{self, Header};
+use crate::test_rng::Rng;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -14,21 +15,6 @@ const FIN: u8 = 0x01;
 const PSH: u8 = 0x08;
 const ACK: u8 = 0x10;
 const CWR: u8 = 0x80;
-
-/// xorshift64*: reproducible cases without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 struct Case {
     v6: bool,

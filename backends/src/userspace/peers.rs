@@ -147,6 +147,24 @@ impl Routes {
         }
     }
 
+    fn remove(&mut self, net: IpNet) {
+        let len = net.prefix_len();
+        match net {
+            IpNet::V4(n) => {
+                let addr = mask4(u32::from(n.network()), len);
+                if let Some((_, m)) = self.v4.iter_mut().find(|(l, _)| *l == len) {
+                    m.remove(&addr);
+                }
+            }
+            IpNet::V6(n) => {
+                let addr = mask6(u128::from(n.network()), len);
+                if let Some((_, m)) = self.v6.iter_mut().find(|(l, _)| *l == len) {
+                    m.remove(&addr);
+                }
+            }
+        }
+    }
+
     fn lookup(&self, ip: IpAddr) -> Option<&Arc<Peer>> {
         match ip {
             IpAddr::V4(a) => {
@@ -184,10 +202,14 @@ pub struct State {
     pub peers: HashMap<Key, Arc<Peer>>,
     by_index: HashMap<u32, Arc<Peer>>,
     routes: Routes,
-    /// Which peer holds each AllowedIP.
+    /// Which peer holds each AllowedIP (truncated to its network, as the routes are).
     owners: HashMap<IpNet, Key>,
-    /// AllowedIPs changed since the routes were last built (`commit`).
-    dirty: bool,
+    /// AllowedIPs whose holder may have changed since the last `commit`: only their
+    /// routes are looked at again, so a request that changes one peer of 10,000 costs
+    /// what that peer has, not the whole table.
+    touched: Vec<IpNet>,
+    /// Every route is built again at the next `commit` (every peer was removed).
+    rebuild: bool,
     next_index: u32,
 }
 
@@ -286,7 +308,13 @@ impl State {
     /// `Tunn` (boringtun fixes both at creation) while the one it had keeps its session
     /// until the new one's handshake is done (`Noise`). The endpoint and AllowedIPs change
     /// without touching the session.
-    pub fn upsert(&mut self, key: Key, config: PeerConfig, endpoint: Option<SocketAddr>) {
+    pub fn upsert(&mut self, key: Key, mut config: PeerConfig, endpoint: Option<SocketAddr>) {
+        // Held as networks, as kernel WireGuard holds them (`uapi::set` truncates too).
+        for net in &mut config.allowed_ips {
+            *net = net.trunc();
+        }
+        let mut seen = std::collections::HashSet::new();
+        config.allowed_ips.retain(|n| seen.insert(*n));
         if let Some(peer) = self.peers.get(&key).cloned() {
             let old = lock(&peer.config).clone();
             if old.psk != config.psk || old.keepalive != config.keepalive {
@@ -331,7 +359,9 @@ impl State {
             if self.owners.get(net) == Some(key) {
                 self.owners.remove(net);
             }
+            self.touched.push(*net);
         }
+        self.touched.extend(&mine);
         for net in mine {
             if let Some(other) = self.owners.insert(net, *key).filter(|o| o != key) {
                 if let Some(other) = self.peers.get(&other) {
@@ -339,7 +369,6 @@ impl State {
                 }
             }
         }
-        self.dirty = true;
     }
 
     pub fn remove(&mut self, key: &Key) {
@@ -349,8 +378,8 @@ impl State {
             }
             for net in &lock(&peer.config).allowed_ips {
                 self.owners.remove(net);
+                self.touched.push(*net);
             }
-            self.dirty = true;
         }
     }
 
@@ -358,21 +387,24 @@ impl State {
         self.peers.clear();
         self.by_index.clear();
         self.owners.clear();
-        self.dirty = true;
+        self.touched.clear();
+        self.rebuild = true;
     }
 
-    /// Builds the routes again if AllowedIPs changed: once per UAPI request.
+    /// Puts the routes in line with the AllowedIPs: once per UAPI request, for the
+    /// AllowedIPs it touched.
     pub fn commit(&mut self) {
-        if !std::mem::take(&mut self.dirty) {
-            return;
+        if std::mem::take(&mut self.rebuild) {
+            self.routes = Routes::default();
+            self.touched.clear();
+            self.touched.extend(self.owners.keys());
         }
-        let mut routes = Routes::default();
-        for peer in self.peers.values() {
-            for net in &lock(&peer.config).allowed_ips {
-                routes.insert(net.trunc(), peer.clone());
+        for net in std::mem::take(&mut self.touched) {
+            match self.owners.get(&net).and_then(|key| self.peers.get(key)) {
+                Some(peer) => self.routes.insert(net, peer.clone()),
+                None => self.routes.remove(net),
             }
         }
-        self.routes = routes;
     }
 }
 

@@ -76,6 +76,62 @@ fn an_allowed_ip_moves_whole_and_the_longest_prefix_routes() {
     assert_eq!(routed(&state, "10.0.1.9"), Some(key(2)));
 }
 
+/// The routes a commit leaves, updated for what each request touched, are those a table
+/// built from every peer's AllowedIPs gives: over random adds, changes, moves, removals
+/// and clearing, with prefixes nested in one another and addresses given inside a network.
+#[test]
+fn routes_kept_up_per_request_equal_routes_built_afresh() {
+    let mut rng = crate::test_rng::Rng(0x5eed_0f0a_11ed);
+    let mut state = State::default();
+    let nets = |rng: &mut crate::test_rng::Rng| -> Vec<IpNet> {
+        (0..rng.below(3))
+            .map(|_| {
+                let len = [8u8, 16, 24, 32][rng.below(4) as usize];
+                let addr = std::net::Ipv4Addr::new(
+                    10,
+                    rng.below(3) as u8,
+                    rng.below(3) as u8,
+                    rng.below(3) as u8,
+                );
+                IpNet::new(addr.into(), len).unwrap()
+            })
+            .collect()
+    };
+    let probes: Vec<IpAddr> = (0..27u32)
+        .map(|i| {
+            std::net::Ipv4Addr::new(10, (i / 9) as u8, (i / 3 % 3) as u8, (i % 3) as u8).into()
+        })
+        .chain([std::net::Ipv4Addr::new(11, 0, 0, 1).into()])
+        .collect();
+    for round in 0..3000 {
+        match rng.below(20) {
+            0 => state.remove_all(),
+            1..=5 => state.remove(&key(rng.below(12) as u8)),
+            _ => {
+                let config = PeerConfig {
+                    allowed_ips: nets(&mut rng),
+                    ..PeerConfig::default()
+                };
+                state.upsert(key(rng.below(12) as u8), config, None);
+            }
+        }
+        state.commit();
+        let mut afresh = Routes::default();
+        for peer in state.peers.values() {
+            for net in &lock(&peer.config).allowed_ips {
+                afresh.insert(*net, peer.clone());
+            }
+        }
+        for ip in &probes {
+            assert_eq!(
+                state.route(*ip).map(|p| p.key),
+                afresh.lookup(*ip).map(|p| p.key),
+                "{ip} after round {round}"
+            );
+        }
+    }
+}
+
 /// A peer changed in place keeps its session index for an endpoint or AllowedIPs
 /// change; a PSK or keepalive change gives it a new one (the old stays until the new
 /// session's handshake); removing it frees its indices.
