@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::SystemTime;
 
@@ -172,10 +173,12 @@ impl LeaseAttrs {
     }
 }
 
-/// Every node's lease, ours included, keyed by node name.
+/// Every node's lease, ours included, keyed by node name. Each lease is shared: a view
+/// made from another by a registry event copies the map's pointers, not the leases, and
+/// `diff` passes over the leases the two views share without comparing them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
-    pub leases: BTreeMap<String, Lease>,
+    pub leases: BTreeMap<String, Arc<Lease>>,
 }
 
 /// How one node's lease differs between two views.
@@ -197,16 +200,16 @@ impl fmt::Display for ViewChange {
 }
 
 impl ClusterView {
-    pub fn insert(&mut self, lease: Lease) -> Option<Lease> {
-        self.leases.insert(lease.node.clone(), lease)
+    pub fn insert(&mut self, lease: Lease) -> Option<Arc<Lease>> {
+        self.leases.insert(lease.node.clone(), Arc::new(lease))
     }
 
-    pub fn remove(&mut self, node: &str) -> Option<Lease> {
+    pub fn remove(&mut self, node: &str) -> Option<Arc<Lease>> {
         self.leases.remove(node)
     }
 
     pub fn get(&self, node: &str) -> Option<&Lease> {
-        self.leases.get(node)
+        self.leases.get(node).map(|l| &**l)
     }
 
     pub fn len(&self) -> usize {
@@ -223,7 +226,9 @@ impl ClusterView {
         for (name, lease) in &newer.leases {
             match self.leases.get(name) {
                 None => changes.push(ViewChange::Added(name.clone())),
-                Some(old) if old != lease => changes.push(ViewChange::Changed(name.clone())),
+                Some(old) if !Arc::ptr_eq(old, lease) && old != lease => {
+                    changes.push(ViewChange::Changed(name.clone()))
+                }
                 Some(_) => {}
             }
         }
