@@ -220,24 +220,43 @@ impl ClusterView {
         self.leases.is_empty()
     }
 
-    /// What changed from `self` to `newer`, in node-name order (used after a re-list).
+    /// What changed from `self` to `newer`: joined and changed nodes in name order, then
+    /// the nodes that left. One merge of the two sorted maps; a lease the two views share
+    /// is not compared.
     pub fn diff(&self, newer: &ClusterView) -> Vec<ViewChange> {
+        use std::cmp::Ordering;
         let mut changes = Vec::new();
-        for (name, lease) in &newer.leases {
-            match self.leases.get(name) {
-                None => changes.push(ViewChange::Added(name.clone())),
-                Some(old) if !Arc::ptr_eq(old, lease) && old != lease => {
-                    changes.push(ViewChange::Changed(name.clone()))
+        let mut removed = Vec::new();
+        let mut old = self.leases.iter().peekable();
+        let mut new = newer.leases.iter().peekable();
+        loop {
+            let order = match (old.peek(), new.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((a, _)), Some((b, _))) => a.cmp(b),
+            };
+            match order {
+                Ordering::Less => {
+                    if let Some((name, _)) = old.next() {
+                        removed.push(ViewChange::Removed(name.clone()));
+                    }
                 }
-                Some(_) => {}
+                Ordering::Greater => {
+                    if let Some((name, _)) = new.next() {
+                        changes.push(ViewChange::Added(name.clone()));
+                    }
+                }
+                Ordering::Equal => {
+                    if let (Some((_, was)), Some((name, is))) = (old.next(), new.next()) {
+                        if !Arc::ptr_eq(was, is) && was != is {
+                            changes.push(ViewChange::Changed(name.clone()));
+                        }
+                    }
+                }
             }
         }
-        changes.extend(
-            self.leases
-                .keys()
-                .filter(|n| !newer.leases.contains_key(*n))
-                .map(|n| ViewChange::Removed(n.clone())),
-        );
+        changes.extend(removed);
         changes
     }
 }
