@@ -45,7 +45,7 @@ impl Controller<'_> {
             return;
         };
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
-        report_plan(self.last.as_ref(), &state);
+        report_plan(self.last.as_deref(), &state);
         self.log_esp_switches(&state);
         self.write_subnet_file(&state);
         self.passes += 1;
@@ -77,7 +77,7 @@ impl Controller<'_> {
         };
         if let Ok(report) = &result {
             let repairs =
-                super::nft_check::pass_repairs(self.last.as_ref(), &state, &report.changes);
+                super::nft_check::pass_repairs(self.last.as_deref(), &state, &report.changes);
             self.record_repairs(&repairs);
             self.esp_lost(&report.esp_lost).await;
             self.roaming
@@ -131,7 +131,7 @@ impl Controller<'_> {
     /// The plan for this node now, from the latest view and what the device showed (peers'
     /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
     /// planned.
-    fn plan(&mut self, device: BTreeMap<DevicePeer, PeerObserved>) -> Option<DesiredState> {
+    fn plan(&mut self, device: BTreeMap<DevicePeer, PeerObserved>) -> Option<Arc<DesiredState>> {
         let view = &self.raw_view;
         let now = SystemTime::now();
         self.planned_at = now;
@@ -156,7 +156,7 @@ impl Controller<'_> {
             pair_psks: &pair_psks,
         });
         let state = match state {
-            Ok(state) => state,
+            Ok(state) => Arc::new(state),
             Err(e) => {
                 error_policy::unplannable(&e);
                 return None;
@@ -166,16 +166,16 @@ impl Controller<'_> {
             self.keys.rotation.generation(),
             self.keys.rotation.pending().cloned(),
         );
+        self.inputs.snapshot.planned(&self.me, view, &state);
         self.inputs.snapshot.update(|s| {
-            snapshot::from_plan(&self.me, view, &state, s);
             s.key_generation = generation;
             s.rotating = rotating;
         });
-        let peer_keys: Vec<(String, String)> = state
+        let peer_keys: Vec<(&str, &PublicKey)> = state
             .tunnels
             .iter()
             .flat_map(|t| &t.peers)
-            .map(|p| (p.node.clone(), p.public_key.to_string()))
+            .map(|p| (p.node.as_str(), &p.public_key))
             .collect();
         self.inputs.metrics.peer_keys(&peer_keys);
         self.measure_paths(&state);

@@ -68,7 +68,7 @@ pub(super) struct Controller<'a> {
     pub(super) dataplane: &'a mut Dataplane,
     pub(super) inputs: LoopInputs,
     /// The last plan applied.
-    pub(super) last: Option<DesiredState>,
+    pub(super) last: Option<std::sync::Arc<DesiredState>>,
     /// Passes run so far.
     pub(super) passes: u64,
     /// The registry's view as last seen (for its metrics), and as read for the last pass.
