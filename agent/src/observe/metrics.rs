@@ -34,7 +34,7 @@ pub struct Metrics {
     pass_seconds: Histogram,
     registry_events: Family<Labels, Counter>,
     /// Node → (its current key, generation).
-    keys: Arc<Mutex<HashMap<String, (String, u64)>>>,
+    keys: Arc<Mutex<HashMap<String, (weft_crypto::PublicKey, u64)>>>,
     /// Repairs of WireGuard pairs, by cause and step (`crate::liveness`).
     pair_repairs: Family<Labels, Counter>,
     /// What the registry warned about; it counts into these.
@@ -91,17 +91,19 @@ impl Metrics {
     /// Notes each planned peer's key; a new key for a known node is a new generation.
     /// Nodes no longer planned are forgotten (a node that comes back starts again at 1):
     /// under churn, remembering every node ever seen grows without bound.
-    pub fn peer_keys(&self, peers: &[(String, String)]) {
+    pub fn peer_keys(&self, peers: &[(&str, &weft_crypto::PublicKey)]) {
         let Ok(mut keys) = self.keys.lock() else {
             return;
         };
-        let planned: std::collections::HashSet<&str> =
-            peers.iter().map(|(n, _)| n.as_str()).collect();
+        let planned: std::collections::HashSet<&str> = peers.iter().map(|(n, _)| *n).collect();
         keys.retain(|node, _| planned.contains(node.as_str()));
         for (node, key) in peers {
-            let entry = keys.entry(node.clone()).or_insert_with(|| (key.clone(), 1));
-            if entry.0 != *key {
-                *entry = (key.clone(), entry.1 + 1);
+            match keys.get_mut(*node) {
+                Some(entry) if entry.0 != **key => *entry = (**key, entry.1 + 1),
+                Some(_) => {}
+                None => {
+                    keys.insert(node.to_string(), (**key, 1));
+                }
             }
         }
     }
@@ -369,26 +371,34 @@ fn register_esp(
 mod tests {
     use super::Metrics;
 
-    fn owned(peers: &[(&str, &str)]) -> Vec<(String, String)> {
+    fn owned(peers: &[(&str, &str)]) -> Vec<(String, weft_crypto::PublicKey)> {
         peers
             .iter()
-            .map(|(n, k)| (n.to_string(), k.to_string()))
+            .map(|(n, k)| {
+                let seed = [k.as_bytes()[1]; 32];
+                let key = weft_crypto::PrivateKey::from_bytes(seed).public_key();
+                (n.to_string(), key)
+            })
             .collect()
+    }
+
+    fn refs(peers: &[(String, weft_crypto::PublicKey)]) -> Vec<(&str, &weft_crypto::PublicKey)> {
+        peers.iter().map(|(n, k)| (n.as_str(), k)).collect()
     }
 
     #[test]
     fn key_generations_count_changes_and_forget_nodes_that_left() {
         let m = Metrics::default();
-        m.peer_keys(&owned(&[("a", "k1"), ("b", "k2")]));
-        m.peer_keys(&owned(&[("a", "k3"), ("b", "k2")]));
+        m.peer_keys(&refs(&owned(&[("a", "k1"), ("b", "k2")])));
+        m.peer_keys(&refs(&owned(&[("a", "k3"), ("b", "k2")])));
         assert_eq!(m.generation("a"), Some(2));
         assert_eq!(m.generation("b"), Some(1));
         // b leaves: forgotten, so churn does not grow the map.
-        m.peer_keys(&owned(&[("a", "k3")]));
+        m.peer_keys(&refs(&owned(&[("a", "k3")])));
         assert_eq!(m.generation("b"), None);
         assert_eq!(m.keys.lock().map(|k| k.len()).ok(), Some(1));
         // b comes back: a first key again.
-        m.peer_keys(&owned(&[("a", "k3"), ("b", "k4")]));
+        m.peer_keys(&refs(&owned(&[("a", "k3"), ("b", "k4")])));
         assert_eq!(m.generation("b"), Some(1));
         assert_eq!(m.generation("a"), Some(2));
     }
