@@ -19,7 +19,7 @@ use anyhow::{bail, Context};
 use weft_crypto::PrivateKey;
 
 use super::churn::{self, Op};
-use super::{field, log_time, median, quantile};
+use super::{field, log_time};
 use crate::lab::{Lab, LabConfig};
 
 const PREFIX: &str = "/coreos.com/network";
@@ -356,40 +356,4 @@ pub(super) fn churn_writes(
             .join()
             .map_err(|_| anyhow::anyhow!("the churn writer panicked"))???
     })
-}
-
-/// One table row per run, plus churn percentiles.
-pub fn report(results: &[ControlPlane]) -> String {
-    let mut out = String::from(
-        "| registry | nodes | cold convergence (ms) | first pass writes | steady-state writes | resync pass (ms) | agent RSS (MiB) | device process RSS (MiB) | idle CPU (%), resync every 3 s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-    );
-    for r in results {
-        out += &format!(
-            "| {} | {} | {:.0} | {} | {} | {:.0} | {:.1} | {:.1} | {:.2} |\n",
-            r.registry.name(),
-            r.nodes,
-            r.cold_ms,
-            r.first_pass_writes,
-            r.steady_writes,
-            r.steady_pass_ms,
-            r.agent_rss_kib as f64 / 1024.0,
-            r.device_rss_kib as f64 / 1024.0,
-            r.idle_cpu_percent
-        );
-    }
-    out += "\n| registry | nodes | churn (ops/s) | operation | count | p50 (ms) | p99 (ms) |\n| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
-    for r in results {
-        for (kind, v) in &r.churn {
-            out += &format!(
-                "| {} | {} | {:.0} | {kind} | {} | {:.1} | {:.1} |\n",
-                r.registry.name(),
-                r.nodes,
-                r.churn_rate,
-                v.len(),
-                median(v).unwrap_or(f64::NAN),
-                quantile(v, 0.99).unwrap_or(f64::NAN)
-            );
-        }
-    }
-    out
 }

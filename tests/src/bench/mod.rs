@@ -3,6 +3,7 @@
 
 pub mod churn;
 pub mod control_plane;
+pub mod control_targets;
 pub mod data_plane;
 pub mod iperf;
 pub mod liveness;

@@ -2,7 +2,7 @@
 //! - `weft-lab demo [wireguard|vxlan|host-gw] [--plan-only]`: the README's demo.
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
-//! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50]`
+//! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50] [--runs 1] [--check]`
 //!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--only-wireguard] [--baseline WEFT] [--wireguard-go BIN] [--kernel | --vm]`, `weft-lab bench path-mtu
 //!   [--runs 3]`, `weft-lab bench liveness [--runs 3]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
@@ -127,18 +127,35 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
                 "kube" => Registry::Kube,
                 other => anyhow::bail!("--registry: etcd or kube, not {other:?}"),
             };
+            let runs: usize = opt(args, "--runs").unwrap_or("1").parse()?;
+            use weft_lab::bench::control_targets as targets;
             let mut results = Vec::new();
             for n in nodes {
-                eprintln!("control plane ({}): {n} nodes...", registry.name());
-                results.push(weft_lab::bench::control_plane::run(
-                    &weft,
-                    registry,
-                    n,
-                    std::time::Duration::from_secs_f64(churn),
-                    rate,
-                )?);
+                let mut of_size = Vec::new();
+                for run in 1..=runs {
+                    eprintln!(
+                        "control plane ({}): {n} nodes, run {run} of {runs}...",
+                        registry.name()
+                    );
+                    of_size.push(weft_lab::bench::control_plane::run(
+                        &weft,
+                        registry,
+                        n,
+                        std::time::Duration::from_secs_f64(churn),
+                        rate,
+                    )?);
+                }
+                results.extend(targets::summarize(&of_size));
             }
-            print!("{}", weft_lab::bench::control_plane::report(&results));
+            print!("{}", targets::report(&results));
+            if args.iter().any(|a| a == "--check") {
+                let missed = targets::check(&results);
+                for m in &missed {
+                    eprintln!("weft-lab: target missed: {m}");
+                }
+                anyhow::ensure!(missed.is_empty(), "{} target(s) missed", missed.len());
+                eprintln!("weft-lab: every target met");
+            }
             Ok(())
         }
         Some("data-plane") if args.iter().any(|a| a == "--vm") => {
