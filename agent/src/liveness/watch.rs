@@ -24,13 +24,43 @@ use crate::observe::snapshot::{self, PairLiveness};
 
 /// A device that has not answered a read within this is not answering.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
-/// Up to this many pairs repaired after one read are logged one line each; more (a node
-/// whose peers went down together) get one line with the first of them.
-const REPAIRS_LOGGED: usize = 16;
+/// Up to this many pairs turning dead, backing off or repaired after one read are logged
+/// one line each; more (a node whose peers went down together) get one line a kind, with
+/// the first of them by name, and each pair at debug.
+const LOGGED: usize = 16;
 /// The same drift found again after the pass that was to put it back is told again only
 /// after this, doubling up to `DRIFT_PAUSE_MAX`.
 const DRIFT_PAUSE: Duration = Duration::from_secs(10);
 const DRIFT_PAUSE_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Default)]
+struct Crowd {
+    dead: Vec<String>,
+    backing_off: Vec<String>,
+}
+
+/// The crowds in one read's to-dos: each kind's nodes when more than `LOGGED`.
+fn crowd(todo: &[Todo]) -> Crowd {
+    let nodes = |dead: bool| -> Vec<String> {
+        let nodes: Vec<String> = todo
+            .iter()
+            .filter_map(|t| match t {
+                Todo::Dead { node, .. } if dead => Some(node.clone()),
+                Todo::BackOff { node, .. } if !dead => Some(node.clone()),
+                _ => None,
+            })
+            .collect();
+        if nodes.len() > LOGGED {
+            nodes
+        } else {
+            Vec::new()
+        }
+    };
+    Crowd {
+        dead: nodes(true),
+        backing_off: nodes(false),
+    }
+}
 
 /// Starts the watcher on a thread of its own, on device handle `wg` (see
 /// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
@@ -51,6 +81,7 @@ pub fn spawn(
         book: Book::default(),
         prober: Prober::default(),
         probe_failed: false,
+        crowd: Crowd::default(),
         not_answering: HashMap::new(),
         drift_seen: HashMap::new(),
         drift_told: HashMap::new(),
@@ -77,6 +108,9 @@ struct Watcher {
     prober: Prober,
     /// A probe could not be sent (said once; verdicts then go by the counters alone).
     probe_failed: bool,
+    /// The pairs of the read being acted on that turned dead or back off, when more than
+    /// `LOGGED` did (else empty: each gets its own line).
+    crowd: Crowd,
     /// Devices whose reads time out, since when.
     not_answering: HashMap<String, Instant>,
     /// Drift found at the last read, under which plan.
@@ -159,6 +193,7 @@ impl Watcher {
                 }
             };
             let mut repairs = Vec::new();
+            self.crowd = crowd(&todo);
             for t in todo {
                 // A key switch under way moves peers' AllowedIPs outside the passes: a
                 // repair now would put them back on the key being left.
@@ -175,6 +210,17 @@ impl Watcher {
                 }
             }
             self.repair(&spec.device, &repairs).await;
+            let crowd = std::mem::take(&mut self.crowd);
+            for (nodes, what) in [
+                (crowd.dead, "pairs dead: nothing authenticated comes back"),
+                (crowd.backing_off, "pairs still dead after re-applying and re-handshaking them: trying again later"),
+            ] {
+                if nodes.is_empty() {
+                    continue;
+                }
+                let first: Vec<&str> = nodes.iter().take(LOGGED).map(String::as_str).collect();
+                warn!(device = %spec.device, pairs = nodes.len(), first = ?first, "{what}");
+            }
         }
         self.publish(plan, counters);
     }
@@ -247,13 +293,17 @@ impl Watcher {
                 cause,
                 unanswered,
             } => {
-                warn!(
-                    node = %node,
-                    device = %device,
-                    cause = cause.label(),
-                    unanswered_ms = unanswered.as_millis() as u64,
-                    "pair dead: {cause}"
-                );
+                if self.crowd.dead.is_empty() {
+                    warn!(
+                        node = %node,
+                        device = %device,
+                        cause = cause.label(),
+                        unanswered_ms = unanswered.as_millis() as u64,
+                        "pair dead: {cause}"
+                    );
+                } else {
+                    debug!(node = %node, device = %device, cause = cause.label(), "pair dead: {cause}");
+                }
             }
             // Gathered by `round`, applied together (`repair`).
             Todo::Repair { .. } => {}
@@ -263,15 +313,19 @@ impl Watcher {
                 pause,
                 cause,
             } => {
-                warn!(
-                    node = %node,
-                    device = %device,
-                    cause = cause.label(),
-                    pause_s = pause.as_secs(),
-                    "pair still dead after re-applying and re-handshaking it: the fault is \
-                     outside this node; trying again in {} s",
-                    pause.as_secs()
-                );
+                if self.crowd.backing_off.is_empty() {
+                    warn!(
+                        node = %node,
+                        device = %device,
+                        cause = cause.label(),
+                        pause_s = pause.as_secs(),
+                        "pair still dead after re-applying and re-handshaking it: the fault is \
+                         outside this node; trying again in {} s",
+                        pause.as_secs()
+                    );
+                } else {
+                    debug!(node = %node, device = %device, pause_s = pause.as_secs(), "pair still dead; trying again later");
+                }
                 if let Some(tx) = &self.dead_pairs {
                     let _ = tx.try_send(node);
                 }
@@ -331,7 +385,7 @@ impl Watcher {
         let mut peers = Vec::new();
         for (peer, step, cause) in repairs {
             // One line a pair, unless a crowd: then one line, each pair at debug.
-            if repairs.len() <= REPAIRS_LOGGED {
+            if repairs.len() <= LOGGED {
                 info!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
             } else {
                 debug!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
@@ -357,10 +411,10 @@ impl Watcher {
                 Step::RecreateDevice => {}
             }
         }
-        if repairs.len() > REPAIRS_LOGGED {
+        if repairs.len() > LOGGED {
             let first: Vec<&str> = repairs
                 .iter()
-                .take(REPAIRS_LOGGED)
+                .take(LOGGED)
                 .map(|(p, ..)| p.node.as_str())
                 .collect();
             info!(device, pairs = repairs.len(), first = ?first, "repairing dead pairs");
@@ -433,4 +487,41 @@ fn peer_reads(device: &WgDevice) -> HashMap<PublicKey, PeerRead> {
             (*k, read)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_backends::plan::liveness::Cause;
+
+    fn dead(n: usize) -> Todo {
+        Todo::Dead {
+            device: "flannel-wg".into(),
+            node: format!("n{n}"),
+            cause: Cause::DeviceNotAnswering,
+            unanswered: Duration::from_secs(2),
+        }
+    }
+
+    fn backing_off(n: usize) -> Todo {
+        Todo::BackOff {
+            device: "flannel-wg".into(),
+            node: format!("n{n}"),
+            pause: Duration::from_secs(10),
+            cause: Cause::DeviceNotAnswering,
+        }
+    }
+
+    /// Up to `LOGGED` pairs of a kind get a line each; past it, the kind is one crowd.
+    #[test]
+    fn many_pairs_of_a_kind_in_one_read_are_a_crowd() {
+        let few: Vec<Todo> = (0..LOGGED).map(dead).chain((0..3).map(backing_off)).collect();
+        let c = crowd(&few);
+        assert!(c.dead.is_empty() && c.backing_off.is_empty());
+        let many: Vec<Todo> = (0..=LOGGED).map(dead).chain((0..3).map(backing_off)).collect();
+        let c = crowd(&many);
+        assert_eq!(c.dead.len(), LOGGED + 1);
+        assert_eq!(c.dead[0], "n0");
+        assert!(c.backing_off.is_empty());
+    }
 }
