@@ -515,10 +515,16 @@ mod tests {
     /// Up to `LOGGED` pairs of a kind get a line each; past it, the kind is one crowd.
     #[test]
     fn many_pairs_of_a_kind_in_one_read_are_a_crowd() {
-        let few: Vec<Todo> = (0..LOGGED).map(dead).chain((0..3).map(backing_off)).collect();
+        let few: Vec<Todo> = (0..LOGGED)
+            .map(dead)
+            .chain((0..3).map(backing_off))
+            .collect();
         let c = crowd(&few);
         assert!(c.dead.is_empty() && c.backing_off.is_empty());
-        let many: Vec<Todo> = (0..=LOGGED).map(dead).chain((0..3).map(backing_off)).collect();
+        let many: Vec<Todo> = (0..=LOGGED)
+            .map(dead)
+            .chain((0..3).map(backing_off))
+            .collect();
         let c = crowd(&many);
         assert_eq!(c.dead.len(), LOGGED + 1);
         assert_eq!(c.dead[0], "n0");
