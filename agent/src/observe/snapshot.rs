@@ -455,22 +455,7 @@ mod tests {
     fn view(nodes: &[&str]) -> Arc<ClusterView> {
         let mut view = ClusterView::default();
         for node in nodes {
-            view.insert(Lease {
-                node: node.to_string(),
-                subnet: None,
-                subnet_v6: None,
-                public_ip: None,
-                public_ipv6: None,
-                backend_type: "wireguard".into(),
-                backend_data: None,
-                backend_v6_data: None,
-                expires: None,
-                reach: Default::default(),
-                next_key: None,
-                created: None,
-                key_proof: None,
-                ml_kem_key: None,
-            });
+            view.insert(weft_lab::fixtures::lease(node, "", "", 1));
         }
         Arc::new(view)
     }
