@@ -208,8 +208,6 @@ pub struct State {
     /// routes are looked at again, so a request that changes one peer of 10,000 costs
     /// what that peer has, not the whole table.
     touched: Vec<IpNet>,
-    /// Every route is built again at the next `commit` (every peer was removed).
-    rebuild: bool,
     next_index: u32,
 }
 
@@ -388,17 +386,12 @@ impl State {
         self.by_index.clear();
         self.owners.clear();
         self.touched.clear();
-        self.rebuild = true;
+        self.routes = Routes::default();
     }
 
     /// Puts the routes in line with the AllowedIPs: once per UAPI request, for the
     /// AllowedIPs it touched.
     pub fn commit(&mut self) {
-        if std::mem::take(&mut self.rebuild) {
-            self.routes = Routes::default();
-            self.touched.clear();
-            self.touched.extend(self.owners.keys());
-        }
         for net in std::mem::take(&mut self.touched) {
             match self.owners.get(&net).and_then(|key| self.peers.get(key)) {
                 Some(peer) => self.routes.insert(net, peer.clone()),

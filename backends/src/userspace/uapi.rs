@@ -144,12 +144,11 @@ fn set_line(
                     e.config.keepalive = u16::try_from(num(value)?).map_err(|_| EINVAL)?
                 }
                 "replace_allowed_ips" if value == "true" => e.config.allowed_ips.clear(),
-                "allowed_ip" => {
-                    let net = value.parse::<IpNet>().map_err(|_| EINVAL)?.trunc();
-                    if !e.config.allowed_ips.contains(&net) {
-                        e.config.allowed_ips.push(net);
-                    }
-                }
+                // Truncated and kept once by `State::upsert`.
+                "allowed_ip" => e
+                    .config
+                    .allowed_ips
+                    .push(value.parse::<IpNet>().map_err(|_| EINVAL)?),
                 "protocol_version" if value == "1" => {}
                 "protocol_version" => return Err(EPROTO),
                 _ => return Err(EINVAL),
