@@ -42,19 +42,21 @@ struct Crowd {
 /// The crowds in one read's to-dos: each kind's nodes when more than `LOGGED`.
 fn crowd(todo: &[Todo]) -> Crowd {
     let nodes = |dead: bool| -> Vec<String> {
-        let nodes: Vec<String> = todo
-            .iter()
+        let of_kind = |t: &&Todo| match t {
+            Todo::Dead { .. } => dead,
+            Todo::BackOff { .. } => !dead,
+            _ => false,
+        };
+        if todo.iter().filter(of_kind).count() <= LOGGED {
+            return Vec::new(); // each gets its own line: no names copied
+        }
+        todo.iter()
+            .filter(of_kind)
             .filter_map(|t| match t {
-                Todo::Dead { node, .. } if dead => Some(node.clone()),
-                Todo::BackOff { node, .. } if !dead => Some(node.clone()),
+                Todo::Dead { node, .. } | Todo::BackOff { node, .. } => Some(node.clone()),
                 _ => None,
             })
-            .collect();
-        if nodes.len() > LOGGED {
-            nodes
-        } else {
-            Vec::new()
-        }
+            .collect()
     };
     Crowd {
         dead: nodes(true),
