@@ -14,7 +14,8 @@
 //! Key rotation (one node, all nodes, the PSK) runs on kernel devices and, as the control
 //! its loss is compared with, on the userspace device in the same VM. Every step runs in
 //! CI; `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the
-//! words.
+//! words, and `WEFT_VM_WG_DEBUG=1` logs every WireGuard handshake in the kernel and prints
+//! those lines (`wg-debug:`) at the end, to read beside the agents' logs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -203,6 +204,11 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "run '{label}' env {env} WEFT_LAB_EMULATED=1 RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
             binary.display()
         );
+    }
+    // WEFT_VM_WG_DEBUG=1: WireGuard's own messages of every handshake, printed at the end.
+    if std::env::var_os("WEFT_VM_WG_DEBUG").is_some() {
+        vm.kernel_args.push(weft_lab::vm::WG_DEBUG_ARG.into());
+        script += weft_lab::vm::WG_DEBUG_DUMP;
     }
     script += "if [ -n \"$failed\" ]; then echo \"=== failed:$failed\"; exit 1; fi\n";
 

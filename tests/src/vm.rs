@@ -52,7 +52,19 @@ pub struct Vm {
     /// Host directories that must stay visible at their own path even where the VM mounts
     /// a tmpfs (a workspace under `/tmp`, say), each shared read-only on its own.
     pub keep: Vec<PathBuf>,
+    /// Extra kernel command-line words (`WG_DEBUG_ARG`, say).
+    pub kernel_args: Vec<String>,
 }
+
+/// The kernel command-line word that turns on WireGuard's own debug messages (each
+/// handshake sent, received, invalid or retried, per device and peer) from the moment the
+/// module loads; `WG_DEBUG_DUMP` prints them at the end of a scenario. For a flaky
+/// kernel step: `WEFT_VM_WG_DEBUG=1` in `kernel_vm` sets both.
+pub const WG_DEBUG_ARG: &str = "wireguard.dyndbg=+p";
+/// A scenario's last lines: WireGuard's debug messages, with wall-clock times (the
+/// kernel's clock, which runs apart from the agents' by up to a second under emulation),
+/// keepalives left out.
+pub const WG_DEBUG_DUMP: &str = "dmesg --time-format iso | grep 'wireguard:' | grep -v 'keepalive' | sed 's/^/wg-debug: /' | tail -5000\n";
 
 /// What a scenario left: everything the VM printed, and the scenario's exit status
 /// (`None` if the VM stopped without reporting one).
@@ -180,6 +192,7 @@ impl Vm {
             accel: std::env::var("WEFT_VM_ACCEL").unwrap_or_else(|_| "tcg,thread=multi".into()),
             cpu: std::env::var("WEFT_VM_CPU").unwrap_or_else(|_| "max".into()),
             keep: Vec::new(),
+            kernel_args: Vec::new(),
         })
     }
 
@@ -249,9 +262,15 @@ impl Vm {
             .arg(self.kernel_image())
             .arg("-initrd")
             .arg(&initramfs)
+            .arg("-append")
+            .arg(
+                ["console=ttyS0 panic=-1 quiet loglevel=3"]
+                    .into_iter()
+                    .chain(self.kernel_args.iter().map(String::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
             .args([
-                "-append",
-                "console=ttyS0 panic=-1 quiet loglevel=3",
                 "-virtfs",
                 "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             ])
