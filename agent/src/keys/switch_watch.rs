@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use weft_backends::apply::wireguard::devices::WgImpl;
 use weft_backends::model::{KeyMove, KeyWatch};
 use weft_crypto::PublicKey;
@@ -105,7 +105,7 @@ fn raise_priority() {
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, NICE)
     };
     if done != 0 {
-        tracing::debug!(
+        debug!(
             error = %std::io::Error::last_os_error(),
             "the key-switch watcher keeps the default priority"
         );
@@ -165,7 +165,7 @@ async fn poll(wg: &mut WgImpl, watch: &KeyWatch, switched: &Switched) -> bool {
         let handshakes = match wg.handshakes(device).await {
             Ok(h) => h,
             Err(e) => {
-                tracing::debug!(error = %e, device, "reading handshakes for a key switch");
+                debug!(error = %e, device, "reading handshakes for a key switch");
                 continue;
             }
         };
@@ -216,17 +216,18 @@ async fn switch(wg: &mut WgImpl, moved: &KeyMove, handshake: Duration, switched:
 mod tests {
     use super::*;
 
+    /// The calling thread's niceness.
+    fn own_nice() -> libc::c_int {
+        // SAFETY: gettid and getpriority take and return plain integers.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
     #[test]
     fn the_watcher_thread_runs_at_a_higher_priority_where_allowed() {
         let (before, after) = std::thread::spawn(|| {
-            // SAFETY: as in `raise_priority`.
-            let read = || unsafe {
-                *libc::__errno_location() = 0;
-                libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t)
-            };
-            let before = read();
+            let before = own_nice();
             raise_priority();
-            (before, read())
+            (before, own_nice())
         })
         .join()
         .unwrap();
@@ -237,8 +238,6 @@ mod tests {
             assert!(after == before || after == NICE);
         }
         // Only that thread: this one keeps its own.
-        // SAFETY: as above.
-        let here = unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
-        assert_ne!(here, NICE);
+        assert_ne!(own_nice(), NICE);
     }
 }
