@@ -56,7 +56,12 @@ impl Controller<'_> {
             .liveness
             .as_ref()
             .map(crate::liveness::Handle::applying);
-        let result = if full {
+        let result = if full && self.tables_vouched_for() {
+            self.dataplane
+                .reconcile_trusting_tables(&state, &self.keys.key)
+                .instrument(span)
+                .await
+        } else if full {
             self.dataplane
                 .reconcile(&state, &self.keys.key)
                 .instrument(span)

@@ -89,8 +89,10 @@ pub(super) struct Controller<'a> {
     psk_check: tokio::time::Interval,
     /// An nftables event came after the tables were last listed.
     pub(super) nft_dirty: bool,
-    /// When the tables were last listed.
+    /// When the tables were last listed (or last verified beside the loop).
     pub(super) nft_listed: Instant,
+    /// The verifications run beside the loop: whether the tables were as planned.
+    pub(super) nft_verified: super::nft_check::Verifications,
     /// ipsec: this node's announced next epoch, until its moment.
     pub(super) esp_rotation: Option<super::esp_epoch::EspRotation>,
     /// ipsec: a `RekeyAfter` rotation that could not start is tried again from then on.
@@ -235,6 +237,7 @@ pub(crate) async fn control_loop(
         psk_check: interval(Duration::from_secs(1)),
         nft_dirty: true,
         nft_listed: Instant::now(),
+        nft_verified: Default::default(),
         esp_rotation: None,
         rekey_not_before: None,
         esp_heard: Default::default(),
@@ -419,6 +422,8 @@ impl Controller<'_> {
                     if self.inputs.nft_changes.is_some() => {
                     self.nft_event(changed).await;
                 }
+                // A verification beside the loop found the tables as planned, or not.
+                Some(as_planned) = self.nft_verified.results.recv() => self.nft_verified(as_planned),
                 // An event that came too soon after the last listing.
                 () = sleep_for(nft_deferred) => self.check_nft().await,
                 _ = self.nft_check.tick() => {

@@ -19,6 +19,22 @@ use crate::model::{DesiredState, PeerObserved, PeerSpec, TunnelSpec};
 use crate::netconf::Implementation;
 use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 
+/// What a pass reads afresh rather than taking as last read.
+#[derive(Clone, Copy)]
+struct Reads {
+    /// Every WireGuard device (otherwise: as last read, plus this agent's changes since).
+    devices: bool,
+    /// weft's nftables tables (otherwise: as last listed, unless the plan changed them).
+    tables: bool,
+}
+
+impl Reads {
+    const ALL: Reads = Reads {
+        devices: true,
+        tables: true,
+    };
+}
+
 /// What one reconcile did: one line per change, one per failure.
 #[derive(Debug, Default)]
 pub struct DataplaneReport {
@@ -250,7 +266,23 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
-        self.pass(state, key, true).await
+        self.pass(state, key, Reads::ALL).await
+    }
+
+    /// As `reconcile`, but the nftables tables are taken as last listed unless the plan
+    /// changed them: for a full pass while nf_tables' events say nothing changed since the
+    /// tables were last listed. Listing them costs five `nft` runs, seconds on a starved
+    /// CPU, and the control loop waits for them.
+    pub async fn reconcile_trusting_tables(
+        &mut self,
+        state: &DesiredState,
+        key: &PrivateKey,
+    ) -> Result<DataplaneReport, ApplyError> {
+        let reads = Reads {
+            devices: true,
+            tables: false,
+        };
+        self.pass(state, key, reads).await
     }
 
     /// As `reconcile`, for a pass woken by a registry change or a deletion: WireGuard
@@ -263,22 +295,27 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
-        self.pass(state, key, false).await
+        let reads = Reads {
+            devices: false,
+            tables: false,
+        };
+        self.pass(state, key, reads).await
     }
 
     async fn pass(
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
-        full: bool,
+        reads: Reads,
     ) -> Result<DataplaneReport, ApplyError> {
+        let full = reads.devices;
         let mut report = DataplaneReport::default();
         let mut t = std::time::Instant::now();
         // Before any route: a pass whose guard is not in place installs none (fail closed).
         // A plan without a guard (an unencrypted backend) only removes stale guard tables,
         // after everything else.
         let guarded = !state.guard.is_empty();
-        if guarded && !self.guard(state, full, &mut report).await {
+        if guarded && !self.guard(state, reads.tables, &mut report).await {
             return Ok(report);
         }
         self.routing(state, &mut report).await?;
@@ -310,9 +347,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             report.errors.extend(wg.start_handshakes(&added));
         }
         if !guarded {
-            self.guard(state, full, &mut report).await;
+            self.guard(state, reads.tables, &mut report).await;
         }
-        if !full && self.nft_seen.as_ref() == Some(&state.masquerade) {
+        if !reads.tables && self.nft_seen.as_ref() == Some(&state.masquerade) {
             return Ok(report);
         }
         let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
@@ -325,18 +362,18 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         Ok(report)
     }
 
-    /// The guard tables (`apply::guard`): checked on full passes and whenever the plan's
-    /// guard changes. Returns whether the planned guard is in place.
+    /// The guard tables (`apply::guard`): listed when `list` says so and whenever the
+    /// plan's guard changes. Returns whether the planned guard is in place.
     async fn guard(
         &mut self,
         state: &DesiredState,
-        full: bool,
+        list: bool,
         report: &mut DataplaneReport,
     ) -> bool {
-        if !full && self.guard_seen.as_ref() == Some(&state.guard) {
+        if !list && self.guard_seen.as_ref() == Some(&state.guard) {
             return true;
         }
-        match super::guard::reconcile_guard(&mut self.nft, &state.guard, full).await {
+        match super::guard::reconcile_guard(&mut self.nft, &state.guard, list).await {
             Ok(changes) => {
                 report.changes.extend(changes);
                 self.guard_seen = Some(state.guard.clone());

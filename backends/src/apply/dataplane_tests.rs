@@ -294,3 +294,50 @@ fn no_route_goes_in_before_the_guard() {
     );
     assert!(nl(&mut dp).routes.contains_key(&(net("10.244.2.0/24"), 0)));
 }
+
+/// A full pass that trusts the tables (nf_tables' events vouch for them) reads every device
+/// afresh but lists no table: a table changed behind its back stays as found, for the
+/// checks to repair; the plain full pass puts it back. A guard the plan changes goes in
+/// either way, before any route.
+#[test]
+fn a_full_pass_trusting_the_tables_reads_the_devices_and_leaves_the_tables() {
+    let mut dp = wireguard_plane();
+    let two = desired(2);
+    pass(&mut dp, &two, true);
+    let masq = ("ip".to_string(), "flannel-ipv4".to_string());
+    dp.kernel().1.tables.remove(&masq);
+    // A peer's AllowedIPs changed behind the agent: only a full read finds it.
+    let peer = *wg(&mut dp).devices[WG_DEVICE].peers.keys().next().unwrap();
+    wg(&mut dp)
+        .devices
+        .get_mut(WG_DEVICE)
+        .unwrap()
+        .peers
+        .get_mut(&peer)
+        .unwrap()
+        .allowed_ips
+        .clear();
+    let report = block_on(dp.reconcile_trusting_tables(&two, &key())).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(!dp.kernel().1.tables.contains_key(&masq), "no table listed");
+    assert!(
+        !wg(&mut dp).devices[WG_DEVICE].peers[&peer]
+            .allowed_ips
+            .is_empty(),
+        "the device read afresh and put back"
+    );
+    let (writes, _) = pass(&mut dp, &two, true);
+    assert_eq!(
+        writes[1], 1,
+        "the plain full pass lists and replaces the table"
+    );
+    assert!(dp.kernel().1.tables.contains_key(&masq));
+
+    // A new guard (another node's subnet) is written by the trusting pass too.
+    let mut changed = two.clone();
+    changed.guard[0].own = Some(net("10.244.9.0/24"));
+    let before = counts(&mut dp)[1];
+    let report = block_on(dp.reconcile_trusting_tables(&changed, &key())).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(counts(&mut dp)[1] - before, 1, "{:?}", report.changes);
+}

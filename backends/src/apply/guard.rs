@@ -61,18 +61,8 @@ pub(super) async fn reconcile_guard<N: Nft>(
 ) -> Result<Vec<String>, ApplyError> {
     let mut changes = Vec::new();
     for family in [Family::Ipv4, Family::Ipv6] {
-        let spec = guard.iter().find(|g| g.family == family);
-        let have = nft.list(family, TABLE).await?;
-        let (what, batch) = match (spec, have) {
-            (Some(s), Some(listing)) if observed(&listing) == chains(s) => continue,
-            (Some(s), _) => (
-                format!("replace nftables table {} {TABLE}", family.nft()),
-                replace_table(family, TABLE, chains(s)),
-            ),
-            (None, Some(_)) => (format!("delete nftables table {} {TABLE}", family.nft()), {
-                delete(family, TABLE)
-            }),
-            (None, None) => continue,
+        let Some((what, batch)) = family_change(nft, guard, family).await? else {
+            continue;
         };
         nft.apply(&what, batch).await?;
         changes.push(what);
@@ -83,6 +73,43 @@ pub(super) async fn reconcile_guard<N: Nft>(
         changes.push(what);
     }
     Ok(changes)
+}
+
+/// Whether the guard tables hold what `guard` plans, and no legacy table is left; reads
+/// only (see `nft::tables_as_planned`).
+pub(super) async fn as_planned<N: Nft>(
+    nft: &mut N,
+    guard: &[GuardSpec],
+) -> Result<bool, ApplyError> {
+    for family in [Family::Ipv4, Family::Ipv6] {
+        if family_change(nft, guard, family).await?.is_some() {
+            return Ok(false);
+        }
+    }
+    Ok(nft.list(Family::Ipv4, LEGACY_TABLE).await?.is_none())
+}
+
+/// What `family`'s guard table needs to match `guard` (its description and batch), or
+/// `None` if it does already.
+async fn family_change<N: Nft>(
+    nft: &mut N,
+    guard: &[GuardSpec],
+    family: Family,
+) -> Result<Option<(String, Value)>, ApplyError> {
+    let spec = guard.iter().find(|g| g.family == family);
+    let have = nft.list(family, TABLE).await?;
+    Ok(match (spec, have) {
+        (Some(s), Some(listing)) if observed(&listing) == chains(s) => None,
+        (Some(s), _) => Some((
+            format!("replace nftables table {} {TABLE}", family.nft()),
+            replace_table(family, TABLE, chains(s)),
+        )),
+        (None, Some(_)) => Some((
+            format!("delete nftables table {} {TABLE}", family.nft()),
+            delete(family, TABLE),
+        )),
+        (None, None) => None,
+    })
 }
 
 fn delete(family: Family, table: &str) -> Value {

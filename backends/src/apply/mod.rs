@@ -37,7 +37,8 @@ pub use netlink::{
     VxlanNetlink, XfrmInfo, RTPROT_WEFT,
 };
 pub use nft::{
-    expected_rules, listed_rules, reconcile_nft, Nft, NftCli, NftReport, TABLES as NFT_TABLES,
+    expected_rules, listed_rules, reconcile_nft, tables_as_planned, Nft, NftCli, NftReport,
+    TABLES as NFT_TABLES,
 };
 pub use port_taken::holder as udp_port_holder;
 pub use routing::{diff_link, diff_routes, RoutingChange};

@@ -254,21 +254,8 @@ pub async fn reconcile_nft<N: Nft>(
 ) -> Result<NftReport, ApplyError> {
     let mut report = NftReport::default();
     for (family, name) in TABLES {
-        let want = desired
-            .iter()
-            .find(|t| t.family == family && t.table == name);
-        let have = nft.list(family, name).await?;
-        let (what, batch) = match (want, have) {
-            (Some(t), Some(listing)) if observed(&listing) == wanted(t) => continue,
-            (Some(t), _) => (
-                format!("replace nftables table {} {name}", family.nft()),
-                replace_batch(t),
-            ),
-            (None, Some(_)) => (
-                format!("delete nftables table {} {name}", family.nft()),
-                json!({"nftables": [{"delete": {"table": {"family": family.nft(), "name": name}}}]}),
-            ),
-            (None, None) => continue,
+        let Some((what, batch)) = table_change(nft, desired, family, name).await? else {
+            continue;
         };
         match nft.apply(&what, batch).await {
             Ok(()) => report.applied.push(what),
@@ -276,4 +263,46 @@ pub async fn reconcile_nft<N: Nft>(
         }
     }
     Ok(report)
+}
+
+/// What table `family name` needs to match `desired` (its description and batch), or
+/// `None` if it does already.
+async fn table_change<N: Nft>(
+    nft: &mut N,
+    desired: &[MasqueradeTable],
+    family: Family,
+    name: &str,
+) -> Result<Option<(String, Value)>, ApplyError> {
+    let want = desired
+        .iter()
+        .find(|t| t.family == family && t.table == name);
+    let have = nft.list(family, name).await?;
+    Ok(match (want, have) {
+        (Some(t), Some(listing)) if observed(&listing) == wanted(t) => None,
+        (Some(t), _) => Some((
+            format!("replace nftables table {} {name}", family.nft()),
+            replace_batch(t),
+        )),
+        (None, Some(_)) => Some((
+            format!("delete nftables table {} {name}", family.nft()),
+            json!({"nftables": [{"delete": {"table": {"family": family.nft(), "name": name}}}]}),
+        )),
+        (None, None) => None,
+    })
+}
+
+/// Whether weft's tables hold what `masquerade` and `guard` plan, by listing them and
+/// changing nothing: the check that may run beside the control loop, which repairs
+/// (`reconcile_nft`, the guard's pass) only when this finds a difference.
+pub async fn tables_as_planned<N: Nft>(
+    nft: &mut N,
+    masquerade: &[MasqueradeTable],
+    guard: &[crate::model::GuardSpec],
+) -> Result<bool, ApplyError> {
+    for (family, name) in TABLES {
+        if table_change(nft, masquerade, family, name).await?.is_some() {
+            return Ok(false);
+        }
+    }
+    super::guard::as_planned(nft, guard).await
 }

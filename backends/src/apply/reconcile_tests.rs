@@ -169,6 +169,61 @@ fn routing_fails_closed_converges_and_heals() {
     assert_eq!(routing_pass(&mut nl, &smaller), 0);
 }
 
+/// The verification the agent runs beside its control loop: it finds any difference in
+/// weft's tables (masquerade, guard, a legacy table left) and never writes.
+#[test]
+fn the_tables_are_verified_by_reading_alone() {
+    use super::tables_as_planned;
+    let state = desired(2);
+    let guard = [crate::model::GuardSpec {
+        family: crate::model::Family::Ipv4,
+        network: "10.244.0.0/16".parse().unwrap(),
+        own: Some("10.244.1.0/24".parse().unwrap()),
+        tunnels: vec![WG_DEVICE.into()],
+        underlay: None,
+    }];
+    let mut nft = FakeNft::default();
+    let verify = |nft: &mut FakeNft| {
+        let before = nft.writes();
+        let found = block_on(tables_as_planned(nft, &state.masquerade, &guard)).unwrap();
+        assert_eq!(nft.writes(), before, "a verification writes nothing");
+        found
+    };
+    assert!(!verify(&mut nft), "no table yet");
+    block_on(reconcile_nft(&mut nft, &state.masquerade)).unwrap();
+    assert!(!verify(&mut nft), "the guard missing");
+    block_on(super::guard::reconcile_guard(&mut nft, &guard, true)).unwrap();
+    assert!(verify(&mut nft), "as planned");
+
+    let mut broken = nft.tables.clone();
+    let masq = ("ip".to_string(), "flannel-ipv4".to_string());
+    broken.get_mut(&masq).unwrap()["nftables"]
+        .as_array_mut()
+        .unwrap()
+        .pop();
+    for (what, tables) in [
+        ("a masquerade rule deleted", broken),
+        ("the guard table deleted", {
+            let mut t = nft.tables.clone();
+            t.remove(&("ip".to_string(), super::guard::TABLE.to_string()));
+            t
+        }),
+        ("an earlier version's table left", {
+            let mut t = nft.tables.clone();
+            let legacy = ("ip".to_string(), super::guard::LEGACY_TABLE.to_string());
+            t.insert(legacy, serde_json::json!({"nftables": []}));
+            t
+        }),
+    ] {
+        let mut changed = FakeNft::default();
+        changed.tables = tables;
+        assert!(!verify(&mut changed), "{what}");
+    }
+    // Planned without masquerading or guard: weft's tables left over are a difference.
+    let found = block_on(tables_as_planned(&mut nft, &[], &[])).unwrap();
+    assert!(!found);
+}
+
 #[test]
 fn nftables_are_replaced_only_when_they_differ() {
     let state = desired(2);
