@@ -64,6 +64,40 @@ fn wait_for(lab: &Lab, what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
+/// A fault on node 0's device, made once and then again every 100 ms until dropped: the
+/// agent puts drift back within a second or two (its liveness watcher reads the device
+/// twice, then a full pass repairs it), sooner than a doctor under the VM's emulation has
+/// started, and then waits at least 10 s before repairing the same drift again. Made
+/// again at once, the fault is there whenever the doctor looks, as a process that keeps
+/// changing the device would make it. Dropped, it stops making it and waits for the loop's
+/// end, so nothing of it runs after.
+struct Persisting<'a> {
+    lab: &'a Lab,
+    again: std::process::Child,
+}
+
+/// The file whose presence ends a `Persisting` loop (in node 0's own `/run`).
+const STOP: &str = "/run/doctor-fault.stop";
+
+impl<'a> Persisting<'a> {
+    fn start(lab: &'a Lab, script: &str) -> Persisting<'a> {
+        lab.on_node(0, &format!("rm -f {STOP} && {script}"))
+            .unwrap();
+        let again = format!("while [ ! -e {STOP} ]; do {script}; sleep 0.1; done");
+        let again = lab.spawn_on_node(0, &again).unwrap();
+        Persisting { lab, again }
+    }
+}
+
+impl Drop for Persisting<'_> {
+    fn drop(&mut self) {
+        if self.lab.on_node(0, &format!("touch {STOP}")).is_err() {
+            let _ = self.again.kill();
+        }
+        let _ = self.again.wait();
+    }
+}
+
 #[test]
 fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     // No periodic resync: it would repair what the test breaks before the doctor looks (the
@@ -87,14 +121,12 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     }
 
     // The device's key replaced behind the agent's back.
-    lab.on_node(
-        0,
-        "wg genkey > /run/other.key && wg set flannel-wg private-key /run/other.key",
-    )
-    .unwrap();
+    lab.on_node(0, "wg genkey > /run/other.key").unwrap();
+    let fault = Persisting::start(&lab, "wg set flannel-wg private-key /run/other.key");
     let (code, out) = doctor(&lab, 0);
     assert_eq!(code, 1, "{out}");
     assert_fails(&out, "published key", "but this node publishes");
+    drop(fault);
     lab.on_node(
         0,
         "wg set flannel-wg private-key /var/lib/weft/wireguard.key",
@@ -102,26 +134,25 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     .unwrap();
 
     // A peer nobody publishes.
-    lab.on_node(
-        0,
-        "wg set flannel-wg peer $(wg genkey | wg pubkey | tee /run/extra.pub)",
-    )
-    .unwrap();
+    lab.on_node(0, "wg genkey | wg pubkey > /run/extra.pub")
+        .unwrap();
+    let fault = Persisting::start(&lab, "wg set flannel-wg peer $(cat /run/extra.pub)");
     let (_, out) = doctor(&lab, 0);
     assert_fails(&out, "peers on device", "no node publishes it");
+    drop(fault);
     lab.on_node(0, "wg set flannel-wg peer $(cat /run/extra.pub) remove")
         .unwrap();
 
     // A peer missing.
     let key1 = lab.wg_public_key(1).unwrap();
-    lab.on_node(0, &format!("wg set flannel-wg peer {key1} remove"))
-        .unwrap();
+    let fault = Persisting::start(&lab, &format!("wg set flannel-wg peer {key1} remove"));
     let (_, out) = doctor(&lab, 0);
     assert_fails(
         &out,
         "peers on device",
         &format!("missing from flannel-wg: {}", name(&lab, 1)),
     );
+    drop(fault);
     lab.stop_agent(0, "TERM").unwrap();
     // The restarted agent's snapshot (what the doctor reads) is filled by its first pass.
     let log = lab.nodes[0].agent_log();

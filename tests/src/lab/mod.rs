@@ -420,6 +420,17 @@ impl Lab {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Starts `script` as `on_node` runs it, without waiting for it: the caller kills the
+    /// child (its output goes nowhere).
+    pub fn spawn_on_node(&self, i: usize, script: &str) -> anyhow::Result<Child> {
+        self.node_shell(i, script)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting on node {i}: {script}"))
+    }
+
     pub fn fabric(&self) -> String {
         format!("{}-fab", self.tag)
     }
