@@ -22,6 +22,10 @@ const PORT: u16 = 10267;
 fn lab() -> Lab {
     let mut cfg = LabConfig::wireguard(3, WEFT);
     cfg.extra_args.push(format!("--healthz-port={PORT}"));
+    // No periodic resync: these faults are the liveness watcher's to name and repair, and
+    // a resync that comes right after one puts it back unnamed (a full pass takes 0.1–0.5
+    // s in the VM, where one put the AllowedIPs fault back 1 s after it was made).
+    cfg.extra_args.push("--resync-period=3600".into());
     Lab::start(cfg).unwrap()
 }
 
