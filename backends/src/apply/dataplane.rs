@@ -33,6 +33,14 @@ impl Reads {
         devices: true,
         tables: true,
     };
+    const DEVICES: Reads = Reads {
+        devices: true,
+        tables: false,
+    };
+    const NONE: Reads = Reads {
+        devices: false,
+        tables: false,
+    };
 }
 
 /// What one reconcile did: one line per change, one per failure.
@@ -278,11 +286,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
-        let reads = Reads {
-            devices: true,
-            tables: false,
-        };
-        self.pass(state, key, reads).await
+        self.pass(state, key, Reads::DEVICES).await
     }
 
     /// As `reconcile`, for a pass woken by a registry change or a deletion: WireGuard
@@ -295,11 +299,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         key: &PrivateKey,
     ) -> Result<DataplaneReport, ApplyError> {
-        let reads = Reads {
-            devices: false,
-            tables: false,
-        };
-        self.pass(state, key, reads).await
+        self.pass(state, key, Reads::NONE).await
     }
 
     async fn pass(
