@@ -247,7 +247,8 @@ fn timers(device: std::sync::Weak<Device>) {
             noise.retire();
             // Looked at only for a peer without a `Tunn` (none of an active mesh's).
             let keepalive = || lock(&peer.config).keepalive != 0 && peer.route().is_some();
-            let out = if noise.tunn.is_none() && (noise.retiring.is_some() || keepalive()) {
+            let replaced = noise.retiring.is_some() || noise.initiate;
+            let out = if noise.tunn.is_none() && (replaced || keepalive()) {
                 // A PSK, keepalive or private key change replaced it: the new state
                 // handshakes at once. So does a peer with a persistent keepalive and
                 // nothing sent yet: kernel WireGuard sends its first keepalive as soon as

@@ -33,6 +33,13 @@ pub struct Noise {
     /// The index of the last `Tunn` retired, kept in the device's index map until the
     /// next change or the peer's removal (then taken out of it).
     pub retired_index: Option<u32>,
+    /// `tunn` answered an initiation: it holds a session the peer sends on as soon as it
+    /// has the response, which boringtun counts as established only once the peer's
+    /// first packet arrived on it.
+    pub answered: bool,
+    /// A change replaced a `Tunn` that was in use: the next one handshakes at once (the
+    /// timer thread), not only when traffic asks for it.
+    pub initiate: bool,
     /// Bytes of handshake messages sent to the peer (initiations, responses), which
     /// boringtun does not count: `tx_bytes` includes them as kernel WireGuard's does, so a
     /// pair whose handshakes go unanswered (a wrong endpoint or PSK from the start, no
@@ -56,19 +63,25 @@ impl Noise {
             tunn: None,
             retiring: None,
             retired_index: None,
+            answered: false,
+            initiate: false,
             handshake_tx: 0,
             carried: (0, 0),
         }
     }
 
     /// Replaces the `Tunn` with a fresh one under session index `index`, made on first
-    /// use; a `Tunn` with a session is kept as the retiring one. Returns the indices that
-    /// no longer belong to this peer.
+    /// use (at once by the timer thread if the old one was in use); a `Tunn` with a
+    /// session, or one that answered an initiation (the peer may be sending on that
+    /// session already), is kept as the retiring one. Returns the indices that no longer
+    /// belong to this peer.
     pub fn replace(&mut self, index: u32) -> Vec<u32> {
         let old_index = std::mem::replace(&mut self.index, index);
         let mut freed: Vec<u32> = self.retired_index.take().into_iter().collect();
+        let answered = std::mem::take(&mut self.answered);
+        self.initiate |= self.tunn.is_some();
         match self.tunn.take() {
-            Some(tunn) if established(&tunn) => {
+            Some(tunn) if answered || established(&tunn) => {
                 if let Some(r) = self.retiring.take() {
                     self.carry(&r.tunn);
                     freed.push(r.index);
@@ -107,9 +120,11 @@ impl Noise {
             .map(|r| &mut *r.tunn)
     }
 
-    /// The retiring `Tunn`, while the new one has no session: what traffic goes out on.
+    /// The retiring `Tunn`, while the new one has no session: what traffic goes out on
+    /// (once the retiring one's session is confirmed; until then the new one queues
+    /// traffic behind its handshake).
     pub fn sending_retiring(&mut self) -> Option<&mut Tunn> {
-        let retiring = self.retiring.as_mut()?;
+        let retiring = self.retiring.as_mut().filter(|r| established(&r.tunn))?;
         if self.tunn.as_deref().is_some_and(established) {
             return None;
         }

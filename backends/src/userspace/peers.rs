@@ -256,6 +256,7 @@ impl State {
     pub fn session<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunn> {
         if noise.tunn.is_none() {
             let id = self.identity.as_ref()?;
+            noise.initiate = false;
             let (psk, keepalive) = {
                 let c = lock(&peer.config);
                 (c.psk, c.keepalive)

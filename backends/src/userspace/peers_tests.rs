@@ -343,3 +343,94 @@ fn a_psk_change_keeps_the_peers_transfer_counts() {
         "{before:?} then {after:?}"
     );
 }
+
+/// What a `Receiver` under test sent and delivered.
+#[derive(Default)]
+struct Captured {
+    sent: Vec<Vec<u8>>,
+    delivered: usize,
+}
+
+impl super::super::rx::Outputs for &mut Captured {
+    fn send(&mut self, _: super::super::udp::Endpoint, datagram: &[u8]) {
+        self.sent.push(datagram.to_vec());
+    }
+    fn deliver(&mut self, _: &[u8]) {
+        self.delivered += 1;
+    }
+}
+
+/// One datagram through `state`'s receiving side: what it answered, and how many packets
+/// reached the TUN device.
+fn receive(state: &State, datagram: &[u8]) -> Captured {
+    let mut captured = Captured::default();
+    let from: std::net::SocketAddr = "192.0.2.1:51820".parse().unwrap();
+    let mut rx = super::super::rx::Receiver::new(&mut captured, false);
+    rx.batch(state, datagram, 0, (from, None));
+    drop(rx);
+    captured
+}
+
+/// A PSK (or key) change that comes just after the device answered an initiation keeps
+/// the session that answer made: the initiator sends on it as soon as it has the
+/// response, and its first packets still arrive. The new `Tunn` then handshakes at once,
+/// not only when traffic asks (in the VM, a pair whose PSKs both changed this way had no
+/// session and no handshake until its pods sent something).
+#[test]
+fn a_change_just_after_answering_keeps_the_answered_session_and_handshakes_at_once() {
+    use boringtun::noise::TunnResult;
+    let secret = |n: u8| StaticSecret::from([n; 32]);
+    let (a_key, b_key) = (secret(1), secret(2));
+    let a = node(&a_key, &b_key);
+    let mut b = node(&b_key, &a_key);
+    let peer_b = a.peers.values().next().cloned().unwrap();
+    let peer_a = b.peers.values().next().cloned().unwrap();
+    let mut buf = vec![0u8; 2048];
+    let init = {
+        let mut noise = lock(&peer_b.noise);
+        match a
+            .session(&mut noise, &peer_b)
+            .unwrap()
+            .format_handshake_initiation(&mut buf, false)
+        {
+            TunnResult::WriteToNetwork(p) => p.to_vec(),
+            _ => panic!("no initiation"),
+        }
+    };
+    let answered = receive(&b, &init);
+    assert_eq!(answered.sent.len(), 1, "b answers the initiation");
+    let keepalive = deliver(&a, &answered.sent[0]).expect("a takes the response");
+
+    // b's PSK changes before a's first packet on the new session has arrived.
+    let psk = PeerConfig {
+        psk: Some([7; 32]),
+        ..with(&["10.0.0.0/24"])
+    };
+    b.upsert(PublicKey::from(&a_key).to_bytes(), psk, None);
+    b.commit();
+    assert!(
+        lock(&peer_a.noise).initiate,
+        "the new Tunn is due to handshake at once"
+    );
+    assert!(receive(&b, &keepalive).sent.is_empty());
+    let mut pkt = vec![0u8; 40];
+    pkt[0] = 0x45;
+    pkt[3] = 40;
+    pkt[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    let data = {
+        let mut noise = lock(&peer_b.noise);
+        match a
+            .sending(&mut noise, &peer_b)
+            .unwrap()
+            .encapsulate(&pkt, &mut buf)
+        {
+            TunnResult::WriteToNetwork(p) => p.to_vec(),
+            _ => panic!("a does not send on its new session"),
+        }
+    };
+    assert_eq!(
+        receive(&b, &data).delivered,
+        1,
+        "a's packet on the answered session reaches b's pods"
+    );
+}

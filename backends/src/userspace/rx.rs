@@ -201,6 +201,8 @@ impl<O: Outputs> Receiver<O> {
             flush_queue(tunn, &mut self.plain, &mut self.out, back);
         }
         noise.handshake_tx += answered;
+        // The current state answered: it holds a session the peer may send on at once.
+        noise.answered |= answered > 0 && verified;
     }
 
     /// Handles the datagrams of one receive from `from` (to this host's `local` address,
