@@ -330,6 +330,9 @@ impl Controller<'_> {
     /// Waits for whatever calls for the next pass, handling on the way what needs none
     /// (the nftables check, rotation requests).
     async fn wait(&mut self) -> Wake {
+        if let Some(wake) = self.moments_past().await {
+            return wake;
+        }
         loop {
             // An announced PSK takes over at its moment. The pass owed is the first planned
             // after it, even if the loop was busy elsewhere (the nftables check, a
@@ -432,6 +435,35 @@ impl Controller<'_> {
                 }
             }
         }
+    }
+
+    /// The announced moments that passed while the loop was busy (a pass, a check): taken
+    /// before anything else. In the `select!` below their timers are not ready when first
+    /// polled even when due (tokio's timer fires on its next tick), so an event ready at
+    /// once (a registry change, a post-quantum PSK published) won every time: in the VM a
+    /// node switched its own key 2.4 s after its moment, behind four event passes, and its
+    /// peers' traffic fell into the gap.
+    async fn moments_past(&mut self) -> Option<Wake> {
+        let now = SystemTime::now();
+        let past = |at: Option<SystemTime>| at.is_some_and(|at| at <= now);
+        if past(self.esp_rotation.map(|r| r.due())) && self.esp_rotation_due().await {
+            return Some(Wake::Pass { full: false });
+        }
+        if past(self.keys.due()) && self.switch_own_key().await {
+            return Some(Wake::Pass { full: false });
+        }
+        let psk = self.inputs.psk.state.as_ref();
+        if past(psk.and_then(|p| p.next_switch(self.planned_at))) {
+            return Some(Wake::Pass { full: false });
+        }
+        if past(self.last.as_ref().and_then(|s| s.next_switch)) {
+            info!(
+                cause = "clock",
+                "a peer's announced key reached its grace: switching to it"
+            );
+            return Some(Wake::Pass { full: false });
+        }
+        None
     }
 
     /// This node's announced key switch, at its moment; whether a pass must follow. The
