@@ -15,7 +15,9 @@
 //! its loss is compared with, on the userspace device in the same VM. Every step runs in
 //! CI; `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the
 //! words, and `WEFT_VM_WG_DEBUG=1` logs every WireGuard handshake in the kernel and prints
-//! those lines (`wg-debug:`) at the end, to read beside the agents' logs.
+//! those lines (`wg-debug:`) at the end, to read beside the agents' logs;
+//! `WEFT_LAB_RUST_LOG=info,boringtun=debug` logs the userspace device's handshakes in the
+//! agents' logs (printed when a step fails).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -199,9 +201,13 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     // WEFT_VM_ONLY=doctor,heal runs only the steps whose labels contain one of the words.
     let only = std::env::var("WEFT_VM_ONLY").unwrap_or_default();
     let chosen = |label: &str| only.is_empty() || only.split(',').any(|w| label.contains(w));
+    // WEFT_LAB_RUST_LOG=info,boringtun=debug: the agents' log filter inside the VM too.
+    let lab_log = std::env::var("WEFT_LAB_RUST_LOG")
+        .map(|l| format!("WEFT_LAB_RUST_LOG='{l}'"))
+        .unwrap_or_default();
     for (label, env, binary, filter) in steps.iter().filter(|s| chosen(s.0)) {
         script += &format!(
-            "run '{label}' env {env} WEFT_LAB_EMULATED=1 RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
+            "run '{label}' env {env} {lab_log} WEFT_LAB_EMULATED=1 RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
             binary.display()
         );
     }

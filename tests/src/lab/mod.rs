@@ -377,8 +377,14 @@ impl Lab {
             None => script,
         };
         let mut command = self.node_shell(i, &script);
+        // WEFT_LAB_RUST_LOG replaces the agents' log filter (boringtun's handshake messages
+        // with `info,boringtun=debug`).
         command
-            .env("RUST_LOG", "info,boringtun=error")
+            .env(
+                "RUST_LOG",
+                std::env::var("WEFT_LAB_RUST_LOG")
+                    .unwrap_or_else(|_| "info,boringtun=error".into()),
+            )
             .env("NODE_NAME", format!("n{}", node.index));
         for (_, name, value) in self.cfg.agent_env.iter().filter(|(n, _, _)| *n == i) {
             command.env(name, value);

@@ -52,8 +52,9 @@ pub fn rounds(log: &str) -> Option<Rounds> {
 /// the userspace device handshake anew) on the device, from the agent's `data plane
 /// change=<device>: update peer <node> (<key>): … psk (new)` lines. A pass logs its changes
 /// as it ends, and the device may have handshaken under the new PSK before that: the
-/// moment given is the line before the pass's changes (`plan updated`, say), which the pass
-/// followed.
+/// moment given is the agent's line before the pass's changes (`plan updated`, say), which
+/// the pass followed; the device's own lines (boringtun's, when its log is on) come from
+/// its threads meanwhile and are passed over.
 pub fn psk_changes(log: &str) -> BTreeMap<(String, String), SystemTime> {
     let anew = |l: &str| {
         [" psk (new)", " psk removed", " keepalive "]
@@ -64,7 +65,9 @@ pub fn psk_changes(log: &str) -> BTreeMap<(String, String), SystemTime> {
     let mut before_pass = None;
     for line in log.lines() {
         let Some(change) = line.split(" data plane change=").nth(1) else {
-            before_pass = log_time(line).or(before_pass);
+            if !line.contains(" boringtun::") {
+                before_pass = log_time(line).or(before_pass);
+            }
             continue;
         };
         let Some((device, rest)) = change.split_once(": update peer ") else {
