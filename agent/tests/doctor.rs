@@ -21,12 +21,25 @@ fn verdict<'a>(out: &'a str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} check in:\n{out}"))
 }
 
-fn assert_fails(out: &str, name: &str, mentions: &str) {
+/// The end of node 1's agent log, for a failure's message.
+fn log_tail(lab: &Lab) -> String {
+    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    format!("node 1's agent log ends:\n{}", tail.join("\n"))
+}
+
+fn assert_fails(lab: &Lab, out: &str, name: &str, mentions: &str) {
     let line = verdict(out, name);
-    assert!(line.starts_with("FAIL"), "{name} should fail:\n{out}");
+    assert!(
+        line.starts_with("FAIL"),
+        "{name} should fail:\n{out}\n{}",
+        log_tail(lab)
+    );
     assert!(
         line.contains(mentions),
-        "{name} should mention {mentions:?}:\n{out}"
+        "{name} should mention {mentions:?}:\n{out}\n{}",
+        log_tail(lab)
     );
 }
 
@@ -52,13 +65,7 @@ fn wait_for(lab: &Lab, what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !ok() {
         if std::time::Instant::now() >= deadline {
-            let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            panic!(
-                "timed out waiting for {what}; node 1's agent log ends:\n{}",
-                tail.join("\n")
-            );
+            panic!("timed out waiting for {what}; {}", log_tail(lab));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -86,6 +93,24 @@ impl<'a> Persisting<'a> {
         let again = format!("while [ ! -e {STOP} ]; do {script}; sleep 0.1; done");
         let again = lab.spawn_on_node(0, &again).unwrap();
         Persisting { lab, again }
+    }
+}
+
+impl Persisting<'_> {
+    /// `weft doctor` on node 0 while the fault persists, until its check `name` fails: at
+    /// most three runs. Between two of the loop's rounds the agent may have put the device
+    /// back for a moment (any pass that writes the peer the loop removed), and a doctor that
+    /// read it then saw a healthy device (2 of 3 VM runs on 2026-11-28, the missing peer).
+    fn doctor_until_failing(&self, name: &str) -> (i32, String) {
+        let mut run = doctor(self.lab, 0);
+        for _ in 1..3 {
+            if verdict(&run.1, name).starts_with("FAIL") {
+                break;
+            }
+            println!("{name} passed while the fault persists (read between two rounds): again");
+            run = doctor(self.lab, 0);
+        }
+        run
     }
 }
 
@@ -123,9 +148,9 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     // The device's key replaced behind the agent's back.
     lab.on_node(0, "wg genkey > /run/other.key").unwrap();
     let fault = Persisting::start(&lab, "wg set flannel-wg private-key /run/other.key");
-    let (code, out) = doctor(&lab, 0);
+    let (code, out) = fault.doctor_until_failing("published key");
     assert_eq!(code, 1, "{out}");
-    assert_fails(&out, "published key", "but this node publishes");
+    assert_fails(&lab, &out, "published key", "but this node publishes");
     drop(fault);
     lab.on_node(
         0,
@@ -137,8 +162,8 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     lab.on_node(0, "wg genkey | wg pubkey > /run/extra.pub")
         .unwrap();
     let fault = Persisting::start(&lab, "wg set flannel-wg peer $(cat /run/extra.pub)");
-    let (_, out) = doctor(&lab, 0);
-    assert_fails(&out, "peers on device", "no node publishes it");
+    let (_, out) = fault.doctor_until_failing("peers on device");
+    assert_fails(&lab, &out, "peers on device", "no node publishes it");
     drop(fault);
     lab.on_node(0, "wg set flannel-wg peer $(cat /run/extra.pub) remove")
         .unwrap();
@@ -146,8 +171,9 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     // A peer missing.
     let key1 = lab.wg_public_key(1).unwrap();
     let fault = Persisting::start(&lab, &format!("wg set flannel-wg peer {key1} remove"));
-    let (_, out) = doctor(&lab, 0);
+    let (_, out) = fault.doctor_until_failing("peers on device");
     assert_fails(
+        &lab,
         &out,
         "peers on device",
         &format!("missing from flannel-wg: {}", name(&lab, 1)),
@@ -203,6 +229,7 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
         .unwrap();
     let (_, out) = doctor(&lab, 0);
     assert_fails(
+        &lab,
         &out,
         "reachability",
         &format!("{}: 198.51.100.2:51820 refused", name(&lab, 1)),
@@ -228,6 +255,7 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     let (code, out) = doctor(&lab, 0);
     assert_eq!(code, 1, "{out}");
     assert_fails(
+        &lab,
         &out,
         "handshakes",
         "10.244.251.0-24 (never, endpoint 198.51.100.77:51820)",
@@ -262,6 +290,7 @@ fn doctor_finds_a_path_that_cannot_carry_the_tunnels_packets() {
     println!("weft doctor, the path to node 3 shrunk:\n{out}");
     assert_eq!(code, 1, "{out}");
     assert_fails(
+        &lab,
         &out,
         "path MTU",
         "the path to 203.0.113.3 carries at most 1300-byte packets",
@@ -333,7 +362,7 @@ fn doctor_checks_vxlan_entries_and_port() {
     lab.on_node(1, "nft add table inet doctortest && nft add chain inet doctortest in '{ type filter hook input priority 0; }' && nft add rule inet doctortest in udp dport 8472 reject")
         .unwrap();
     let (_, out) = doctor(&lab, 0);
-    assert_fails(&out, "reachability", "198.51.100.2:8472 refused");
+    assert_fails(&lab, &out, "reachability", "198.51.100.2:8472 refused");
     lab.on_node(1, "nft delete table inet doctortest").unwrap();
 
     // A neighbour entry with the wrong MAC, then an FDB entry pointing elsewhere.
@@ -346,6 +375,7 @@ fn doctor_checks_vxlan_entries_and_port() {
     let (code, out) = doctor(&lab, 0);
     assert_eq!(code, 1, "{out}");
     assert_fails(
+        &lab,
         &out,
         "vxlan entries",
         &format!("neighbour {gateway} is 0a:0b:0c:0d:0e:0f"),
@@ -358,5 +388,5 @@ fn doctor_checks_vxlan_entries_and_port() {
     )
     .unwrap();
     let (_, out) = doctor(&lab, 0);
-    assert_fails(&out, "vxlan entries", "the node is at 198.51.100.2");
+    assert_fails(&lab, &out, "vxlan entries", "the node is at 198.51.100.2");
 }
