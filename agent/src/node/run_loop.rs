@@ -172,6 +172,15 @@ fn switch_near(at: SystemTime, now: SystemTime) -> bool {
     gap < SWITCH_GUARD
 }
 
+/// A peer's announced key reached its grace: the pass that switches to it.
+fn clock_switch() -> Wake {
+    info!(
+        cause = "clock",
+        "a peer's announced key reached its grace: switching to it"
+    );
+    Wake::Pass { full: false }
+}
+
 async fn sleep_for(wait: Option<Duration>) {
     match wait {
         Some(wait) => tokio::time::sleep(wait).await,
@@ -334,16 +343,7 @@ impl Controller<'_> {
             return wake;
         }
         loop {
-            // An announced PSK takes over at its moment. The pass owed is the first planned
-            // after it, even if the loop was busy elsewhere (the nftables check, a
-            // rotation) when the moment came: measured from the last plan, not from now.
-            let psk_switch = self
-                .inputs
-                .psk
-                .state
-                .as_ref()
-                .and_then(|p| p.next_switch(self.planned_at));
-            let peer_switch = self.last.as_ref().and_then(|s| s.next_switch);
+            let (psk_switch, peer_switch) = (self.psk_switch(), self.peer_switch());
             let nft_deferred = self.nft_deferred();
             let esp_poll = self.esp_poll();
             let rekey = self.rekey_due();
@@ -373,10 +373,7 @@ impl Controller<'_> {
                 // The announced PSK takes over.
                 () = sleep_until(psk_switch) => return Wake::Pass { full: false },
                 // A peer's announced switch, at the latest: its new key takes over now.
-                () = sleep_until(peer_switch) => {
-                    info!(cause = "clock", "a peer's announced key reached its grace: switching to it");
-                    return Wake::Pass { full: false };
-                }
+                () = sleep_until(peer_switch) => return clock_switch(),
                 // ipsec: has the peer that this node waits for sent on its next epoch?
                 () = sleep_for(esp_poll) => {
                     if self.esp_newly_heard().await {
@@ -452,18 +449,26 @@ impl Controller<'_> {
         if past(self.keys.due()) && self.switch_own_key().await {
             return Some(Wake::Pass { full: false });
         }
-        let psk = self.inputs.psk.state.as_ref();
-        if past(psk.and_then(|p| p.next_switch(self.planned_at))) {
+        if past(self.psk_switch()) {
             return Some(Wake::Pass { full: false });
         }
-        if past(self.last.as_ref().and_then(|s| s.next_switch)) {
-            info!(
-                cause = "clock",
-                "a peer's announced key reached its grace: switching to it"
-            );
-            return Some(Wake::Pass { full: false });
+        if past(self.peer_switch()) {
+            return Some(clock_switch());
         }
         None
+    }
+
+    /// An announced PSK takes over at its moment. The pass owed is the first planned after
+    /// it, even if the loop was busy elsewhere (the nftables check, a rotation) when the
+    /// moment came: measured from the last plan, not from now.
+    fn psk_switch(&self) -> Option<SystemTime> {
+        let psk = self.inputs.psk.state.as_ref();
+        psk.and_then(|p| p.next_switch(self.planned_at))
+    }
+
+    /// The next moment a peer's announced key takes over by the clock (the last plan's).
+    fn peer_switch(&self) -> Option<SystemTime> {
+        self.last.as_ref().and_then(|s| s.next_switch)
     }
 
     /// This node's announced key switch, at its moment; whether a pass must follow. The
