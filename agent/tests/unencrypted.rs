@@ -275,10 +275,9 @@ fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
     let mut lab = Lab::start(LabConfig::backend(2, WEFT, "vxlan", false)).unwrap();
     lab.assert_all_pairs();
     let mac = |lab: &Lab| {
-        in_ns(&lab.nodes[0].ns, "cat /sys/class/net/flannel.1/address")
-            .unwrap_or_default()
-            .trim()
-            .to_string()
+        let link = in_ns(&lab.nodes[0].ns, "ip -o link show flannel.1").unwrap_or_default();
+        let mut words = link.split_whitespace().skip_while(|w| *w != "link/ether");
+        words.nth(1).unwrap_or_default().to_string()
     };
     let published = |lab: &Lab| {
         let key = lab.lease_key(0).unwrap();

@@ -81,8 +81,10 @@ pub fn flow(from: &str, to_ns: &str, to: Ipv4Addr, parallel: u32) -> anyhow::Res
 
 /// The MTU of `eth0` in the pod namespace `ns` (the lab sets it from subnet.env).
 pub fn pod_mtu(ns: &str) -> anyhow::Result<u32> {
-    let out = in_ns(ns, "cat /sys/class/net/eth0/mtu")?;
-    out.trim()
-        .parse()
+    let out = in_ns(ns, "ip -o link show eth0")?;
+    out.split_whitespace()
+        .skip_while(|w| *w != "mtu")
+        .nth(1)
+        .and_then(|m| m.parse().ok())
         .with_context(|| format!("the MTU of eth0 in {ns}: {out:?}"))
 }

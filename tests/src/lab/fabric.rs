@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use anyhow::{bail, Context};
 
+use crate::netns::{command_with_mounts, Mounts};
+
 /// The namespaces a lab made; removed on drop, also when `Lab::start` fails half-way.
 #[derive(Default)]
 pub(super) struct Namespaces(Vec<String>);
@@ -14,7 +16,7 @@ impl Namespaces {
     pub(super) fn add(&mut self, name: &str) -> anyhow::Result<()> {
         run(Command::new("ip").args(["netns", "add", name]))?;
         self.0.push(name.to_string());
-        in_ns(name, "ip link set lo up")?;
+        run(Command::new("ip").args(["-n", name, "link", "set", "lo", "up"]))?;
         Ok(())
     }
 
@@ -60,7 +62,8 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
 
 /// `sh -c script` inside network namespace `ns`.
 pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
-    let out = run(Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]))?;
+    let out = run(crate::netns::command_in(ns, "sh").args(["-c", script]))
+        .with_context(|| format!("in namespace {ns}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -68,19 +71,8 @@ pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
 /// so the script's bind mounts (a node's own `/run`, say) are seen by it and its children
 /// only.
 pub fn in_ns_private_mounts(ns: &str, script: &str) -> Command {
-    let mut command = Command::new("ip");
-    command.args([
-        "netns",
-        "exec",
-        ns,
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-    ]);
+    let mut command = command_with_mounts(ns, "sh", &Mounts::private());
+    command.args(["-c", script]);
     command
 }
 

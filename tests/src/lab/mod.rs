@@ -50,6 +50,7 @@ pub use config::{
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
 use crate::kube_api::KubeApi;
+use crate::netns::{command_with_mounts, Mounts};
 use crate::Etcd;
 use fabric::{attach, attach_to, Namespaces};
 
@@ -410,12 +411,12 @@ impl Lab {
     /// `/var/lib/weft` bound in a mount namespace of its own.
     pub(crate) fn node_shell(&self, i: usize, script: &str) -> Command {
         let node = &self.nodes[i];
-        let wrapped = format!(
-            "mount --bind {} /run && mount --bind {} /var/lib/weft && {script}",
-            node.dir.join("run").display(),
-            node.dir.join("lib").display()
-        );
-        in_ns_private_mounts(&node.ns, &wrapped)
+        let mounts = Mounts::private()
+            .bind(&node.dir.join("run"), Path::new("/run"))
+            .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
+        let mut command = command_with_mounts(&node.ns, "sh", &mounts);
+        command.args(["-c", script]);
+        command
     }
 
     /// Runs `script` as node `i` sees the world: its network namespace and its private

@@ -2,13 +2,14 @@
 //! weft ships (see `cni`), once the node's agent has written subnet.env.
 
 use std::fs;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::fabric::in_ns_private_mounts;
 use super::{cni, Lab, Pod};
+use crate::netns::{command_with_mounts, Mounts};
 
 impl Lab {
     /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
@@ -122,12 +123,16 @@ impl Lab {
     fn cni_shell(&self, i: usize, script: &str) -> Command {
         let node = &self.nodes[i];
         let run = node.dir.join("run");
-        let wrapped = format!(
-            "mkdir -p {run}/netns /var/lib/cni && mount --rbind /run/netns {run}/netns && mount --rbind {run} /run && mount --bind {lib} /var/lib/weft && mount --bind {cni} /var/lib/cni && {script}",
-            run = run.display(),
-            lib = node.dir.join("lib").display(),
-            cni = node.dir.join("cni").display(),
-        );
-        in_ns_private_mounts(&node.ns, &wrapped)
+        let cni = Path::new("/var/lib/cni");
+        let mounts = Mounts::private()
+            .dir(&run.join("netns"))
+            .dir(cni)
+            .rbind(Path::new("/run/netns"), &run.join("netns"))
+            .rbind(&run, Path::new("/run"))
+            .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"))
+            .bind(&node.dir.join("cni"), cni);
+        let mut command = command_with_mounts(&node.ns, "sh", &mounts);
+        command.args(["-c", script]);
+        command
     }
 }

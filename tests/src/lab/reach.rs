@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::{in_ns, Lab};
+use super::Lab;
 
 impl Lab {
     /// Pings every pod from every pod on another node (each address of each pod, in a
@@ -53,7 +53,10 @@ impl Lab {
         let to = to.into();
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            if in_ns(from, &format!("ping -c 1 -W 1 -q {to}")).is_ok() {
+            let ping = crate::netns::command_in(from, "ping")
+                .args(["-c", "1", "-W", "1", "-q", &to.to_string()])
+                .output();
+            if ping.is_ok_and(|out| out.status.success()) {
                 return true;
             }
         }
