@@ -1,7 +1,8 @@
 //! The nftables reconciler against the real `nft` in a fresh network namespace per test:
 //! the masquerade set lands exactly as docs/architecture.md orders it, a second pass writes nothing, a
 //! flushed or deleted table comes back, other tables are never touched, and turning
-//! masquerading off removes only weft's tables.
+//! masquerading off removes only weft's tables. A round lists which tables exist once, and a
+//! table made or deleted behind it is still found.
 
 use weft_backends::apply::{reconcile_nft, Nft, NftCli};
 use weft_backends::model::MasqueradeTable;
@@ -99,5 +100,37 @@ fn a_flushed_or_deleted_table_comes_back_and_other_tables_stay() {
         assert_eq!(report.applied, ["delete nftables table ip flannel-ipv4"]);
         assert_eq!(sh("nft list tables"), "table ip filter\n");
         assert_eq!(sh("nft list table ip filter"), foreign);
+    });
+}
+
+#[test]
+fn a_table_made_behind_the_reconciler_is_seen_at_its_next_round() {
+    in_new_netns(|| async {
+        let mut nft = NftCli::default();
+        let want = tables(V4);
+        reconcile_nft(&mut nft, &want).await.unwrap();
+        // This round's listing named the tables there were: the IPv6 one was not.
+        nft.new_round();
+        assert!(reconcile_nft(&mut nft, &want)
+            .await
+            .unwrap()
+            .applied
+            .is_empty());
+        sh("nft add table ip6 flannel-ipv6");
+        // The next round lists the tables afresh and deletes the one the plan does not want.
+        nft.new_round();
+        let report = reconcile_nft(&mut nft, &want).await.unwrap();
+        assert_eq!(report.applied, ["delete nftables table ip6 flannel-ipv6"]);
+        assert_eq!(sh("nft list tables"), "table ip flannel-ipv4\n");
+        // A table deleted after its round's listing named it is found missing and put back.
+        nft.new_round();
+        assert!(nft
+            .list(weft_backends::model::Family::Ipv4, "flannel-ipv4")
+            .await
+            .unwrap()
+            .is_some());
+        sh("nft delete table ip flannel-ipv4");
+        let report = reconcile_nft(&mut nft, &want).await.unwrap();
+        assert_eq!(report.applied, ["replace nftables table ip flannel-ipv4"]);
     });
 }

@@ -252,6 +252,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
     ) -> Result<DataplaneReport, ApplyError> {
         let mut report = DataplaneReport::default();
         if tables {
+            self.nft.new_round();
             let nft = reconcile_nft(&mut self.nft, &state.masquerade).await?;
             report.changes = nft.applied;
             report.errors = nft.failed.iter().map(ToString::to_string).collect();
@@ -310,6 +311,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
     ) -> Result<DataplaneReport, ApplyError> {
         let full = reads.devices;
         let mut report = DataplaneReport::default();
+        self.nft.new_round();
         let mut t = std::time::Instant::now();
         // Before any route: a pass whose guard is not in place installs none (fail closed).
         // A plan without a guard (an unencrypted backend) only removes stale guard tables,
