@@ -61,14 +61,8 @@ fn name(lab: &Lab, i: usize) -> String {
 }
 
 /// Waits up to 20 s; on a timeout the failure shows the end of node 1's agent log.
-fn wait_for(lab: &Lab, what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !ok() {
-        if std::time::Instant::now() >= deadline {
-            panic!("timed out waiting for {what}; {}", log_tail(lab));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for(lab: &Lab, what: &str, ok: impl FnMut() -> bool) {
+    weft_lab::wait::until_or(what, Duration::from_secs(20), ok, || log_tail(lab));
 }
 
 /// A fault on node 0's device, made once and then again every 100 ms until dropped: the

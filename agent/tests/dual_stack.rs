@@ -28,14 +28,8 @@ fn wireguard_carries_both_families_between_all_pairs() {
         // The lease: `10.244.X.0-24&fd00:10:244:Y::-64`, with the node's IPv6 address.
         let key = lab.lease_key(i).unwrap();
         assert!(key.contains("&fd00:10:244:"), "{key}");
-        let value = lab
-            .etcd()
-            .etcdctl(&["get", "--print-value-only", &key])
-            .unwrap();
-        assert!(
-            value.contains(&format!("\"PublicIPv6\":\"fd77::{}\"", i + 1)),
-            "{value}"
-        );
+        let value = lab.published_lease(i).expect("the node's lease");
+        assert_eq!(value["PublicIPv6"], format!("fd77::{}", i + 1), "{value}");
         // IPv6 peers on flannel-wg-v6, reached at their IPv6 addresses.
         let peers = lab.on_node(i, "wg show flannel-wg-v6 endpoints").unwrap();
         let endpoints: Vec<&str> = peers.lines().filter_map(|l| l.split('\t').nth(1)).collect();

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use weft_lab::lab::{in_ns, Lab, LabConfig};
-use weft_lab::wait::until;
+use weft_lab::wait::{until, until_or};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -241,11 +241,9 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         // Onto wireguard: once its agents have read the config (until then the node runs
         // the backend it had), no pod packet in clear.
         let watch = lab.switch_backend(backend).unwrap();
-        lab.assert_all_pairs();
-        if let Some(watch) = watch {
-            let watched = watch.finish().unwrap();
-            eprintln!("host-gw -> wireguard: {watched:?}, nothing in clear");
-        }
+        // The old backend's routes and devices carry pod traffic until the new agents
+        // replace them: the pairs are tried once every node has only the new backend's.
+        let mut routes = Vec::new();
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
             for dev in &gone {
@@ -255,14 +253,23 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
                     || in_ns(ns, &format!("ip link show {dev}")).is_err(),
                 );
             }
-            let routes = in_ns(ns, "ip -4 route show proto 87").unwrap();
             let peer = lab.nodes[1 - i].subnet.unwrap().to_string();
-            let lines: Vec<&str> = routes.lines().filter(|l| l.starts_with(&peer)).collect();
-            assert_eq!(
-                lines.len(),
-                1,
-                "one route to the peer on {backend}: {routes}"
+            let peer_routes = || in_ns(ns, "ip -4 route show proto 87").unwrap_or_default();
+            let one = |text: &str| text.lines().filter(|l| l.starts_with(&peer)).count() == 1;
+            until_or(
+                &format!("one route to the peer on {backend}"),
+                Duration::from_secs(5),
+                || one(&peer_routes()),
+                || format!("{}\n{}", peer_routes(), lab.logs()),
             );
+            routes.push(peer_routes());
+        }
+        lab.assert_all_pairs();
+        if let Some(watch) = watch {
+            let watched = watch.finish().unwrap();
+            eprintln!("host-gw -> wireguard: {watched:?}, nothing in clear");
+        }
+        for routes in routes {
             if backend != "wireguard" {
                 assert!(!routes.contains("blackhole"), "{routes}");
             }
@@ -280,12 +287,7 @@ fn the_vtep_mac_is_kept_across_a_restart_and_a_deleted_device() {
         words.nth(1).unwrap_or_default().to_string()
     };
     let published = |lab: &Lab| {
-        let key = lab.lease_key(0).unwrap();
-        let v = lab
-            .etcd()
-            .etcdctl(&["get", "--print-value-only", &key])
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_str(v.trim()).unwrap();
+        let v = lab.published_lease(0).expect("node 1's lease");
         v["BackendData"]["VtepMAC"]
             .as_str()
             .unwrap_or_default()

@@ -14,6 +14,7 @@ pub mod faults;
 pub mod fixtures;
 pub mod freeze;
 pub mod fuzz;
+pub mod icmp;
 pub mod kube_api;
 pub mod lab;
 pub mod live_demo;

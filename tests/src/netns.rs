@@ -193,6 +193,67 @@ pub fn command_with_mounts(name: &str, program: &str, mounts: &Mounts) -> Comman
     command
 }
 
+/// `script` inside the named network namespace with `mounts`: run directly when it is one
+/// simple command (`exec` before it dropped), by `sh -c` otherwise. Under the VM's
+/// emulation a shell costs about 0.05 s to start, and the lab runs many one-command
+/// scripts (`wg show …`, `ip …`).
+pub fn script_in(name: &str, mounts: &Mounts, script: &str) -> Command {
+    let special = |c: char| "|&;<>()$`\\\"'\t\n*?[]#~%{}!".contains(c);
+    let words: Vec<&str> = script.split(' ').filter(|w| !w.is_empty()).collect();
+    let words = match words.first() {
+        Some(&"exec") => &words[1..],
+        _ => &words[..],
+    };
+    match words.split_first() {
+        // `=` only in the first word (an assignment) needs the shell.
+        Some((program, args)) if !script.contains(special) && !program.contains('=') => {
+            let mut command = command_with_mounts(name, program, mounts);
+            command.args(args);
+            command
+        }
+        _ => {
+            let mut command = command_with_mounts(name, "sh", mounts);
+            command.args(["-c", script]);
+            command
+        }
+    }
+}
+
+/// The processes in the named network namespace (as `ip netns pids`: those whose
+/// `/proc/<pid>/ns/net` is the namespace's file), read from `/proc` without a process.
+pub fn pids_in(name: &str) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ns) = std::fs::metadata(format!("/run/netns/{name}")) else {
+        return Vec::new();
+    };
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| m.dev() == ns.dev() && m.ino() == ns.ino())
+        })
+        .collect()
+}
+
+/// Deletes the named network namespace as `ip netns del` does: its bind mount under
+/// `/run/netns` detached and the file removed (the namespace ends with its last user).
+pub fn delete(name: &str) -> io::Result<()> {
+    let path = format!("/run/netns/{name}");
+    let c_path = c_path(Path::new(&path));
+    // SAFETY: umount2(2) on a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EINVAL) || !Path::new(&path).exists() {
+            return Err(error);
+        }
+    }
+    std::fs::remove_file(&path)
+}
+
 /// Runs `f` on a new thread inside the named network namespace (`/run/netns/<name>`, as
 /// made by `ip netns add`), e.g. one end of a TCP transfer inside a lab pod.
 pub fn in_named_netns<T: Send + 'static>(
@@ -242,4 +303,38 @@ pub fn http_get(ns: &str, addr: &str, path: &str) -> (u16, String) {
         .unwrap_or_default()
         .to_string();
     (code, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_command_script_runs_without_a_shell_and_any_other_with_one() {
+        let program = |script: &str| {
+            let command = script_in("ns", &Mounts::default(), script);
+            let args: Vec<String> = command
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            (command.get_program().to_string_lossy().into_owned(), args)
+        };
+        assert_eq!(
+            program("wg show  flannel-wg peers"),
+            (
+                "wg".into(),
+                vec!["show".into(), "flannel-wg".into(), "peers".into()]
+            )
+        );
+        assert_eq!(program("exec /bin/weft agent --x=1").1, ["agent", "--x=1"]);
+        for script in [
+            "a | b", "a && b", "a > f", "a $X", "a 'b c'", "A=1 a", "a; b", "a\nb",
+        ] {
+            assert_eq!(
+                program(script),
+                ("sh".into(), vec!["-c".into(), script.into()]),
+                "{script}"
+            );
+        }
+    }
 }

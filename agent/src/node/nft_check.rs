@@ -43,9 +43,10 @@ impl Controller<'_> {
 
     /// Whether nf_tables' events vouch for the tables as last listed: they are live and
     /// have reported no change since, and the last listing is within `NFT_SAFETY`. A
-    /// full pass then leaves the tables to the checks. Listing them is five `nft` runs,
-    /// 0.5–1 s each under the VM's emulation: most of a 4–7 s full pass, during which a
-    /// peer's announced key waited to be staged and missed its moment.
+    /// full pass then leaves the tables to the checks. Listing them was five `nft` runs
+    /// (now one for the tables there are, then one for each of those), 0.5–1 s each
+    /// under the VM's emulation: most of a 4–7 s full pass, during which a peer's
+    /// announced key waited to be staged and missed its moment.
     pub(super) fn tables_vouched_for(&self) -> bool {
         self.inputs.nft_changes.is_some()
             && !self.nft_dirty

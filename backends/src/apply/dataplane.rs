@@ -280,8 +280,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
 
     /// As `reconcile`, but the nftables tables are taken as last listed unless the plan
     /// changed them: for a full pass while nf_tables' events say nothing changed since the
-    /// tables were last listed. Listing them costs five `nft` runs, seconds on a starved
-    /// CPU, and the control loop waits for them.
+    /// tables were last listed. Listing them costs an `nft` run for the tables there are and
+    /// one for each of weft's among them, seconds on a starved CPU, and the control loop
+    /// waits for them.
     pub async fn reconcile_trusting_tables(
         &mut self,
         state: &DesiredState,

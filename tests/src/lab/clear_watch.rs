@@ -9,7 +9,7 @@ use std::fs;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 use ipnet::IpNet;
@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use super::capture::{ip_source, leaks, records, wireguard_packets, UnderlayCapture};
 use super::{run, Lab};
 use crate::traffic::ping_summary;
+use crate::wait::{bound, holds_within};
 
 /// The payload pattern of the watch's pings (`ping -p`): 16 bytes that encrypted traffic
 /// shows with probability 2^-128.
@@ -111,6 +112,16 @@ impl ClearWatch {
     }
 
     fn judge(mut self, seals: Option<&[(IpNet, SystemTime)]>) -> anyhow::Result<Watched> {
+        // A short window (a device back in milliseconds) may end before a stream's first
+        // answer: the watch goes on until every stream has one (ping prints each reply as
+        // it comes), or the bound passes and the silent streams fail it below.
+        let answered_once = |out: &std::path::Path| {
+            fs::read_to_string(out).is_ok_and(|text| text.contains(" bytes from "))
+        };
+        let limit = bound(Duration::from_secs(5), Duration::from_secs(10));
+        holds_within(limit, || {
+            self.streams.iter().all(|(_, _, out)| answered_once(out))
+        });
         let mut sent = 0;
         let mut answered = 0;
         let mut silent = Vec::new();

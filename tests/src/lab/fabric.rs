@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use anyhow::{bail, Context};
 
-use crate::netns::{command_with_mounts, Mounts};
+use crate::netns::{script_in, Mounts};
 
 /// The namespaces a lab made; removed on drop, also when `Lab::start` fails half-way.
 #[derive(Default)]
@@ -23,8 +23,7 @@ impl Namespaces {
     /// Deletes `name` (added here) again.
     pub(super) fn remove(&mut self, name: &str) -> anyhow::Result<()> {
         self.0.retain(|n| n != name);
-        run(Command::new("ip").args(["netns", "del", name]))?;
-        Ok(())
+        crate::netns::delete(name).with_context(|| format!("deleting namespace {name}"))
     }
 }
 
@@ -60,9 +59,9 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<Output> {
     Ok(out)
 }
 
-/// `sh -c script` inside network namespace `ns`.
+/// `sh -c script` inside network namespace `ns` (`netns::script_in`).
 pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
-    let out = run(crate::netns::command_in(ns, "sh").args(["-c", script]))
+    let out = run(&mut script_in(ns, &Mounts::default(), script))
         .with_context(|| format!("in namespace {ns}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -71,9 +70,7 @@ pub fn in_ns(ns: &str, script: &str) -> anyhow::Result<String> {
 /// so the script's bind mounts (a node's own `/run`, say) are seen by it and its children
 /// only.
 pub fn in_ns_private_mounts(ns: &str, script: &str) -> Command {
-    let mut command = command_with_mounts(ns, "sh", &Mounts::private());
-    command.args(["-c", script]);
-    command
+    script_in(ns, &Mounts::private(), script)
 }
 
 /// Deletes lab namespaces whose process is gone (what a crashed run left behind).
@@ -97,12 +94,13 @@ pub fn clean_stale() {
 }
 
 pub(super) fn remove_ns(name: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", name]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new("kill").args(["-9", pid]).status();
-        }
+    for pid in crate::netns::pids_in(name) {
+        // SAFETY: kill(2) on a pid read from /proc; at worst it has exited already.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    let _ = Command::new("ip").args(["netns", "del", name]).status();
+    if let Err(e) = crate::netns::delete(name) {
+        eprintln!("lab: deleting namespace {name}: {e}");
+    }
 }
 
 /// Connects namespace `ns` to the fabric bridge: `eth0` there, `name` on the bridge.
@@ -120,10 +118,40 @@ pub(super) fn attach_to(
     dev: &str,
     ip: &str,
 ) -> anyhow::Result<()> {
-    in_ns(fabric, &format!("ip link add {name} type veth peer name {dev} netns {ns} && ip link set {name} master {bridge} up"))?;
-    in_ns(
-        ns,
-        &format!("ip addr add {ip}/24 dev {dev} && ip link set {dev} up"),
+    ip_batch(
+        fabric,
+        &[
+            format!("link add {name} type veth peer name {dev} netns {ns}"),
+            format!("link set {name} master {bridge} up"),
+        ],
     )?;
+    ip_batch(
+        ns,
+        &[
+            format!("addr add {ip}/24 dev {dev}"),
+            format!("link set {dev} up"),
+        ],
+    )
+}
+
+/// `ip` commands in namespace `ns`, in one `ip -batch` (one process for all of them).
+pub fn ip_batch(ns: &str, commands: &[String]) -> anyhow::Result<()> {
+    let mut child = Command::new("ip")
+        .args(["-n", ns, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting ip -batch")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        std::io::Write::write_all(&mut stdin, (commands.join("\n") + "\n").as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "in namespace {ns}, ip -batch {commands:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     Ok(())
 }

@@ -50,7 +50,7 @@ pub use config::{
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
 use crate::kube_api::KubeApi;
-use crate::netns::{command_with_mounts, Mounts};
+use crate::netns::{script_in, Mounts};
 use crate::Etcd;
 use fabric::{attach, attach_to, Namespaces};
 
@@ -414,9 +414,7 @@ impl Lab {
         let mounts = Mounts::private()
             .bind(&node.dir.join("run"), Path::new("/run"))
             .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
-        let mut command = command_with_mounts(&node.ns, "sh", &mounts);
-        command.args(["-c", script]);
-        command
+        script_in(&node.ns, &mounts, script)
     }
 
     /// Runs `script` as node `i` sees the world: its network namespace and its private

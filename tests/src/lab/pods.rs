@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::{cni, Lab, Pod};
-use crate::netns::{command_with_mounts, Mounts};
+use crate::netns::{script_in, Mounts};
 
 impl Lab {
     /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
@@ -131,8 +131,6 @@ impl Lab {
             .rbind(&run, Path::new("/run"))
             .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"))
             .bind(&node.dir.join("cni"), cni);
-        let mut command = command_with_mounts(&node.ns, "sh", &mounts);
-        command.args(["-c", script]);
-        command
+        script_in(&node.ns, &mounts, script)
     }
 }

@@ -48,17 +48,19 @@ impl Lab {
         pairs
     }
 
-    /// Pings `to` from pod namespace `from` until one reply or `within` passes.
+    /// Pings `to` from pod namespace `from` until one reply or `within` passes (an echo
+    /// a second at most, from this process: `icmp::echo`).
     pub fn ping(&self, from: &str, to: impl Into<IpAddr>, within: Duration) -> bool {
         let to = to.into();
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            let ping = crate::netns::command_in(from, "ping")
-                .args(["-c", "1", "-W", "1", "-q", &to.to_string()])
-                .output();
-            if ping.is_ok_and(|out| out.status.success()) {
+            let tried = Instant::now();
+            let wait = deadline.duration_since(tried).min(Duration::from_secs(1));
+            if crate::icmp::echo(from, to, wait).unwrap_or(false) {
                 return true;
             }
+            // Unanswered at once (no route yet): asked again shortly, not in a tight loop.
+            std::thread::sleep(Duration::from_millis(20).saturating_sub(tried.elapsed()));
         }
         false
     }
