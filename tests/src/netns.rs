@@ -68,15 +68,6 @@ pub async fn sh_async(cmd: &str) -> String {
     }
 }
 
-/// `program`, to be run inside the named network namespace (`/run/netns/<name>`): the child
-/// enters it between fork and exec. One process, where `ip netns exec` costs two more
-/// execs (under the VM's emulation about 0.1 s each). Unlike `ip netns exec`, the child
-/// keeps the caller's mounts, `/sys` among them: read a device's attributes with `ip`.
-/// A namespace that does not exist fails the spawn.
-pub fn command_in(name: &str, program: &str) -> Command {
-    command_with_mounts(name, program, &Mounts::default())
-}
-
 /// What a child gets in a private mount namespace of its own, made between fork and exec:
 /// directories created (where missing), then bind mounts in order.
 #[derive(Default, Clone)]
@@ -166,9 +157,13 @@ fn c_path(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).unwrap_or_else(|_| c"/nonexistent".into())
 }
 
-/// `command_in`, in a private mount namespace prepared as `mounts` says (a lab node's own
-/// `/run` and `/var/lib/weft`, say), without the `unshare`, `mkdir` and `mount` processes
-/// a shell script would start for it.
+/// `program`, to be run inside the named network namespace (`/run/netns/<name>`) and, if
+/// `mounts` asks for one, a private mount namespace prepared as it says (a lab node's own
+/// `/run` and `/var/lib/weft`, say). The child does it between fork and exec: one process,
+/// where `ip netns exec`, `unshare`, `mkdir` and `mount` would each be one more (under the
+/// VM's emulation about 0.1 s apiece). Unlike `ip netns exec`, the child keeps the
+/// caller's `/sys`: read a device's attributes with `ip`. A namespace that does not exist
+/// fails the spawn.
 pub fn command_with_mounts(name: &str, program: &str, mounts: &Mounts) -> Command {
     let mut command = Command::new(program);
     let path = c_path(Path::new(&format!("/run/netns/{name}")));
