@@ -10,9 +10,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-const ECHO_V4: u8 = 8;
+use weft::liveness::probe::echo_request;
+
 const REPLY_V4: u8 = 0;
-const ECHO_V6: u8 = 128;
 const REPLY_V6: u8 = 129;
 const PAYLOAD: &[u8; 16] = b"weft-lab echo...";
 
@@ -35,9 +35,9 @@ pub fn echo(ns: &str, to: IpAddr, timeout: Duration) -> io::Result<bool> {
 
 /// `echo` in this thread's network namespace.
 fn echo_here(to: IpAddr, id: u16, timeout: Duration) -> io::Result<bool> {
-    let (domain, protocol, kind) = match to {
-        IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_ICMP, ECHO_V4),
-        IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_ICMPV6, ECHO_V6),
+    let (domain, protocol) = match to {
+        IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_ICMP),
+        IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
     };
     // SAFETY: socket(2) with constant arguments; the fd is owned at once.
     let fd = unsafe { libc::socket(domain, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
@@ -46,7 +46,7 @@ fn echo_here(to: IpAddr, id: u16, timeout: Duration) -> io::Result<bool> {
     }
     // SAFETY: a new fd that nothing else owns.
     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-    let request = request(kind, id, 1);
+    let request = echo_request(to.is_ipv6(), id, 1, PAYLOAD);
     let (address, length) = socket_address(to);
     // SAFETY: sendto(2) with a buffer and an address that outlive the call.
     let sent = unsafe {
@@ -109,32 +109,6 @@ fn readable(socket: &OwnedFd, wait: Duration) -> io::Result<bool> {
             e => Err(e),
         },
     }
-}
-
-/// An echo request: type, code 0, checksum, identifier, sequence, payload. The kernel
-/// fills in ICMPv6's checksum (it covers a pseudo-header); ICMP's is ours.
-fn request(kind: u8, id: u16, seq: u16) -> Vec<u8> {
-    let mut packet = vec![kind, 0, 0, 0];
-    packet.extend_from_slice(&id.to_be_bytes());
-    packet.extend_from_slice(&seq.to_be_bytes());
-    packet.extend_from_slice(PAYLOAD);
-    if kind == ECHO_V4 {
-        let sum = checksum(&packet);
-        packet[2..4].copy_from_slice(&sum.to_be_bytes());
-    }
-    packet
-}
-
-/// The Internet checksum (RFC 1071).
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 /// Whether `message` is the reply to echo `id`: an IPv4 raw socket's message starts with
@@ -201,25 +175,30 @@ mod tests {
 
     #[test]
     fn the_checksum_is_the_internet_checksum() {
+        use weft::liveness::probe::checksum;
         // RFC 1071's example: 0001 f203 f4f5 f6f7 sums to ddf2, complemented 220d.
         assert_eq!(
             checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
             0x220d
         );
         // A request with its checksum in place sums to zero.
-        assert_eq!(checksum(&request(ECHO_V4, 0x1234, 1)), 0);
+        assert_eq!(checksum(&echo_request(false, 0x1234, 1, PAYLOAD)), 0);
     }
 
     #[test]
     fn a_reply_is_told_from_a_request_and_from_another_echo() {
         let mut ip = vec![0x45u8; 1];
         ip.extend_from_slice(&[0; 19]);
-        let mut reply = request(ECHO_V4, 7, 1);
+        let mut reply = echo_request(false, 7, 1, PAYLOAD);
         reply[0] = REPLY_V4;
         let to: IpAddr = Ipv4Addr::LOCALHOST.into();
         assert!(is_reply(to, &[ip.clone(), reply.clone()].concat(), 7));
         assert!(!is_reply(to, &[ip.clone(), reply].concat(), 8));
-        assert!(!is_reply(to, &[ip, request(ECHO_V4, 7, 1)].concat(), 7));
+        assert!(!is_reply(
+            to,
+            &[ip, echo_request(false, 7, 1, PAYLOAD)].concat(),
+            7
+        ));
     }
 
     #[test]

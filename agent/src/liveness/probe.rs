@@ -27,7 +27,7 @@ pub struct Prober {
 }
 
 /// The Internet checksum (RFC 1071) of `data`.
-fn checksum(data: &[u8]) -> u16 {
+pub fn checksum(data: &[u8]) -> u16 {
     let mut sum: u32 = data
         .chunks(2)
         .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
@@ -38,19 +38,24 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-/// An echo request of `kind` with `sequence`; the checksum is ours to fill for IPv4 (the
-/// kernel fills ICMPv6's).
-fn echo(kind: u8, sequence: u16) -> Vec<u8> {
-    let id = (std::process::id() & 0xffff) as u16;
+/// An ICMP echo request (ICMPv6 with `v6`) with `id`, `sequence` and `payload`; the
+/// checksum is ours to fill for IPv4 (the kernel fills ICMPv6's).
+pub fn echo_request(v6: bool, id: u16, sequence: u16, payload: &[u8]) -> Vec<u8> {
+    let kind = if v6 { ECHO_REQUEST_V6 } else { ECHO_REQUEST_V4 };
     let mut packet = vec![kind, 0, 0, 0];
     packet.extend_from_slice(&id.to_be_bytes());
     packet.extend_from_slice(&sequence.to_be_bytes());
-    packet.extend_from_slice(PAYLOAD);
-    if kind == ECHO_REQUEST_V4 {
+    packet.extend_from_slice(payload);
+    if !v6 {
         let sum = checksum(&packet);
         packet[2..4].copy_from_slice(&sum.to_be_bytes());
     }
     packet
+}
+
+/// This agent's probe: its process id as the identifier.
+fn echo(v6: bool, sequence: u16) -> Vec<u8> {
+    echo_request(v6, (std::process::id() & 0xffff) as u16, sequence, PAYLOAD)
 }
 
 fn open(v6: bool) -> io::Result<Socket> {
@@ -96,9 +101,8 @@ impl Prober {
             })?),
         };
         self.sequence = self.sequence.wrapping_add(1);
-        let kind = if v6 { ECHO_REQUEST_V6 } else { ECHO_REQUEST_V4 };
         socket
-            .send_to(&echo(kind, self.sequence), &SocketAddr::new(to, 0).into())
+            .send_to(&echo(v6, self.sequence), &SocketAddr::new(to, 0).into())
             .map(|_| ())
             .map_err(|e| io::Error::new(e.kind(), format!("sending a probe to {to}: {e}")))
     }
@@ -110,7 +114,7 @@ mod tests {
 
     #[test]
     fn an_echo_request_checks_out() {
-        let p = echo(ECHO_REQUEST_V4, 7);
+        let p = echo(false, 7);
         assert_eq!(p[0], 8);
         assert_eq!(&p[6..8], &7u16.to_be_bytes());
         // A packet with its checksum in place sums to zero.

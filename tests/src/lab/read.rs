@@ -99,22 +99,13 @@ impl Lab {
 /// The userspace device processes (`weft userspace-device flannel-wg`) running in network
 /// namespace `ns`.
 pub fn device_pids_in(ns: &str) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(wanted) = std::fs::metadata(format!("/run/netns/{ns}")) else {
-        return Vec::new();
-    };
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter(|p| {
-            let in_ns = std::fs::metadata(p.path().join("ns/net"))
-                .is_ok_and(|m| m.ino() == wanted.ino() && m.dev() == wanted.dev());
-            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+    crate::netns::pids_in(ns)
+        .into_iter()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            in_ns && cmdline.contains("userspace-device flannel-wg")
+            cmdline.contains("userspace-device flannel-wg")
         })
-        .filter_map(|p| p.file_name().to_str()?.parse().ok())
+        .filter_map(|pid| u32::try_from(pid).ok())
         .collect()
 }
