@@ -14,6 +14,7 @@
 //! The loop hands it each plan (`Handle::follow`) and takes its requests (`Event`); what it
 //! finds goes into the snapshot (`weft status`, `weft doctor`) and `/metrics`.
 
+mod crowd;
 pub mod probe;
 mod watch;
 

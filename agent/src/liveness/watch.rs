@@ -17,6 +17,7 @@ use weft_backends::plan::liveness::{
 };
 use weft_crypto::{PrivateKey, PublicKey};
 
+use super::crowd::{crowd, Crowd, LOGGED};
 use super::probe::Prober;
 use super::{Event, Handle, Plan};
 use crate::observe::metrics::Metrics;
@@ -24,45 +25,10 @@ use crate::observe::snapshot::{self, PairLiveness};
 
 /// A device that has not answered a read within this is not answering.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
-/// Up to this many pairs turning dead, backing off or repaired after one read are logged
-/// one line each; more (a node whose peers went down together) get one line a kind, with
-/// the first of them by name, and each pair at debug.
-const LOGGED: usize = 16;
 /// The same drift found again after the pass that was to put it back is told again only
 /// after this, doubling up to `DRIFT_PAUSE_MAX`.
 const DRIFT_PAUSE: Duration = Duration::from_secs(10);
 const DRIFT_PAUSE_MAX: Duration = Duration::from_secs(300);
-
-#[derive(Default)]
-struct Crowd {
-    dead: Vec<String>,
-    backing_off: Vec<String>,
-}
-
-/// The crowds in one read's to-dos: each kind's nodes when more than `LOGGED`.
-fn crowd(todo: &[Todo]) -> Crowd {
-    let nodes = |dead: bool| -> Vec<String> {
-        let of_kind = |t: &&Todo| match t {
-            Todo::Dead { .. } => dead,
-            Todo::BackOff { .. } => !dead,
-            _ => false,
-        };
-        if todo.iter().filter(of_kind).count() <= LOGGED {
-            return Vec::new(); // each gets its own line: no names copied
-        }
-        todo.iter()
-            .filter(of_kind)
-            .filter_map(|t| match t {
-                Todo::Dead { node, .. } | Todo::BackOff { node, .. } => Some(node.clone()),
-                _ => None,
-            })
-            .collect()
-    };
-    Crowd {
-        dead: nodes(true),
-        backing_off: nodes(false),
-    }
-}
 
 /// Starts the watcher on a thread of its own, on device handle `wg` (see
 /// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
@@ -489,47 +455,4 @@ fn peer_reads(device: &WgDevice) -> HashMap<PublicKey, PeerRead> {
             (*k, read)
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weft_backends::plan::liveness::Cause;
-
-    fn dead(n: usize) -> Todo {
-        Todo::Dead {
-            device: "flannel-wg".into(),
-            node: format!("n{n}"),
-            cause: Cause::DeviceNotAnswering,
-            unanswered: Duration::from_secs(2),
-        }
-    }
-
-    fn backing_off(n: usize) -> Todo {
-        Todo::BackOff {
-            device: "flannel-wg".into(),
-            node: format!("n{n}"),
-            pause: Duration::from_secs(10),
-            cause: Cause::DeviceNotAnswering,
-        }
-    }
-
-    /// Up to `LOGGED` pairs of a kind get a line each; past it, the kind is one crowd.
-    #[test]
-    fn many_pairs_of_a_kind_in_one_read_are_a_crowd() {
-        let few: Vec<Todo> = (0..LOGGED)
-            .map(dead)
-            .chain((0..3).map(backing_off))
-            .collect();
-        let c = crowd(&few);
-        assert!(c.dead.is_empty() && c.backing_off.is_empty());
-        let many: Vec<Todo> = (0..=LOGGED)
-            .map(dead)
-            .chain((0..3).map(backing_off))
-            .collect();
-        let c = crowd(&many);
-        assert_eq!(c.dead.len(), LOGGED + 1);
-        assert_eq!(c.dead[0], "n0");
-        assert!(c.backing_off.is_empty());
-    }
 }

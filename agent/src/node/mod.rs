@@ -16,6 +16,8 @@ mod clock_switch;
 mod error_policy;
 mod esp_epoch;
 pub mod iface;
+mod local_facts;
+mod loop_timing;
 mod nft_check;
 mod one_agent;
 mod pass;

@@ -11,13 +11,14 @@ mod lease;
 mod left_out;
 pub mod net;
 mod observed;
+mod rules;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
-    format_mac, parse_mac, DesiredState, EspPq, EspSa, Family, ForwardRule, GuardSpec, IpipSpec,
-    IpsecPeer, IpsecSpec, MasqueradeTable, Match, NatRule, PairSecret, PeerPath, PeerSpec, PqKey,
-    PqPeer, RouteRole, RouteSpec, SubnetEnv, TunnelSpec, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
+    format_mac, parse_mac, DesiredState, EspPq, EspSa, GuardSpec, IpipSpec, IpsecPeer, IpsecSpec,
+    PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec, VxlanPeer,
+    VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use left_out::{LeaveReason, LeftOut};
@@ -26,6 +27,7 @@ pub use observed::{
     DevicePeer, KeyMove, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,
     WATCH_BEFORE,
 };
+pub use rules::{Family, ForwardRule, MasqueradeTable, Match, NatRule, SubnetEnv};
 
 /// Text from outside (a key, a value) as an error message shows it: whole up to 80
 /// characters, else its start and its length, so a huge value is never echoed back.

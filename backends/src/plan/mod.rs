@@ -8,6 +8,7 @@
 mod guard;
 mod ipip;
 pub mod ipsec;
+mod ipsec_data;
 mod ipsec_pq;
 pub use ipsec_pq::SETTLE as IPSEC_PQ_SETTLE;
 pub mod liveness;
@@ -17,6 +18,7 @@ mod peers;
 pub mod post_quantum;
 pub mod roaming;
 mod unencrypted;
+mod wg_rotation;
 mod wireguard;
 
 use std::time::SystemTime;
@@ -180,6 +182,8 @@ mod tests;
 
 #[cfg(test)]
 mod claims_tests;
+#[cfg(test)]
+mod dual_stack_tests;
 #[cfg(test)]
 mod ipip_tests;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Table tests for `plan`: the good mesh in full, then one case per kind of bad peer, each
 //! asserting the recorded reason and that the good peer's plan is untouched.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
@@ -379,109 +379,6 @@ fn psk_keepalive_port_and_mtu_from_config() {
     );
     assert!(state.masquerade.is_empty(), "no --ip-masq, no rules");
     assert_eq!(state.subnet_env.mtu, 8920);
-}
-
-fn dual(node: &str, n: u8) -> Lease {
-    let mut l = lease(node, &format!("10.244.{n}.0/24"), ip(n), n);
-    l.subnet_v6 = Some(format!("fd00:10:244:{n}::/64").parse().unwrap());
-    l.public_ipv6 = Some(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, u16::from(n)));
-    l.backend_v6_data = Some(wireguard_backend_data(&key(n), 51821));
-    l
-}
-
-const DUAL: &str = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:10:244::/48", "Backend": {"Type": "wireguard"}}"#;
-
-fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
-    let config = parse(config).unwrap();
-    let me = dual("node-a", 1);
-    let mut view = ClusterView::default();
-    for l in peers.into_iter().chain([me.clone()]) {
-        view.insert(l);
-    }
-    let options = PlanOptions {
-        ip_masq: true,
-        underlay_mtu: 1500,
-        underlay_device: None,
-        underlay_networks: vec![],
-    };
-    plan(&PlanInput {
-        path_mtus: &Default::default(),
-        pair_psks: &Default::default(),
-        observed: &Default::default(),
-        local: &me,
-        view: &view,
-        config: &config,
-        options: &options,
-        now: SystemTime::UNIX_EPOCH,
-    })
-    .unwrap()
-}
-
-#[test]
-fn dual_stack_separate_mode_builds_two_devices() {
-    let state = run_dual(DUAL, vec![dual("node-b", 2)]);
-    let devs: Vec<_> = state
-        .tunnels
-        .iter()
-        .map(|t| {
-            (
-                t.device.as_str(),
-                t.listen_port,
-                t.peers[0].endpoint.to_string(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        devs,
-        [
-            ("flannel-wg", 51820, "198.51.100.2:51820".into()),
-            ("flannel-wg-v6", 51821, "[2001:db8::2]:51821".into())
-        ]
-    );
-    assert_eq!(
-        state.tunnels[1].addresses,
-        vec!["fd00:10:244:1::/128".parse::<IpNet>().unwrap()]
-    );
-    assert_eq!(state.routes.len(), 4);
-    assert_eq!(
-        state.masquerade.iter().map(|m| m.table).collect::<Vec<_>>(),
-        ["flannel-ipv4", "flannel-ipv6"]
-    );
-    assert!(state
-        .subnet_env
-        .render()
-        .contains("FLANNEL_IPV6_SUBNET=fd00:10:244:1::1/64\n"));
-}
-
-#[test]
-fn single_device_modes_choose_the_endpoint_family() {
-    for (mode, endpoint) in [
-        ("ipv4", "198.51.100.2:51820"),
-        ("ipv6", "[2001:db8::2]:51820"),
-        ("auto", "198.51.100.2:51820"),
-    ] {
-        let conf = DUAL.replace(
-            r#""Type": "wireguard""#,
-            &format!(r#""Type": "wireguard", "Mode": "{mode}""#),
-        );
-        let state = run_dual(&conf, vec![dual("node-b", 2)]);
-        assert_eq!(state.tunnels.len(), 1, "{mode}");
-        let p = &state.tunnels[0].peers[0];
-        assert_eq!(p.endpoint.to_string(), endpoint, "{mode}");
-        assert_eq!(p.allowed_ips.len(), 2, "{mode}");
-    }
-    let mut v6_only = dual("node-b", 2);
-    v6_only.public_ip = None;
-    let conf = DUAL.replace(
-        r#""Type": "wireguard""#,
-        r#""Type": "wireguard", "Mode": "auto""#,
-    );
-    assert_eq!(
-        run_dual(&conf, vec![v6_only]).tunnels[0].peers[0]
-            .endpoint
-            .to_string(),
-        "[2001:db8::2]:51820"
-    );
 }
 
 #[test]

@@ -21,6 +21,8 @@ pub use message::{
 };
 
 #[cfg(test)]
+mod exchange_recovery_tests;
+#[cfg(test)]
 mod exchange_tests;
 #[cfg(test)]
 mod kat;

@@ -15,6 +15,7 @@
 //! traffic never leaves the namespaces the lab made.
 
 mod agent_log;
+mod agents;
 pub mod capture;
 pub mod clear_watch;
 pub mod cni;
@@ -37,7 +38,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{bail, Context};
@@ -50,7 +51,6 @@ pub use config::{
 pub use fabric::{clean_stale, devices_created, in_ns, in_ns_private_mounts, run};
 
 use crate::kube_api::KubeApi;
-use crate::netns::{script_in, Mounts};
 use crate::Etcd;
 use fabric::{attach, attach_to, Namespaces};
 
@@ -317,104 +317,6 @@ impl Lab {
         self.wire_pods(i)?;
         self.check_implementation(i)?;
         Ok(i)
-    }
-
-    /// Starts node `i`'s agent (again) with its private `/run` and `/var/lib/weft`, or
-    /// through the node's launcher if the lab has one for it.
-    pub fn start_agent(&mut self, i: usize) -> anyhow::Result<()> {
-        let node = &self.nodes[i];
-        fs::create_dir_all("/var/lib/weft").context("creating the /var/lib/weft mount point")?;
-        let mut command = match self.cfg.launchers.get(&i) {
-            Some(launch) => launch(node)?,
-            None => self.agent_command(i),
-        };
-        let log = fs::File::options()
-            .create(true)
-            .append(true)
-            .open(node.agent_log())?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting an agent")?;
-        self.nodes[i].agent = Some(child);
-        Ok(())
-    }
-
-    /// The lab's own `weft agent` for node `i`, in the node's namespaces.
-    fn agent_command(&self, i: usize) -> Command {
-        let node = &self.nodes[i];
-        let registry = if self.kube.is_some() {
-            let dir = self.dir.path();
-            format!(
-                "--kube-subnet-mgr --kubeconfig-file={} --net-config-path={}",
-                dir.join("kubeconfig").display(),
-                dir.join("net-conf.json").display()
-            )
-        } else if self.cfg.etcd_prefix == DEFAULT_ETCD_PREFIX {
-            format!("--etcd-endpoints=http://{ETCD_IP}:2379")
-        } else {
-            format!(
-                "--etcd-endpoints=http://{ETCD_IP}:2379 --etcd-prefix={}",
-                self.cfg.etcd_prefix
-            )
-        };
-        let address = match self.cfg.own_address.contains(&i) {
-            true => "--iface=eth0".to_string(),
-            false => format!("--public-ip={}", node.ip),
-        };
-        let script = format!(
-            "exec {weft} agent {registry} {address} {extra}",
-            weft = self.cfg.weft.display(),
-            extra = self.cfg.extra_args.join(" "),
-        );
-        let script = match self
-            .cfg
-            .implementations
-            .get(i % self.cfg.implementations.len().max(1))
-        {
-            Some(which) => format!("{script} --wireguard-implementation={which}"),
-            None => script,
-        };
-        let mut command = self.node_shell(i, &script);
-        // WEFT_LAB_RUST_LOG replaces the agents' log filter (boringtun's handshake messages
-        // with `info,boringtun=debug`).
-        command
-            .env(
-                "RUST_LOG",
-                std::env::var("WEFT_LAB_RUST_LOG")
-                    .unwrap_or_else(|_| "info,boringtun=error".into()),
-            )
-            .env("NODE_NAME", format!("n{}", node.index));
-        for (_, name, value) in self.cfg.agent_env.iter().filter(|(n, _, _)| *n == i) {
-            command.env(name, value);
-        }
-        command
-    }
-
-    /// The pid of node `i`'s agent, while it runs.
-    pub fn agent_pid(&self, i: usize) -> Option<u32> {
-        self.nodes[i].agent.as_ref().map(Child::id)
-    }
-
-    /// Stops node `i`'s agent with `signal` (`TERM`, `KILL`) and waits for it.
-    pub fn stop_agent(&mut self, i: usize, signal: &str) -> anyhow::Result<()> {
-        if let Some(mut child) = self.nodes[i].agent.take() {
-            run(Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]))?;
-            child.wait()?;
-        }
-        Ok(())
-    }
-
-    /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
-    /// `/var/lib/weft` bound in a mount namespace of its own.
-    pub(crate) fn node_shell(&self, i: usize, script: &str) -> Command {
-        let node = &self.nodes[i];
-        let mounts = Mounts::private()
-            .bind(&node.dir.join("run"), Path::new("/run"))
-            .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
-        script_in(&node.ns, &mounts, script)
     }
 
     /// Runs `script` as node `i` sees the world: its network namespace and its private

@@ -5,6 +5,7 @@
 
 mod book;
 mod kernel;
+mod missing;
 mod reconcile;
 
 use std::fmt;
@@ -202,6 +203,8 @@ pub trait Xfrm {
     fn writes(&self) -> u64;
 }
 
+#[cfg(test)]
+mod epoch_tests;
 #[cfg(test)]
 mod outbound_tests;
 #[cfg(test)]
