@@ -4,121 +4,14 @@
 //! restarted with the same public IP getting its old subnet back.
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
-use serde_json::json;
-use tokio::sync::watch;
-use weft::registry::{
-    self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry, RegistryError,
-    RegistryHandle,
-};
-use weft_backends::model::{ClusterView, Lease};
-use weft_backends::netconf::{BackendKind, NetConf};
+use weft::registry::{AcquireRequest, EtcdRegistry, Registry, RegistryError};
 use weft_lab::{CutProxy, Etcd};
 
-const PREFIX: &str = "/coreos.com/network";
-const CONFIG: &str = r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#;
-
-async fn put(endpoint: &str, key: &str, value: &str) {
-    let mut c = Client::connect([endpoint], None).await.unwrap();
-    c.put(key, value, None).await.unwrap();
-}
-
-fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
-    LocalAttrs {
-        public_ip: Some(Ipv4Addr::new(198, 51, 100, ip)),
-        internal_ip: None,
-        public_ipv6: None,
-        backend: BackendKind::Wireguard,
-        backend_data: Some(json!({ "PublicKey": key_tag, "Port": 51820 })),
-        backend_v6_data: None,
-        next_key: None,
-        key_proof: None,
-        ml_kem_key: None,
-    }
-}
-
-fn config(endpoint: &str) -> EtcdConfig {
-    let mut cfg = EtcdConfig::new(vec![endpoint.to_string()], PREFIX);
-    cfg.request_timeout = Duration::from_secs(3);
-    cfg.backoff =
-        weft::backoff::Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
-    cfg
-}
-
-async fn acquire(cfg: EtcdConfig, attrs: LocalAttrs) -> (EtcdRegistry, NetConf, Lease) {
-    let mut reg = EtcdRegistry::connect(cfg).await.unwrap();
-    let net = reg.net_conf().await.unwrap();
-    let lease = reg
-        .acquire(
-            &net,
-            &AcquireRequest {
-                attrs,
-                previous: None,
-                previous_v6: None,
-            },
-        )
-        .await
-        .unwrap();
-    (reg, net, lease)
-}
-
-async fn node(cfg: EtcdConfig, attrs: LocalAttrs) -> (RegistryHandle, Lease) {
-    let (reg, _, lease) = acquire(cfg, attrs).await;
-    (
-        registry::spawn(reg, lease.clone(), Default::default()),
-        lease,
-    )
-}
-
-/// Waits (up to `secs`) for a view satisfying `ok`; fails with the last view seen.
-async fn wait_view(
-    rx: &mut watch::Receiver<Arc<ClusterView>>,
-    secs: u64,
-    what: &str,
-    ok: impl Fn(&ClusterView) -> bool,
-) {
-    let done = tokio::time::timeout(Duration::from_secs(secs), rx.wait_for(|v| ok(v)))
-        .await
-        .is_ok();
-    if !done {
-        panic!(
-            "timed out after {secs}s waiting for: {what}; last view: {:#?}",
-            rx.borrow().leases.keys().collect::<Vec<_>>()
-        );
-    }
-}
-
-/// Why the registry refuses to go on with `net`'s secrets in clear (it must refuse).
-async fn refusal(reg: &mut EtcdRegistry, net: &NetConf) -> String {
-    match reg.secrets_in_clear(net).await.unwrap() {
-        Some(refused) => refused.to_string(),
-        None => panic!("a secret in clear was accepted"),
-    }
-}
-
-/// A config in `etcd` and one node following it, which already sees itself.
-async fn one_node(etcd: &Etcd) -> (RegistryHandle, Lease, watch::Receiver<Arc<ClusterView>>) {
-    put(&etcd.endpoint(), &format!("{PREFIX}/config"), CONFIG).await;
-    let (a, lease) = node(config(&etcd.endpoint()), attrs(1, "ka")).await;
-    let mut views = a.views.clone();
-    wait_view(&mut views, 10, "a sees itself", |v| {
-        v.get(&lease.node).is_some()
-    })
-    .await;
-    (a, lease, views)
-}
-
-fn key_of(view: &ClusterView, node: &str) -> Option<String> {
-    view.get(node)?
-        .backend_data
-        .as_ref()?
-        .get("PublicKey")?
-        .as_str()
-        .map(str::to_string)
-}
+mod etcd_lab;
+use etcd_lab::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_race_for_one_subnet_and_get_distinct_ones() {
@@ -190,11 +83,10 @@ async fn peers_appear_change_and_disappear() {
     .await;
 
     // b renews on its short TTL while it runs...
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(
-        va.borrow().get(&lease_b.node).is_some(),
-        "b's lease expired although b renews it"
-    );
+    holds_view(&mut va, 5, "b's lease there while b renews it", |v| {
+        v.get(&lease_b.node).is_some()
+    })
+    .await;
     // ...and once stopped, its lease expires and a sees it leave.
     b.stop().await;
     wait_view(&mut va, 15, "a sees b leave", |v| {
@@ -255,12 +147,12 @@ async fn a_partitioned_node_relists_and_catches_up() {
         .await
         .unwrap();
     let (d, lease_d) = node(config(&etcd.endpoint()), attrs(4, "kd")).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        key_of(&va.borrow(), &lease_b.node).as_deref(),
-        Some("kb"),
-        "a cannot have heard anything while cut off"
-    );
+    holds_view(&mut va, 2, "a hears nothing while cut off", |v| {
+        key_of(v, &lease_b.node).as_deref() == Some("kb")
+            && v.get(&lease_c.node).is_some()
+            && v.get(&lease_d.node).is_none()
+    })
+    .await;
 
     proxy.restore();
     wait_view(&mut va, 20, "a's view matches etcd again", |v| {

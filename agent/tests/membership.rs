@@ -9,11 +9,12 @@
 //! own process), so a 20 pps ping across the kill and the restart loses nothing. A second
 //! agent started on a node is refused, naming the first, which runs on untouched.
 
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{devices_created, in_ns, Lab, LabConfig};
+use weft_lab::pinger::{unix_now, Pinger};
+use weft_lab::wait;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -109,41 +110,43 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
     assert!(lab.ping(&a, b, Duration::from_secs(10)), "{}", lab.logs());
     let key_before = lab.on_node(1, "cat /var/lib/weft/wireguard.key").unwrap();
 
-    // 20 pings a second for 10 s across the kill and the restart.
-    let mut ping = Command::new("ip");
-    ping.args([
-        "netns",
-        "exec",
-        &a,
-        "ping",
-        "-i",
-        "0.05",
-        "-c",
-        "200",
-        "-W",
-        "1",
-        &b.to_string(),
-    ]);
-    let pinger = std::thread::spawn(move || ping.output());
+    // 20 pings a second, from before the kill until a request sent after the restarted
+    // agent's first pass is answered: not one missed in between.
+    let pinger = Pinger::start(&a, b, Duration::from_millis(50)).unwrap();
     let watch = ClearWatch::start(&lab).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    let flowing = unix_now();
+    assert!(
+        pinger
+            .wait_reply_after(flowing, Duration::from_secs(10))
+            .is_some(),
+        "the ping was not answered before the kill\n{}",
+        lab.logs()
+    );
+    let killed = SystemTime::now();
     lab.stop_agent(1, "KILL").unwrap();
     lab.start_agent(1).unwrap();
-    let out = pinger.join().unwrap().unwrap();
+    wait::until_or(
+        "the restarted agent's first pass",
+        Duration::from_secs(20),
+        || lab.nodes[1].logged_since("reconciled", killed).is_some(),
+        || lab.logs(),
+    );
+    let passed = unix_now();
+    assert!(
+        pinger
+            .wait_reply_after(passed, Duration::from_secs(10))
+            .is_some(),
+        "no reply after the restarted agent's first pass\n{}",
+        lab.logs()
+    );
+    let lost = pinger.lost_between(flowing, unix_now());
+    let ping = pinger.finish().unwrap();
     let watched = watch.finish().unwrap();
-    eprintln!("SIGKILL and restart: {watched:?}, nothing in clear");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let summary = text
-        .lines()
-        .find(|l| l.contains("packets transmitted"))
-        .unwrap_or_default()
-        .to_string();
-    eprintln!("20 pps across SIGKILL + restart of node 2's agent: {summary}");
-    let received = weft_lab::traffic::ping_summary(&text).map_or(0, |(_, r)| r);
+    eprintln!("SIGKILL and restart: {watched:?}, nothing in clear; 20 pps across it: {ping:?}, {lost} missed");
     assert_eq!(
-        received,
-        200,
-        "traffic lost across the restart: {summary}\n{}",
+        lost,
+        0,
+        "traffic lost across the restart: {ping:?}\n{}",
         lab.logs()
     );
     let log = std::fs::read_to_string(lab.nodes[1].agent_log()).unwrap();

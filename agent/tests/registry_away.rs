@@ -11,7 +11,7 @@ use weft_lab::kube_api::Fault;
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
-use weft_lab::wait::until;
+use weft_lab::wait::{self, until};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10_251;
@@ -102,7 +102,11 @@ fn etcd_away_for_60_s_leaves_the_data_plane_alone_and_readiness_says_why() {
         },
     );
     eprintln!("etcd away: /readyz says {:?}", readyz(&lab, 1).1.trim());
-    std::thread::sleep(Duration::from_secs(60));
+    // Watched through the 60 s: the first pass that writes fails the test there.
+    wait::throughout("no data plane writes", Duration::from_secs(60), || {
+        assert_no_writes_since(&lab, &marks);
+        true
+    });
     let passes = assert_no_writes_since(&lab, &marks);
     assert!(
         passes >= 3 * 60 / RESYNC_S as usize / 2,
@@ -210,7 +214,10 @@ fn api_fault(lab: &mut Lab, fault: Fault, lasting: Duration, says_why: bool) {
             },
         );
     }
-    std::thread::sleep(lasting);
+    wait::throughout("no data plane writes", lasting, || {
+        assert_no_writes_since(lab, &marks);
+        true
+    });
     let passes = assert_no_writes_since(lab, &marks);
     lab.kube.as_ref().unwrap().set_fault(Fault::None);
     let watched = watch.finish().unwrap();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{in_ns, Lab, LabConfig, ETCD_IP};
+use weft_lab::pinger::unix_ms;
 use weft_lab::traffic::{Disruption, Probe};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -336,13 +337,6 @@ fn wait_psk(lab: &Lab, psk: &str) {
     }
 }
 
-fn now_ms() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
-
 fn genpsk() -> String {
     weft_crypto::PresharedKey::generate()
         .unwrap()
@@ -359,11 +353,11 @@ fn rotate_psk(lab: &Lab, announce: impl FnOnce(&str, u128)) -> Disruption {
     // The moment is 5 s ahead: no read of the devices that ended a second before it may
     // find the new PSK. (One read of every device takes seconds under emulation: what
     // it finds is as of its end at the latest, so it is judged by when it ended.)
-    let at = now_ms() + 5000;
+    let at = unix_ms() + 5000;
     announce(&next, at);
     loop {
         let found = psk_everywhere(lab, &next);
-        if now_ms() + 1000 >= at {
+        if unix_ms() + 1000 >= at {
             break;
         }
         assert!(!found, "the PSK changed before its moment");

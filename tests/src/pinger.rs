@@ -19,6 +19,14 @@ pub fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// Now, in milliseconds since the Unix epoch (the unit of an announced switch moment).
+pub fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis()
+}
+
 type Replies = Arc<Mutex<Vec<(u64, f64)>>>;
 
 pub struct Pinger {

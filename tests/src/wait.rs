@@ -1,4 +1,5 @@
-//! Waiting in a test for a condition, never for a fixed time.
+//! Waiting in a test for a condition, never for a fixed time; and watching a window in
+//! which something must not happen all through it.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,39 @@ pub fn holds_within(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Checks `ok` for the whole of `span`, as often as `until` does (and once more at its
+/// end); panics naming `what` and when at the first check that fails. A window in which
+/// something must not happen is watched all through it, not read once at its end.
+pub fn throughout(what: &str, span: Duration, ok: impl FnMut() -> bool) {
+    throughout_or(what, span, ok, String::new)
+}
+
+/// As `throughout`; the panic message ends with `context()` (the agents' logs, say).
+pub fn throughout_or(
+    what: &str,
+    span: Duration,
+    mut ok: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) {
+    let started = Instant::now();
+    loop {
+        let check = Instant::now();
+        let done = started.elapsed() >= span;
+        if !ok() {
+            panic!(
+                "{what}: failed {:?} into {span:?}\n{}",
+                started.elapsed(),
+                context()
+            );
+        }
+        if done {
+            return;
+        }
+        let pause = check.elapsed().max(Duration::from_millis(20));
+        std::thread::sleep(pause.min(span.saturating_sub(started.elapsed())));
+    }
+}
+
 /// Set by the VM runner for every scenario it runs: the CPU is emulated (tens of times
 /// slower than this machine's), so timing bounds take their emulated value.
 pub const EMULATED_ENV: &str = "WEFT_LAB_EMULATED";
@@ -55,5 +89,42 @@ pub fn bound<T>(native: T, emulated: T) -> T {
         emulated
     } else {
         native
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_window_that_holds_is_checked_until_its_end() {
+        let (started, mut checks) = (Instant::now(), 0);
+        super::throughout("always", Duration::from_millis(200), || {
+            checks += 1;
+            true
+        });
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(checks >= 4, "{checks} checks");
+    }
+
+    #[test]
+    fn a_failure_inside_the_window_ends_it_there() {
+        let started = Instant::now();
+        let failed = std::panic::catch_unwind(|| {
+            super::throughout("flag", Duration::from_secs(10), || {
+                started.elapsed() < Duration::from_millis(100)
+            })
+        });
+        let message = failed.expect_err("the failing check passed");
+        let text = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.starts_with("flag: failed"), "{text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

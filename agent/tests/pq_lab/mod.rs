@@ -149,3 +149,37 @@ pub fn slot(lab: &Lab, i: usize, j: usize, spi: u32) -> u64 {
     let base = esp_epoch(lab, i) + 2 * esp_epoch(lab, j);
     (u64::from(spi & 0xff).wrapping_sub(base) & 0xff) / 4
 }
+
+/// Each pair's PSKs that both of its nodes were seen holding, in the order the first node
+/// held them, from each node's PSKs by peer (`(node, peer)`).
+pub fn held_by_both(
+    held: &BTreeMap<(usize, usize), Vec<String>>,
+) -> BTreeMap<(usize, usize), Vec<String>> {
+    let mut out = BTreeMap::new();
+    for (&(i, j), psks) in held.iter().filter(|((i, j), _)| i < j) {
+        let other = held.get(&(j, i)).map(Vec::as_slice).unwrap_or_default();
+        let both: Vec<String> = psks.iter().filter(|p| other.contains(p)).cloned().collect();
+        if !both.is_empty() {
+            out.insert((i, j), both);
+        }
+    }
+    out
+}
+
+/// The lines of every agent's log about post-quantum rounds, ipsec and ESP, warnings and
+/// peers added or removed, under each node's heading.
+pub fn pq_logs(lab: &Lab) -> String {
+    lab.logs()
+        .lines()
+        .filter(|l| {
+            l.contains("--- node")
+                || l.contains("post-quantum")
+                || l.contains("ipsec")
+                || l.contains("ESP")
+                || l.contains("WARN")
+                || l.contains("added")
+                || l.contains("removed")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
