@@ -45,7 +45,20 @@ pub fn config(endpoint: &str) -> EtcdConfig {
     cfg
 }
 
+/// The registry's own log lines, kept with the test's output (shown when it fails; the
+/// runtime's worker threads inherit the test's capture). `RUST_LOG` changes the filter.
+pub fn log_to_test_output() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
+}
+
 pub async fn acquire(cfg: EtcdConfig, attrs: LocalAttrs) -> (EtcdRegistry, NetConf, Lease) {
+    log_to_test_output();
     let mut reg = EtcdRegistry::connect(cfg).await.unwrap();
     let net = reg.net_conf().await.unwrap();
     let lease = reg
