@@ -103,6 +103,12 @@ fn a_node_that_leaves_is_removed_and_a_node_that_joins_is_reached() {
     }
 }
 
+/// Waits for a reply to a request sent after `t` (Unix seconds); panics naming `what`.
+fn answered_after(pinger: &Pinger, lab: &Lab, t: f64, what: &str) {
+    let answered = pinger.wait_reply_after(t, Duration::from_secs(10));
+    assert!(answered.is_some(), "no reply {what}\n{}", lab.logs());
+}
+
 #[test]
 fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
     let mut lab = Lab::start(LabConfig::wireguard(3, WEFT)).unwrap();
@@ -115,13 +121,7 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
     let pinger = Pinger::start(&a, b, Duration::from_millis(50)).unwrap();
     let watch = ClearWatch::start(&lab).unwrap();
     let flowing = unix_now();
-    assert!(
-        pinger
-            .wait_reply_after(flowing, Duration::from_secs(10))
-            .is_some(),
-        "the ping was not answered before the kill\n{}",
-        lab.logs()
-    );
+    answered_after(&pinger, &lab, flowing, "before the kill");
     let killed = SystemTime::now();
     lab.stop_agent(1, "KILL").unwrap();
     lab.start_agent(1).unwrap();
@@ -131,13 +131,11 @@ fn an_agent_killed_and_restarted_keeps_its_key_and_one_peer_per_node() {
         || lab.nodes[1].logged_since("reconciled", killed).is_some(),
         || lab.logs(),
     );
-    let passed = unix_now();
-    assert!(
-        pinger
-            .wait_reply_after(passed, Duration::from_secs(10))
-            .is_some(),
-        "no reply after the restarted agent's first pass\n{}",
-        lab.logs()
+    answered_after(
+        &pinger,
+        &lab,
+        unix_now(),
+        "after the restarted agent's first pass",
     );
     let lost = pinger.lost_between(flowing, unix_now());
     let ping = pinger.finish().unwrap();

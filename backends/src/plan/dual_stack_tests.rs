@@ -4,15 +4,13 @@
 //! IPv6 underlay.
 
 use std::net::{IpAddr, Ipv6Addr};
-use std::time::SystemTime;
 
 use serde_json::json;
 
-use super::tests::{ip, key, lease as wg_lease};
+use super::tests::{ip, key, lease as wg_lease, run_as};
 use super::unencrypted_tests::{lease, mac, run, run_on, vx};
 use super::*;
-use crate::model::{format_mac, ClusterView, Lease, VxlanSpec};
-use crate::netconf::parse;
+use crate::model::{format_mac, Lease, VxlanSpec};
 
 fn dual(node: &str, n: u8) -> Lease {
     let mut l = wg_lease(node, &format!("10.244.{n}.0/24"), ip(n), n);
@@ -25,29 +23,7 @@ fn dual(node: &str, n: u8) -> Lease {
 const DUAL: &str = r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:10:244::/48", "Backend": {"Type": "wireguard"}}"#;
 
 fn run_dual(config: &str, peers: Vec<Lease>) -> DesiredState {
-    let config = parse(config).unwrap();
-    let me = dual("node-a", 1);
-    let mut view = ClusterView::default();
-    for l in peers.into_iter().chain([me.clone()]) {
-        view.insert(l);
-    }
-    let options = PlanOptions {
-        ip_masq: true,
-        underlay_mtu: 1500,
-        underlay_device: None,
-        underlay_networks: vec![],
-    };
-    plan(&PlanInput {
-        path_mtus: &Default::default(),
-        pair_psks: &Default::default(),
-        observed: &Default::default(),
-        local: &me,
-        view: &view,
-        config: &config,
-        options: &options,
-        now: SystemTime::UNIX_EPOCH,
-    })
-    .unwrap()
+    run_as(dual("node-a", 1), config, peers, true).unwrap()
 }
 
 #[test]

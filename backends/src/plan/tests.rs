@@ -56,7 +56,7 @@ pub(super) fn run(
     run_as(local(), config, peers, ip_masq)
 }
 
-fn run_as(
+pub(super) fn run_as(
     me: Lease,
     config: &str,
     peers: Vec<Lease>,
