@@ -1,5 +1,6 @@
 //! The message builder without a kernel: large peer sets split within the budget, every
-//! peer exactly once and in order, own settings only in the first message, oversized
+//! peer exactly once and in order, own settings only in the first message (a new private
+//! key alone in the last, after every peer's PSK), oversized
 //! AllowedIPs continued with append semantics, and every message round-trips through the
 //! wire encoding.
 
@@ -89,7 +90,7 @@ fn two_thousand_peers_split_within_budget_each_once_in_order() {
             .attributes
             .iter()
             .any(|a| matches!(a, WireguardAttribute::PrivateKey(_)));
-        assert_eq!(has_key, i == 0, "private key in message {i}");
+        assert_eq!(has_key, i == msgs.len() - 1, "private key in message {i}");
         assert_eq!(
             &round_trip(m),
             m,
@@ -214,4 +215,51 @@ fn updates_and_removals_carry_their_flags_and_only_changed_fields() {
         MESSAGE_BUDGET,
     );
     assert!(nothing.is_empty(), "an empty change sends nothing");
+}
+
+/// A key switch that also changes the peers' PSKs (the new key's pairs are classical until
+/// their post-quantum round): the PSKs in a first message, the new private key alone in a
+/// last one, so no handshake under the new key can go out with a PSK of the old key's pair.
+#[test]
+fn a_new_private_key_comes_after_the_peers_psks() {
+    let (a, b) = (peer(1), peer(2));
+    let psk_removed = |spec: &PeerSpec| PeerChange::Update {
+        spec: spec.clone(),
+        fields: crate::apply::wireguard::diff::PeerFields {
+            psk: Some(None),
+            ..Default::default()
+        },
+    };
+    let change = DeviceChange {
+        set_private_key: true,
+        listen_port: None,
+        peers: vec![psk_removed(&a), psk_removed(&b)],
+    };
+    let new_key = key(9);
+    let msgs = set_device_messages("flannel-wg", &change, &new_key, MESSAGE_BUDGET);
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(!msgs[0]
+        .attributes
+        .iter()
+        .any(|a| matches!(a, WireguardAttribute::PrivateKey(_))));
+    assert_eq!(
+        peer_keys(&msgs[..1]),
+        vec![*a.public_key.as_bytes(), *b.public_key.as_bytes()]
+    );
+    assert_eq!(
+        msgs[1].attributes,
+        vec![
+            WireguardAttribute::IfName("flannel-wg".into()),
+            WireguardAttribute::PrivateKey(*new_key.as_bytes()),
+        ]
+    );
+    // A key alone is one message.
+    let alone = DeviceChange {
+        set_private_key: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        set_device_messages("flannel-wg", &alone, &new_key, MESSAGE_BUDGET).len(),
+        1
+    );
 }
