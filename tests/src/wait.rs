@@ -55,21 +55,12 @@ pub fn throughout_or(
     context: impl FnOnce() -> String,
 ) {
     let started = Instant::now();
-    loop {
-        let check = Instant::now();
-        let done = started.elapsed() >= span;
-        if !ok() {
-            panic!(
-                "{what}: failed {:?} into {span:?}\n{}",
-                started.elapsed(),
-                context()
-            );
-        }
-        if done {
-            return;
-        }
-        let pause = check.elapsed().max(Duration::from_millis(20));
-        std::thread::sleep(pause.min(span.saturating_sub(started.elapsed())));
+    if holds_within(span, || !ok()) {
+        panic!(
+            "{what}: failed {:?} into {span:?}\n{}",
+            started.elapsed(),
+            context()
+        );
     }
 }
 

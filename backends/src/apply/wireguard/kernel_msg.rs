@@ -241,13 +241,10 @@ pub fn set_device_messages(
         b.flush();
     }
     if change.set_private_key {
-        b.done.push(WireguardMessage {
-            cmd: WireguardCmd::SetDevice,
-            attributes: vec![
-                WireguardAttribute::IfName(b.device.clone()),
-                WireguardAttribute::PrivateKey(*private_key.as_bytes()),
-            ],
-        });
+        let mut last = b.message(false, Vec::new());
+        last.attributes
+            .push(WireguardAttribute::PrivateKey(*private_key.as_bytes()));
+        b.done.push(last);
     }
     b.done
 }
