@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use weft_lab::lab::cni::{self, Attachment, Runtime};
 use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::wait::first_within;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -52,14 +53,7 @@ fn status_until(
     within: Duration,
     want: impl Fn(&Result<(), Value>) -> bool,
 ) -> Result<(), Value> {
-    let deadline = Instant::now() + within;
-    loop {
-        let answer = status(rt);
-        if want(&answer) || Instant::now() > deadline {
-            return answer;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    first_within(within, || Some(status(rt)).filter(|a| want(a))).unwrap_or_else(|| status(rt))
 }
 
 fn signal(lab: &Lab, sig: &str) {

@@ -5,11 +5,12 @@
 //! still reach each other), and every node leaves out only the newcomers, named in
 //! `weft status`, the log, `weft doctor` and `/metrics`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
+use weft_lab::wait::found_or;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10267;
@@ -32,35 +33,34 @@ fn put(lab: &Lab, name: &str, value: &serde_json::Value) {
 /// Waits until every node's `weft status` shows each of `names` left out, and returns
 /// node 1's rows for them.
 fn left_out_everywhere(lab: &Lab, names: &[&str]) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let tables: Vec<String> = (0..lab.nodes.len())
+    let tables = || -> Vec<String> {
+        (0..lab.nodes.len())
             .map(|i| {
                 lab.on_node(i, &format!("{WEFT} status"))
                     .unwrap_or_default()
             })
-            .collect();
-        let rows = |table: &str| -> Vec<String> {
-            names
-                .iter()
-                .filter_map(|n| {
-                    table
-                        .lines()
-                        .find(|l| l.starts_with(n) && l.contains("left out: "))
-                        .map(str::to_string)
-                })
-                .collect()
-        };
-        if tables.iter().all(|t| rows(t).len() == names.len()) {
-            return rows(&tables[0]);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not left out everywhere:\n{}",
-            tables.join("\n")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            .collect()
+    };
+    let rows = |table: &str| -> Vec<String> {
+        names
+            .iter()
+            .filter_map(|n| {
+                table
+                    .lines()
+                    .find(|l| l.starts_with(n) && l.contains("left out: "))
+                    .map(str::to_string)
+            })
+            .collect()
+    };
+    found_or(
+        "left out everywhere",
+        Duration::from_secs(10),
+        || {
+            let tables = tables();
+            (tables.iter().all(|t| rows(t).len() == names.len())).then(|| rows(&tables[0]))
+        },
+        || tables().join("\n"),
+    )
 }
 
 fn subnet_name(lab: &Lab, i: usize) -> String {
@@ -226,15 +226,12 @@ fn an_older_entry_copying_a_younger_nodes_key_is_the_one_left_out() {
     } else {
         (1, 0)
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let victim = loop {
-        let v = published(&lab, young);
-        if v.get("WeftKeyProof").is_some() {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "no key proof published: {v}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let victim = found_or(
+        "the younger node's key proof published",
+        Duration::from_secs(10),
+        || Some(published(&lab, young)).filter(|v| v.get("WeftKeyProof").is_some()),
+        || published(&lab, young).to_string(),
+    );
     // The older node turns bad: its agent stops defending its lease, and the lease copies
     // the younger node's key and proof.
     lab.stop_agent(old, "TERM").unwrap();
@@ -244,24 +241,20 @@ fn an_older_entry_copying_a_younger_nodes_key_is_the_one_left_out() {
     put(&lab, &subnet_name(&lab, old), &forged);
 
     let (copier, owner) = (subnet_name(&lab, old), subnet_name(&lab, young));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let row = loop {
-        let table = lab
-            .on_node(2, &format!("{WEFT} status"))
-            .unwrap_or_default();
-        if let Some(row) = table
-            .lines()
-            .find(|l| l.starts_with(&copier) && l.contains("left out: "))
-        {
-            break row.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 3 never left out the copier:\n{table}\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    let table = || {
+        lab.on_node(2, &format!("{WEFT} status"))
+            .unwrap_or_default()
     };
+    let row = found_or(
+        "node 3 leaving out the copier",
+        Duration::from_secs(10),
+        || {
+            (table().lines())
+                .find(|l| l.starts_with(&copier) && l.contains("left out: "))
+                .map(str::to_string)
+        },
+        || format!("{}\n{}", table(), lab.logs()),
+    );
     assert!(
         row.contains(&format!("also published by node {owner}, which keeps it")),
         "{row}"

@@ -9,6 +9,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use weft::registry::{AcquireRequest, EtcdRegistry, Registry, RegistryError};
 use weft_backends::model::ClusterView;
+use weft_lab::wait::{found_async, until_async};
 use weft_lab::{CutProxy, Etcd};
 
 mod etcd_lab;
@@ -218,18 +219,13 @@ async fn a_lease_deleted_behind_our_back_is_claimed_again() {
     c.delete(format!("{PREFIX}/subnets/{}", lease_a.node), None)
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let got = loop {
-        let got = c
-            .get(format!("{PREFIX}/subnets/{}", lease_a.node), None)
-            .await
-            .unwrap();
-        if !got.kvs().is_empty() || tokio::time::Instant::now() > deadline {
-            break got;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(got.kvs().len(), 1, "the lease was not claimed again");
+    let key = format!("{PREFIX}/subnets/{}", lease_a.node);
+    let got = found_async("the lease claimed again", Duration::from_secs(5), || {
+        let (mut c, key) = (c.clone(), key.clone());
+        async move { Some(c.get(key, None).await.unwrap()).filter(|got| !got.kvs().is_empty()) }
+    })
+    .await;
+    assert_eq!(got.kvs().len(), 1, "the lease was claimed twice");
     assert_eq!(
         a.local.borrow().subnet,
         lease_a.subnet,
@@ -250,27 +246,25 @@ async fn a_foreign_write_to_our_lease_is_put_back_with_our_etcd_lease() {
     // value would never expire).
     let foreign = r#"{"PublicIP":"203.0.113.66","BackendType":"wireguard","BackendData":{"PublicKey":"attacker","Port":51820}}"#;
     c.put(key.clone(), foreign, None).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let restored = loop {
-        let got = c.get(key.clone(), None).await.unwrap();
-        let kv = got.kvs()[0].clone();
-        if kv.value() == ours.value() && kv.lease() == ours.lease() {
-            break true;
+    let written_back = || {
+        let (mut c, key, ours) = (c.clone(), key.clone(), ours.clone());
+        async move {
+            let got = c.get(key, None).await.unwrap();
+            let kv = got.kvs().first()?;
+            (kv.value() == ours.value() && kv.lease() == ours.lease()).then_some(())
         }
-        if tokio::time::Instant::now() > deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(
-        restored,
-        "the node's own value and etcd lease were not written back"
-    );
+    found_async(
+        "the node's own value and etcd lease written back",
+        Duration::from_secs(2),
+        written_back,
+    )
+    .await;
     // Counted for /metrics (just after the write-back).
-    while a.alerts.leases_defended.get() == 0 {
-        assert!(tokio::time::Instant::now() < deadline + Duration::from_secs(2));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_async("the defence counted", Duration::from_secs(2), || {
+        a.alerts.leases_defended.get() > 0
+    })
+    .await;
     assert_eq!(a.alerts.leases_defended.get(), 1);
     assert_eq!(
         a.local.borrow().subnet,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::wait::until_or;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -44,15 +45,12 @@ fn fifty_kills_during_start_leak_no_process_device_socket_or_route() {
     }
     println!("50 kills in {:.1} s", started.elapsed().as_secs_f64());
     // The last agent comes up and takes over what is there.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while lab.on_node(0, &format!("{WEFT} status")).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the last agent never answered\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_or(
+        "the last agent answering",
+        Duration::from_secs(20),
+        || lab.on_node(0, &format!("{WEFT} status")).is_ok(),
+        || lab.logs(),
+    );
     lab.assert_all_pairs();
     let watched = watch.finish().unwrap();
     println!("50 kills: {watched:?}, nothing in clear");

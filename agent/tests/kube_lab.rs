@@ -163,15 +163,11 @@ fn health_says_alive_but_not_ready_while_the_api_is_unreachable() {
     );
     // ... once it has retried the API server (it logs each retry).
     let log = || std::fs::read_to_string(lab.dir().join("n9.log")).unwrap_or_default();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let last = loop {
+    let last = weft_lab::wait::first_within(Duration::from_secs(10), || {
         let (code, body) = http_get(&ns, &addr, "/readyz");
-        let done = (code, body.trim()) == expected && log().contains("retrying");
-        if done || std::time::Instant::now() > deadline {
-            break (code, body);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        ((code, body.trim()) == expected && log().contains("retrying")).then_some((code, body))
+    })
+    .unwrap_or_else(|| http_get(&ns, &addr, "/readyz"));
     let _ = agent.kill();
     let _ = agent.wait();
     assert_eq!((last.0, last.1.trim()), expected);

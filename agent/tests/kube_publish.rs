@@ -12,6 +12,7 @@ use serde_json::json;
 use weft::registry::kube::{self, KubeError, KubeRegistry};
 use weft::registry::{self, Registry};
 use weft_backends::model::{ClusterView, Lease};
+use weft_lab::wait::until_async;
 
 mod kube_cluster;
 use kube_cluster::*;
@@ -37,14 +38,12 @@ async fn publishing_retries_on_conflict_and_republishes_removed_annotations() {
     a.wait_for("own lease", |v| has(v, "node-a")).await;
     c.api
         .annotate("node-a", &format!("{PREFIX}/backend-data"), None);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ann()[format!("{PREFIX}/backend-data")].is_null() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "backend-data was not published again"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_async(
+        "backend-data published again",
+        Duration::from_secs(10),
+        || !ann()[format!("{PREFIX}/backend-data")].is_null(),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -59,14 +58,12 @@ async fn network_unavailable_is_cleared_once_ready_by_strategic_merge() {
     };
     assert_eq!(condition("NetworkUnavailable").unwrap()["status"], "True");
     a.handle.ready.send_replace(true);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while condition("NetworkUnavailable").unwrap()["status"] != "False" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "NetworkUnavailable stayed True"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_async(
+        "NetworkUnavailable cleared",
+        Duration::from_secs(10),
+        || condition("NetworkUnavailable").is_some_and(|c| c["status"] == "False"),
+    )
+    .await;
     let nu = condition("NetworkUnavailable").unwrap();
     assert_eq!(nu["reason"], "WeftIsUp");
     assert!(nu["lastTransitionTime"]

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use weft::registry::kube::{self, API_CALLS};
+use weft_lab::wait::until_async;
 
 mod kube_cluster;
 use kube_cluster::*;
@@ -98,23 +99,19 @@ async fn annotation_changes_and_public_ip_overwrite_reach_the_plan() {
     // Node b's agent follows it but counts it as a warning (anyone who may patch Nodes can
     // set it); the key change did not count, nor does node a, whose own Node is untouched.
     let steering = &b.handle.alerts.steering_changes;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while steering.get() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no steering warning"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("a steering warning", Duration::from_secs(5), || {
+        steering.get() > 0
+    })
+    .await;
     c.api.annotate(
         "node-b",
         &format!("{PREFIX}/node-public-ip"),
         Some("198.51.100.22"),
     );
-    while steering.get() == 1 {
-        assert!(tokio::time::Instant::now() < deadline, "no second warning");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("a second steering warning", Duration::from_secs(5), || {
+        steering.get() > 1
+    })
+    .await;
     assert_eq!(steering.get(), 2);
     assert_eq!(a.handle.alerts.steering_changes.get(), 0);
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::in_named_netns;
+use weft_lab::wait::{first_within, found_or};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -61,15 +62,8 @@ fn hold_port<S: Send + 'static>(
     let (release, released) = mpsc::channel::<()>();
     let (bound, is_bound) = mpsc::channel();
     in_named_netns(ns, move || {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let socket = loop {
-            match bind(port) {
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                other => break other,
-            }
-        };
+        let socket =
+            first_within(Duration::from_secs(5), || bind(port).ok()).map_or_else(|| bind(port), Ok);
         let _ = bound.send(socket.as_ref().map(|_| ()).map_err(|e| e.to_string()));
         let _ = released.recv();
         drop(socket);
@@ -87,15 +81,13 @@ fn bind_plain(port: u16) -> std::io::Result<std::net::UdpSocket> {
 }
 
 fn wait_for_log(lab: &Lab, i: usize, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let log = std::fs::read_to_string(lab.nodes[i].agent_log()).unwrap_or_default();
-        if log.contains(what) {
-            return log;
-        }
-        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let log = || std::fs::read_to_string(lab.nodes[i].agent_log()).unwrap_or_default();
+    found_or(
+        &format!("{what:?} in node {}'s log", i + 1),
+        Duration::from_secs(15),
+        || Some(log()).filter(|l| l.contains(what)),
+        log,
+    )
 }
 
 fn port_taken_then_freed<S: Send + 'static>(

@@ -234,10 +234,11 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
         let text = lab.on_node(0, "cat /var/lib/weft/rotation.json").ok()?;
         serde_json::from_str::<serde_json::Value>(&text).ok()
     };
-    weft_lab::wait::until(
+    weft_lab::wait::until_or(
         "node 1 announcing its next key",
         Duration::from_secs(5),
         || announced().is_some(),
+        || lab.logs(),
     );
     let next = announced().unwrap();
     lab.stop_agent(0, "KILL").unwrap();
@@ -245,26 +246,24 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     // to the announced key; node 1's device still has the old one, so node 2 cannot reach
     // it.
     let next_key = next["PublicKey"].as_str().unwrap().to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let allowed = lab.on_node(1, "wg show flannel-wg allowed-ips").unwrap();
-        let switched = allowed
-            .lines()
-            .any(|l| l.starts_with(&next_key) && !l.contains("(none)"));
-        if switched {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "node 2 never switched to node 1's announced key: {allowed}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(lab.wg_public_key(0).unwrap(), before);
+    let allowed = || lab.on_node(1, "wg show flannel-wg allowed-ips").unwrap();
+    weft_lab::wait::until_or(
+        "node 2 switching to node 1's announced key",
+        Duration::from_secs(15),
+        || (allowed().lines()).any(|l| l.starts_with(&next_key) && !l.contains("(none)")),
+        || format!("{}\n{}", allowed(), lab.logs()),
+    );
+    assert_eq!(
+        lab.wg_public_key(0).unwrap(),
+        before,
+        "node 1 switched before its agent was killed\n{}",
+        lab.logs()
+    );
     let (a, b) = (lab.nodes[1].pods[0].ns.clone(), lab.nodes[0].pods[0].ip);
     assert!(
         !lab.ping(&a, b, Duration::from_secs(2)),
-        "node 2 still reaches node 1 on its old key"
+        "node 2 still reaches node 1 on its old key\n{}",
+        lab.logs()
     );
     let restarted = std::time::Instant::now();
     lab.start_agent(0).unwrap();
@@ -282,7 +281,9 @@ fn a_rotation_interrupted_by_a_crash_resumes_and_a_peer_that_missed_it_catches_u
     );
     assert_eq!(
         lab.wg_public_key(0).unwrap(),
-        next["PublicKey"].as_str().unwrap()
+        next["PublicKey"].as_str().unwrap(),
+        "node 1 did not resume its rotation\n{}",
+        lab.logs()
     );
     // Node 3 returns and learns node 1's key from the registry. Until then its device
     // may still reach node 1 on the session of the old key (node 1 keeps it for a while):
@@ -318,23 +319,20 @@ fn psk_everywhere(lab: &Lab, psk: &str) -> bool {
 }
 
 fn wait_psk(lab: &Lab, psk: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !psk_everywhere(lab, psk) {
-        if std::time::Instant::now() >= deadline {
+    weft_lab::wait::until_or(
+        &format!("PSK {psk} on every device"),
+        Duration::from_secs(15),
+        || psk_everywhere(lab, psk),
+        || {
             let devices: Vec<String> = (0..lab.nodes.len())
                 .map(|i| {
                     let keys = lab.on_node(i, "wg show flannel-wg preshared-keys");
                     format!("node {}: {}", i + 1, keys.unwrap_or_else(|e| e.to_string()))
                 })
                 .collect();
-            panic!(
-                "PSK {psk} not on every device:\n{}\n{}",
-                devices.join("\n"),
-                lab.logs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            format!("{}\n{}", devices.join("\n"), lab.logs())
+        },
+    );
 }
 
 fn genpsk() -> String {

@@ -63,13 +63,10 @@ fn start_with_key_in(dir: &std::path::Path) -> (Option<i32>, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while std::time::Instant::now() < deadline {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Exited on its own, or killed below.
+    weft_lab::wait::holds_within(Duration::from_secs(3), || {
+        child.try_wait().is_ok_and(|s| s.is_some())
+    });
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     let text =
@@ -185,15 +182,12 @@ fn a_rotation_with_a_full_or_read_only_state_directory_is_refused_and_the_old_ke
     fs.read_only(false);
     let out = lab.on_node(0, &format!("{WEFT} keys rotate")).unwrap();
     assert!(out.contains("announced key generation 2"), "{out}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while std::fs::read(lib.join("wireguard.key")).unwrap() == key_before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never switched\n{}",
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    weft_lab::wait::until_or(
+        "node 1 switching to its new key",
+        Duration::from_secs(15),
+        || std::fs::read(lib.join("wireguard.key")).unwrap() != key_before,
+        || lab.logs(),
+    );
     lab.assert_all_pairs();
     lab.stop_agent(0, "KILL").unwrap();
     drop(fs);

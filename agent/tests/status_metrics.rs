@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
+use weft_lab::wait::{found_or, until_or};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10267;
@@ -81,18 +82,19 @@ fn status_and_metrics_describe_the_mesh() {
     // The traffic above is counted once a full pass has read the device after it: within
     // one resync period (and a pass), never by a read per scrape.
     let n1 = format!("{{node=\"{}\"}}", name(1));
-    let deadline = Instant::now() + Duration::from_secs(2 * RESYNC_SECS + 2);
-    let m = loop {
-        let m = metrics(&lab, 0);
-        // Both directions' counters: the pass that read the device may have come between
-        // the handshake's first message and the first one this node sent.
-        let rx = value(&m, &format!("weft_peer_receive_bytes_total{n1}")).unwrap_or(0.0);
-        let tx = value(&m, &format!("weft_peer_transmit_bytes_total{n1}")).unwrap_or(0.0);
-        if (rx > 0.0 && tx > 0.0) || Instant::now() > deadline {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let m = found_or(
+        "node 2's traffic counted both ways on node 1",
+        Duration::from_secs(2 * RESYNC_SECS + 2),
+        || {
+            let m = metrics(&lab, 0);
+            // Both directions' counters: the pass that read the device may have come
+            // between the handshake's first message and the first one this node sent.
+            let counted = |name: &str| value(&m, &format!("{name}{n1}")).is_some_and(|v| v > 0.0);
+            (counted("weft_peer_receive_bytes_total") && counted("weft_peer_transmit_bytes_total"))
+                .then_some(m)
+        },
+        || metrics(&lab, 0),
+    );
     assert!(
         value(&m, "weft_reconcile_passes_total").unwrap() >= 1.0,
         "{m}"
@@ -120,14 +122,16 @@ fn status_and_metrics_describe_the_mesh() {
     );
     // Each peer's path, as the agent measured it (every link here is 1500), with its time.
     let path = format!("{{node=\"{}\",address=\"{}\"}}", name(1), lab.nodes[1].ip);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let m = loop {
-        let m = metrics(&lab, 0);
-        if m.contains(&format!("weft_peer_path_mtu_bytes{path}")) || Instant::now() > deadline {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let m = found_or(
+        "node 2's path MTU in node 1's metrics",
+        Duration::from_secs(10),
+        || {
+            let m = metrics(&lab, 0);
+            m.contains(&format!("weft_peer_path_mtu_bytes{path}"))
+                .then_some(m)
+        },
+        || metrics(&lab, 0),
+    );
     assert_eq!(
         value(&m, &format!("weft_peer_path_mtu_bytes{path}")),
         Some(1500.0),
@@ -174,21 +178,23 @@ fn status_and_metrics_describe_the_mesh() {
             r#"{"PublicIP":"198.51.100.66","BackendType":"wireguard","BackendData":{"PublicKey":"bm90LWEta2V5","Port":51820}}"#,
         ])
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while value(&metrics(&lab, 0), "weft_leases_defended_total") != Some(1.0) {
-        assert!(Instant::now() < deadline, "{}", metrics(&lab, 0));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_or(
+        "the lease defended once",
+        Duration::from_secs(5),
+        || value(&metrics(&lab, 0), "weft_leases_defended_total") == Some(1.0),
+        || metrics(&lab, 0),
+    );
 
     // Node 2 comes back with a new key: generation 2 on node 0.
     lab.stop_agent(1, "TERM").unwrap();
     std::fs::remove_file(lab.nodes[1].dir.join("lib/wireguard.key")).unwrap();
     lab.start_agent(1).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while value(&metrics(&lab, 0), &format!("weft_peer_key_generation{n1}")) != Some(2.0) {
-        assert!(Instant::now() < deadline, "{}", metrics(&lab, 0));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    until_or(
+        "node 2's key generation 2 on node 1",
+        Duration::from_secs(15),
+        || value(&metrics(&lab, 0), &format!("weft_peer_key_generation{n1}")) == Some(2.0),
+        || metrics(&lab, 0),
+    );
 
     lab.stop_agent(0, "TERM").unwrap();
     let err = lab.on_node(0, &format!("{WEFT} status")).unwrap_err();

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
@@ -216,20 +216,21 @@ impl Etcd {
     }
 
     fn wait_healthy(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    bail!(
-                        "etcd exited with {status} at start; log:\n{}",
-                        self.log_tail()
-                    );
+        // Healthy, or exited (an error at once).
+        let started = crate::wait::first_within(Duration::from_secs(20), || {
+            let exited = self.child.as_mut().map(|c| c.try_wait());
+            match exited {
+                Some(Ok(Some(status))) => {
+                    Some(Err(anyhow::anyhow!("etcd exited with {status} at start")))
                 }
+                Some(Err(e)) => Some(Err(e.into())),
+                _ => self.healthy().then_some(Ok(())),
             }
-            if self.healthy() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        });
+        match started {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(e)) => bail!("{e}; log:\n{}", self.log_tail()),
+            None => {}
         }
         bail!(
             "etcd did not become healthy in 20 s; log:\n{}",

@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use crate::freeze::{freeze, thread_named, Frozen};
 use crate::lab::Lab;
 use crate::pinger::{unix_now, Pinger};
+use crate::wait::{first_within, holds_within};
 
 /// Pings a second on each pair.
 pub const PPS: u64 = 10;
@@ -134,14 +135,15 @@ impl Fault {
             &format!("ping -c 3 -i 0.2 -q {pod0}"),
         )?;
         let mapped = format!("{ip1}:40000");
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while endpoint_of(lab, 0, 1)? != mapped {
-            if std::time::Instant::now() > deadline {
-                bail!("node 0 did not roam to node 1's mapped port {mapped}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        // The mapped endpoint, or the first error reading it.
+        let roamed = first_within(Duration::from_secs(10), || match endpoint_of(lab, 0, 1) {
+            Ok(e) if e != mapped => None,
+            read => Some(read),
+        });
+        match roamed {
+            Some(read) => read.map(drop),
+            None => bail!("node 0 did not roam to node 1's mapped port {mapped}"),
         }
-        Ok(())
     }
 
     /// Makes the fault; a stalled thread stays stopped until the freeze is thawed.
@@ -253,18 +255,11 @@ impl Fault {
         let frozen = self.make(lab)?;
         let (on, needle) = self.named();
         let node = &lab.nodes[on];
-        let deadline = std::time::Instant::now() + name_limit;
-        let named_at = loop {
-            if let Some(at) = node.logged_since(needle, since) {
-                break at;
-            }
-            if std::time::Instant::now() > deadline {
-                bail!(
-                    "{}: node {on} did not log '{needle}' within {name_limit:?}",
-                    self.name()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(named_at) = first_within(name_limit, || node.logged_since(needle, since)) else {
+            bail!(
+                "{}: node {on} did not log '{needle}' within {name_limit:?}",
+                self.name()
+            );
         };
         let mut from = t0;
         if let Some((after, script)) = self.lift() {
@@ -285,16 +280,16 @@ impl Fault {
             back.with_context(|| format!("{}: no traffic within {back_limit:?}", self.name()))?;
         if let Some(before) = pid_before {
             // The faulty process is gone and one new device process serves the device.
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while lab.device_pids(1) == [before] || lab.device_pids(1).len() != 1 {
-                if std::time::Instant::now() > deadline {
-                    bail!(
-                        "{}: node 1's device process {before} was not replaced: {:?}",
-                        self.name(),
-                        lab.device_pids(1)
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let replaced = holds_within(Duration::from_secs(5), || {
+                let pids = lab.device_pids(1);
+                pids != [before] && pids.len() == 1
+            });
+            if !replaced {
+                bail!(
+                    "{}: node 1's device process {before} was not replaced: {:?}",
+                    self.name(),
+                    lab.device_pids(1)
+                );
             }
         }
         let other_lost = other.lost_between(t0, unix_now());

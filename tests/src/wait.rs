@@ -27,16 +27,66 @@ pub fn until_or(
 
 /// Polls `ok` as `until` does; whether it held before `limit` passed (it does not panic).
 pub fn holds_within(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
+    first_within(limit, || ok().then_some(())).is_some()
+}
+
+/// Polls `read` until it gives a value, and returns it. Panics naming `what` once `limit`
+/// has passed.
+pub fn found<T>(what: &str, limit: Duration, read: impl FnMut() -> Option<T>) -> T {
+    found_or(what, limit, read, String::new)
+}
+
+/// As `found`; the panic message ends with `context()` (the last value read, the agents'
+/// logs, say).
+pub fn found_or<T>(
+    what: &str,
+    limit: Duration,
+    read: impl FnMut() -> Option<T>,
+    context: impl FnOnce() -> String,
+) -> T {
+    first_within(limit, read)
+        .unwrap_or_else(|| panic!("{what}: not within {limit:?}\n{}", context()))
+}
+
+/// Polls `read` as `until` does; the first value it gives before `limit` passed.
+pub fn first_within<T>(limit: Duration, mut read: impl FnMut() -> Option<T>) -> Option<T> {
     let started = Instant::now();
     loop {
         let check = Instant::now();
-        if ok() {
-            return true;
+        if let Some(value) = read() {
+            return Some(value);
         }
         if started.elapsed() >= limit {
-            return false;
+            return None;
         }
         std::thread::sleep(check.elapsed().max(Duration::from_millis(20)));
+    }
+}
+
+/// As `until`, in async code: between checks it sleeps on the runtime's clock, so the
+/// tasks it waits for (a registry on the same runtime) go on meanwhile.
+pub async fn until_async(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    found_async(what, limit, || std::future::ready(ok().then_some(()))).await;
+    started.elapsed()
+}
+
+/// As `found`, in async code: `read` gives a future (an etcd read, say).
+pub async fn found_async<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    limit: Duration,
+    mut read: impl FnMut() -> F,
+) -> T {
+    let started = Instant::now();
+    loop {
+        let check = Instant::now();
+        if let Some(value) = read().await {
+            return value;
+        }
+        if started.elapsed() >= limit {
+            panic!("{what}: not within {limit:?}");
+        }
+        tokio::time::sleep(check.elapsed().max(Duration::from_millis(20))).await;
     }
 }
 
@@ -96,6 +146,33 @@ mod tests {
         });
         assert!(started.elapsed() >= Duration::from_millis(200));
         assert!(checks >= 4, "{checks} checks");
+    }
+
+    #[test]
+    fn found_returns_the_first_value_read_and_panics_naming_what_it_waited_for() {
+        let mut reads = 0;
+        let value = super::found("the third read", Duration::from_secs(5), || {
+            reads += 1;
+            (reads == 3).then_some(reads * 10)
+        });
+        assert_eq!((value, reads), (30, 3));
+        let started = Instant::now();
+        let failed = std::panic::catch_unwind(|| {
+            super::found_or(
+                "nothing",
+                Duration::from_millis(100),
+                || None::<()>,
+                || "the last read".into(),
+            )
+        });
+        let message = failed.expect_err("a read that never gives a value passed");
+        let text = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.starts_with("nothing: not within 100ms"), "{text}");
+        assert!(text.ends_with("the last read"), "{text}");
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]

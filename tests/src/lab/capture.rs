@@ -6,7 +6,7 @@ use std::fs;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context};
 
@@ -51,18 +51,24 @@ impl UnderlayCapture {
             log,
             started: SystemTime::now(),
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !capture.log_text().contains("listening on") {
-            if let Some(status) = capture.child.try_wait()? {
-                bail!("tcpdump exited ({status}): {}", capture.log_text());
+        // Listening, or exited (an error at once, not after the 10 s).
+        let started = crate::wait::first_within(Duration::from_secs(10), || {
+            if capture.log_text().contains("listening on") {
+                return Some(Ok(()));
             }
-            if Instant::now() > deadline {
-                bail!(
-                    "tcpdump did not start listening in 10 s: {}",
-                    capture.log_text()
-                );
+            match capture.child.try_wait() {
+                Ok(None) => None,
+                Ok(Some(status)) => Some(Err(anyhow::anyhow!("tcpdump exited ({status})"))),
+                Err(e) => Some(Err(e.into())),
             }
-            std::thread::sleep(Duration::from_millis(20));
+        });
+        match started {
+            Some(Ok(())) => {}
+            Some(Err(e)) => bail!("{e}: {}", capture.log_text()),
+            None => bail!(
+                "tcpdump did not start listening in 10 s: {}",
+                capture.log_text()
+            ),
         }
         capture.started = SystemTime::now();
         Ok(capture)

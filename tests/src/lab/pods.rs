@@ -4,41 +4,42 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 
 use super::{cni, Lab, Pod};
 use crate::netns::{script_in, Mounts};
+use crate::wait::{first_within, holds_within};
 
 impl Lab {
     /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
     pub(super) fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
         let env_path = self.nodes[i].subnet_env();
-        let deadline = Instant::now() + Duration::from_secs(30);
         type Gateways = (Option<ipnet::Ipv4Net>, Option<ipnet::Ipv6Net>);
-        let (gateway, gateway_v6): Gateways = loop {
+        let (ipv4, ipv6) = (self.cfg.ipv4, self.cfg.ipv6);
+        let written = first_within(Duration::from_secs(30), || {
             let text = fs::read_to_string(&env_path).unwrap_or_default();
             let value = |key: &str| text.lines().find_map(|l| l.strip_prefix(key));
             let (v4, v6) = (value("FLANNEL_SUBNET="), value("FLANNEL_IPV6_SUBNET="));
             // Each enabled family's subnet is there.
-            if v4.is_some() == self.cfg.ipv4 && v6.is_some() == self.cfg.ipv6 {
+            (v4.is_some() == ipv4 && v6.is_some() == ipv6).then(|| -> anyhow::Result<Gateways> {
                 let v4 = v4.map(str::parse).transpose().context("FLANNEL_SUBNET")?;
                 let v6 = v6
                     .map(str::parse)
                     .transpose()
                     .context("FLANNEL_IPV6_SUBNET")?;
-                break (v4, v6);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "node {} wrote no subnet.env in 30 s; agent log:\n{}",
-                    i + 1,
-                    fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
+                Ok((v4, v6))
+            })
+        });
+        let Some(written) = written else {
+            bail!(
+                "node {} wrote no subnet.env in 30 s; agent log:\n{}",
+                i + 1,
+                fs::read_to_string(self.nodes[i].agent_log()).unwrap_or_default()
+            );
         };
+        let (gateway, gateway_v6) = written?;
         self.nodes[i].subnet = gateway.map(|g| g.trunc());
         self.nodes[i].subnet_v6 = gateway_v6.map(|g| g.trunc());
         for _ in 0..self.cfg.pods_per_node {
@@ -92,11 +93,11 @@ impl Lab {
             // first pods of a node wait that long for their gateway): the pod is ready
             // when its gateway answers.
             let gateway = format!("{}1", v6.network());
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while super::in_ns(&pod_ns, &format!("ping -c 1 -W 0.2 -q {gateway}")).is_err() {
-                if Instant::now() > deadline {
-                    bail!("pod {pod_ns}: its IPv6 gateway {gateway} did not answer in 10 s");
-                }
+            let ping = format!("ping -c 1 -W 0.2 -q {gateway}");
+            if !holds_within(Duration::from_secs(10), || {
+                super::in_ns(&pod_ns, &ping).is_ok()
+            }) {
+                bail!("pod {pod_ns}: its IPv6 gateway {gateway} did not answer in 10 s");
             }
         }
         self.nodes[i].pods.push(Pod {

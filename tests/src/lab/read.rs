@@ -2,7 +2,7 @@
 //! implementation behind its device, its lease in etcd, its device's public key.
 
 use std::fs;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::bail;
 
@@ -29,19 +29,15 @@ impl Lab {
         };
         // The node's WireGuard devices: `flannel-wg`, and `flannel-wg-v6` with IPv6 on its
         // own device (an IPv6-only node has only that one).
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let links = loop {
+        let links = crate::wait::first_within(Duration::from_secs(20), || {
             let links: Vec<String> = ["flannel-wg", "flannel-wg-v6"]
                 .iter()
                 .filter_map(|d| in_ns(&self.nodes[i].ns, &format!("ip -d -o link show {d}")).ok())
                 .collect();
-            if !links.is_empty() {
-                break links;
-            }
-            if Instant::now() > deadline {
-                bail!("node {} has no WireGuard device after 20 s", i + 1);
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            (!links.is_empty()).then_some(links)
+        });
+        let Some(links) = links else {
+            bail!("node {} has no WireGuard device after 20 s", i + 1);
         };
         for link in links {
             if !link.split_whitespace().any(|w| w == kind) {

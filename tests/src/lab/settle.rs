@@ -112,28 +112,27 @@ impl Lab {
     /// other such agent, and has applied it. Labs whose agents run none return at once.
     pub fn settle_post_quantum(&self, within: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + within;
-        loop {
+        let (mut peers, mut unsettled) = (0, Vec::new());
+        let settled = crate::wait::holds_within(within, || {
             let logs: Vec<Option<Rounds>> = (self.nodes.iter())
                 .map(|n| rounds(&std::fs::read_to_string(n.agent_log()).unwrap_or_default()))
                 .collect();
-            let peers = logs.iter().flatten().count().saturating_sub(1);
-            let unsettled: Vec<String> = (logs.iter().enumerate())
+            peers = logs.iter().flatten().count().saturating_sub(1);
+            unsettled = (logs.iter().enumerate())
                 .filter_map(|(i, r)| Some((i, r.as_ref()?)))
                 .filter(|(_, r)| r.protected.len() < peers || !r.applied)
                 .map(|(i, r)| format!("node {}: {r:?}", i + 1))
                 .collect();
-            if unsettled.is_empty() {
-                return self.settle_handshakes(deadline, within);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "post-quantum pairs not protected within {within:?} of the agents' start \
-                     ({peers} peers each): {unsettled:?}\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            unsettled.is_empty()
+        });
+        if !settled {
+            bail!(
+                "post-quantum pairs not protected within {within:?} of the agents' start \
+                 ({peers} peers each): {unsettled:?}\n{}",
+                self.logs()
+            );
         }
+        self.settle_handshakes(deadline, within)
     }
 }
 
@@ -142,8 +141,10 @@ impl Lab {
     /// under it (its new session is the one in use). Kernel WireGuard keeps its session
     /// and uses a new PSK from the next handshake on: nothing to wait for there.
     fn settle_handshakes(&self, deadline: Instant, within: Duration) -> anyhow::Result<()> {
-        loop {
-            let mut pending = Vec::new();
+        let mut pending = Vec::new();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let settled = crate::wait::holds_within(left, || {
+            pending.clear();
             for (i, node) in self.nodes.iter().enumerate() {
                 if self.implementation(i) != Some("userspace") {
                     continue;
@@ -164,18 +165,16 @@ impl Lab {
                     }
                 }
             }
-            if pending.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "peers not handshaken under their new PSK within {within:?} of the agents' \
-                     start: {pending:?}\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            pending.is_empty()
+        });
+        if !settled {
+            bail!(
+                "peers not handshaken under their new PSK within {within:?} of the agents' \
+                 start: {pending:?}\n{}",
+                self.logs()
+            );
         }
+        Ok(())
     }
 }
 
