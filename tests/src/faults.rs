@@ -125,6 +125,7 @@ impl Fault {
             &format!(
                 "nft add table ip weft-fault && \
                  nft add chain ip weft-fault post '{{ type nat hook postrouting priority 100; }}' && \
+                 nft add chain ip weft-fault pre '{{ type filter hook prerouting priority -300; }}' && \
                  nft add rule ip weft-fault post ip daddr {ip0} udp sport 51820 snat to {ip1}:40000 && \
                  {{ conntrack -D -p udp --orig-port-src 51820 >/dev/null 2>&1; true; }}"
             ),
@@ -170,12 +171,7 @@ impl Fault {
                     format!("wg set flannel-wg peer {} endpoint 192.0.2.78:51820", key(0)?),
                 )?;
             }
-            Fault::StaleNat => set(
-                1,
-                "nft delete table ip weft-fault && \
-                 { conntrack -D -p udp --orig-port-src 51820 >/dev/null 2>&1; true; }"
-                    .into(),
-            )?,
+            Fault::StaleNat => stale_nat(lab)?,
             Fault::AllowedIps => set(
                 0,
                 format!(
@@ -335,4 +331,39 @@ impl std::fmt::Display for Measured {
             self.other_lost
         )
     }
+}
+
+/// The NAT mapping node 0 roamed to goes, and node 1 stays silent, as a peer behind an
+/// expired mapping does until it has something to send: first node 0's packets to the
+/// mapped port stop reaching node 1 (dropped before conntrack), and once one has been
+/// dropped, every reply node 1 owed has left through the mapping; only then does the
+/// mapping go. Removed in the other order, a reply to a request that came in just before
+/// left from node 1's own port, node 0 roamed back to it on that authenticated packet and
+/// the pair healed before node 0 could call it dead (the VM once: nothing named in 10 s).
+fn stale_nat(lab: &Lab) -> anyhow::Result<()> {
+    let ip0 = lab.nodes[0].ip;
+    lab.on_node(
+        1,
+        &format!("nft add rule ip weft-fault pre ip saddr {ip0} udp dport 40000 counter drop"),
+    )?;
+    let dropped = || {
+        let chain = lab
+            .on_node(1, "nft list chain ip weft-fault pre")
+            .unwrap_or_default();
+        chain
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+    };
+    if !holds_within(Duration::from_secs(5), dropped) {
+        bail!("none of node 0's packets to the mapped port reached the drop on node 1");
+    }
+    lab.on_node(
+        1,
+        "nft delete chain ip weft-fault post && \
+         { conntrack -D -p udp --orig-port-src 51820 >/dev/null 2>&1; true; }",
+    )
+    .map(drop)
 }
