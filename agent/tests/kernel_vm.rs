@@ -227,32 +227,44 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         // slower of those, and a hung step does not hold CI much longer.
         .run(&script, Duration::from_secs(2700))
         .unwrap_or_else(|e| panic!("the VM did not run: {e:#}"));
-    let summary: Vec<&str> = run
-        .log
-        .lines()
-        .filter(|l| {
-            [
-                "=== ",
-                " -> ",
-                "20 pps",
-                "100 pps",
-                "1000 peers:",
-                "nftables:",
-                "node left",
-                "MiB",
-                "NAT rebind",
-                "ESP",
-                "epoch",
-                "rp_filter",
-                "RekeyAfter",
-                "route mtu",
-                "narrowed",
-                "widened",
-                "named after",
-            ]
-            .iter()
-            .any(|m| l.contains(m))
-        })
+    // Each step's figures, and each failure's place and first line of message (the
+    // whole log follows only when a step failed, and CI may show only its start).
+    let lines: Vec<&str> = run.log.lines().collect();
+    let failure = |i: usize| {
+        lines[i].contains("panicked at") || (i > 0 && lines[i - 1].contains("panicked at"))
+    };
+    let figure = |l: &str| {
+        [
+            "=== ",
+            " -> ",
+            "20 pps",
+            "100 pps",
+            "1000 peers:",
+            "nftables:",
+            "node left",
+            "MiB",
+            "NAT rebind",
+            "ESP",
+            "epoch",
+            "rp_filter",
+            "RekeyAfter",
+            "route mtu",
+            "narrowed",
+            "widened",
+            "named after",
+        ]
+        .iter()
+        .any(|m| l.contains(m))
+    };
+    // A backtrace's frames (`  5: <fn() -> …>`) are not figures.
+    let frame = |l: &str| {
+        l.trim_start()
+            .split_once(": ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    };
+    let summary: Vec<&str> = (0..lines.len())
+        .filter(|&i| failure(i) || (figure(lines[i]) && !frame(lines[i])))
+        .map(|i| lines[i])
         .collect();
     // The whole log, kept for reading each step's time after a run that passed (cargo
     // shows a passing test's output only with --nocapture).
