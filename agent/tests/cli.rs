@@ -6,7 +6,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_lab::Etcd;
 
@@ -273,18 +273,12 @@ fn agent_waits_for_etcd_then_acquires_programs_the_node_and_stops_on_sigterm() {
             .args(["-TERM", &agent.id().to_string()])
             .status()
             .unwrap();
-        let started = Instant::now();
-        let status = loop {
-            if let Some(status) = agent.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no exit 10 s after SIGTERM:\n{}",
-                log_of(&log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = weft_lab::wait::found_or(
+            "the agent's exit after SIGTERM",
+            Duration::from_secs(10),
+            || agent.try_wait().unwrap(),
+            || log_of(&log),
+        );
         assert!(status.success(), "exit {status}:\n{}", log_of(&log));
         assert!(log_of(&log).contains("left in place"), "{}", log_of(&log));
         // Left in place indeed: the device still carries its peers' configuration.

@@ -10,7 +10,7 @@
 
 use std::net::IpAddr;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weft_lab::lab::narrow::{self, Narrow};
 use weft_lab::lab::{Lab, LabConfig};
@@ -130,18 +130,12 @@ fn wait_mtu(
     read: impl Fn() -> Option<u32>,
     what: impl Fn() -> String,
 ) -> Duration {
-    let start = Instant::now();
-    while read() != want {
-        assert!(
-            start.elapsed() < within,
-            "{}: mtu {:?}, not {want:?} after {within:?}\n{}",
-            what(),
-            read(),
-            lab.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    start.elapsed()
+    weft_lab::wait::until_or(
+        &format!("{}: mtu {want:?}", what()),
+        within,
+        || read() == want,
+        || format!("mtu {:?}\n{}", read(), lab.logs()),
+    )
 }
 
 fn across_the_narrow_path(drop_icmp: bool) {

@@ -11,7 +11,7 @@ use weft_lab::kube_api::Fault;
 use weft_lab::lab::clear_watch::ClearWatch;
 use weft_lab::lab::{Lab, LabConfig};
 use weft_lab::netns::http_get;
-use weft_lab::wait::{self, until};
+use weft_lab::wait::{self, until, until_or};
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 const PORT: u16 = 10_251;
@@ -162,17 +162,12 @@ fn etcd_wiped_and_restored_from_a_snapshot_keeps_every_subnet_once() {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
-    let restored = Instant::now();
-    while leases().len() != 4 {
-        assert!(
-            restored.elapsed() < Duration::from_secs(RESYNC_S * 3),
-            "the late node's lease not claimed again: {:?}\n{}",
-            leases(),
-            log(&lab, late)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let back = restored.elapsed();
+    let back = wait::until_or(
+        "the late node's lease claimed again",
+        Duration::from_secs(RESYNC_S * 3),
+        || leases().len() == 4,
+        || format!("{:?}\n{}", leases(), log(&lab, late)),
+    );
     let keys = leases();
     for (i, s) in subnets.iter().enumerate() {
         let key = format!(
@@ -227,16 +222,15 @@ fn api_fault(lab: &mut Lab, fault: Fault, lasting: Duration, says_why: bool) {
     );
     let ended = Instant::now();
     for i in 0..lab.nodes.len() {
-        while readyz(lab, i).0 != 200 {
-            assert!(
-                ended.elapsed() < Duration::from_secs(RESYNC_S),
-                "node {} not ready within one resync after {fault:?} ended: {:?}\n{}",
-                i + 1,
-                readyz(lab, i),
-                log(lab, i)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        until_or(
+            &format!(
+                "node {} ready within one resync after {fault:?} ended",
+                i + 1
+            ),
+            Duration::from_secs(RESYNC_S).saturating_sub(ended.elapsed()),
+            || readyz(lab, i).0 == 200,
+            || format!("{:?}\n{}", readyz(lab, i), log(lab, i)),
+        );
     }
     let ready_in = ended.elapsed();
     let joined = join_and_time(lab);

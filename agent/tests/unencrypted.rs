@@ -144,18 +144,19 @@ fn vxlan_mesh_entries_match_what_peers_published_and_heal() {
     assert!(lab.ping(&a, b, Duration::from_secs(5)), "{}", lab.logs());
     let reached = t.elapsed();
     for i in [0, 2] {
-        let t = Instant::now();
-        while entries(&lab, i) != expected(&lab, i) {
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "node {}: stale entries not replaced in 5 s: {:?}, expected {:?}\n{}",
-                i + 1,
-                entries(&lab, i),
-                expected(&lab, i),
-                lab.logs()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until_or(
+            &format!("node {}: stale entries replaced", i + 1),
+            Duration::from_secs(5),
+            || entries(&lab, i) == expected(&lab, i),
+            || {
+                format!(
+                    "{:?}, expected {:?}\n{}",
+                    entries(&lab, i),
+                    expected(&lab, i),
+                    lab.logs()
+                )
+            },
+        );
         assert!(
             !entries(&lab, i).1.iter().any(|e| e.starts_with(&old_mac)),
             "node {} kept the old MAC's FDB entry",

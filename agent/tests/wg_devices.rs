@@ -24,6 +24,7 @@ use weft_backends::plan::wireguard_backend_data;
 use weft_crypto::PrivateKey;
 use weft_lab::fixtures::plan_of;
 use weft_lab::netns::{in_new_netns, sh, sh_async};
+use weft_lab::wait::until_async;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
@@ -96,11 +97,12 @@ fn exited(pid: i32) -> bool {
 /// Deletes `device`'s link and waits (at most 2 s) for its device process `pid` to exit.
 async fn delete_and_wait_for_exit(device: &str, pid: i32) {
     sh(&format!("ip link del {device}"));
-    let t = Instant::now();
-    while !exited(pid) {
-        assert!(t.elapsed() < Duration::from_secs(2), "pid {pid} still runs");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async(
+        &format!("pid {pid} exiting"),
+        Duration::from_secs(2),
+        || exited(pid),
+    )
+    .await;
 }
 
 async fn server_pid(device: &str) -> i32 {
