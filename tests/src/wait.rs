@@ -137,6 +137,14 @@ pub fn bound<T>(native: T, emulated: T) -> T {
 mod tests {
     use std::time::{Duration, Instant};
 
+    /// The message a test's panic carried.
+    fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default()
+    }
+
     #[test]
     fn a_window_that_holds_is_checked_until_its_end() {
         let (started, mut checks) = (Instant::now(), 0);
@@ -166,10 +174,7 @@ mod tests {
             )
         });
         let message = failed.expect_err("a read that never gives a value passed");
-        let text = message
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let text = panic_text(message);
         assert!(text.starts_with("nothing: not within 100ms"), "{text}");
         assert!(text.ends_with("the last read"), "{text}");
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -184,10 +189,7 @@ mod tests {
             })
         });
         let message = failed.expect_err("the failing check passed");
-        let text = message
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_default();
+        let text = panic_text(message);
         assert!(text.starts_with("flag: failed"), "{text}");
         assert!(
             started.elapsed() < Duration::from_secs(1),
