@@ -14,9 +14,8 @@ pub(super) struct Namespaces(Vec<String>);
 
 impl Namespaces {
     pub(super) fn add(&mut self, name: &str) -> anyhow::Result<()> {
-        run(Command::new("ip").args(["netns", "add", name]))?;
+        crate::netns::add(name).with_context(|| format!("adding namespace {name}"))?;
         self.0.push(name.to_string());
-        run(Command::new("ip").args(["-n", name, "link", "set", "lo", "up"]))?;
         Ok(())
     }
 
