@@ -11,7 +11,7 @@ use super::Node;
 /// namespaces (the image test runs one from the container image): given the node, the
 /// command to spawn, run in the host's namespaces, its output going to the node's agent
 /// log.
-pub type AgentLauncher = Box<dyn Fn(&Node) -> anyhow::Result<Command>>;
+pub type AgentLauncher = Box<dyn Fn(&Node) -> anyhow::Result<Command> + Send + Sync>;
 
 /// etcd's address, or the Kubernetes API server's (port 6443) in a kube lab.
 pub const ETCD_IP: &str = "198.51.100.250";

@@ -121,6 +121,7 @@ impl Lab {
     /// each node has its subnet.
     pub fn start(mut cfg: LabConfig) -> anyhow::Result<Lab> {
         let turn = turn::Turn::take();
+        let timeline = Timeline::start();
         clean_stale();
         if !cfg.weft.exists() {
             bail!(
@@ -149,9 +150,11 @@ impl Lab {
         if !cfg.natted.is_empty() {
             nat::build(&tag, &fabric, &mut namespaces)?;
         }
+        timeline.mark("fabric built");
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
         let cni_bin = cni::plugin_dir(dir.path(), &cfg.weft)?;
         let (etcd, kube) = start_registry(&mut cfg, &tag, dir.path())?;
+        timeline.mark("registry up");
         let count = cfg.nodes;
         let mut lab = Lab {
             tag,
@@ -169,6 +172,7 @@ impl Lab {
         for _ in 0..count {
             lab.create_node()?;
         }
+        timeline.mark("nodes created");
         if lab.cfg.xfrm_record {
             let namespaces: Vec<(usize, String)> =
                 lab.nodes.iter().map(|n| (n.index, n.ns.clone())).collect();
@@ -181,9 +185,8 @@ impl Lab {
         for i in 0..count {
             lab.start_agent(i)?;
         }
-        for i in 0..count {
-            lab.wire_pods(i)?;
-        }
+        timeline.mark("agents started");
+        lab.wire_all_pods(&timeline)?;
         if let Some(capture) = capture {
             lab.start_watch = Some(clear_watch::ClearWatch::with_capture(&lab, capture)?);
         }
@@ -196,6 +199,7 @@ impl Lab {
                 false => SETTLE_WITHIN_NAT,
             };
             lab.settle_post_quantum(within)?;
+            timeline.mark("post-quantum settled");
         }
         Ok(lab)
     }
@@ -423,11 +427,30 @@ fn start_registry(
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        let timeline = Timeline::start();
         for i in 0..self.nodes.len() {
             let _ = self.stop_agent(i, "KILL");
         }
         if let Some(etcd) = self.etcd.as_mut() {
             etcd.stop();
+        }
+        timeline.mark("agents and etcd stopped");
+    }
+}
+
+/// `WEFT_LAB_TIMELINE=1`: when each phase of a lab's start and stop ended, on stderr (where
+/// a lab's time goes, under emulation in particular).
+pub(crate) struct Timeline(Option<std::time::Instant>);
+
+impl Timeline {
+    fn start() -> Timeline {
+        let on = std::env::var_os("WEFT_LAB_TIMELINE").is_some_and(|v| v == "1");
+        Timeline(on.then(std::time::Instant::now))
+    }
+
+    pub(crate) fn mark(&self, phase: &str) {
+        if let Some(t0) = self.0 {
+            eprintln!("lab timeline: {phase} after {:.2?}", t0.elapsed());
         }
     }
 }
