@@ -84,10 +84,16 @@ failed=""
 run() {
   label=$1; shift
   echo "=== $label"
-  t0=$(cut -d' ' -f1 /proc/uptime)
+  t0=$(cut -d' ' -f1 /proc/uptime); c0=$(head -n1 /proc/stat)
   if "$@"; then verdict=ok; else verdict=FAILED; failed="$failed [$label]"; fi
-  t1=$(cut -d' ' -f1 /proc/uptime)
-  echo "=== $label: $verdict in $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') s"
+  t1=$(cut -d' ' -f1 /proc/uptime); c1=$(head -n1 /proc/stat)
+  echo "=== $label: $verdict in $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') s, CPUs busy $(cpu_busy "$c0" "$c1")"
+}
+# The share of the step's CPU time that was not idle (nor waiting on I/O), from two
+# readings of /proc/stat's `cpu` line: how much of the step the emulated CPUs bound.
+cpu_busy() {
+  echo "$1 $2" | awk '{n = (NF - 2) / 2; for (i = 2; i <= n + 1; i++) { d = $(i + n + 1) - $i; t += d; if (i == 5 || i == 6) idle += d }
+    printf "%.0f%%", (t > 0 ? 100 * (t - idle) / t : 0)}'
 }
 cd /tmp
 echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
@@ -202,9 +208,11 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     let only = std::env::var("WEFT_VM_ONLY").unwrap_or_default();
     let chosen = |label: &str| only.is_empty() || only.split(',').any(|w| label.contains(w));
     // WEFT_LAB_RUST_LOG=info,boringtun=debug: the agents' log filter inside the VM too.
-    let lab_log = std::env::var("WEFT_LAB_RUST_LOG")
-        .map(|l| format!("WEFT_LAB_RUST_LOG='{l}'"))
-        .unwrap_or_default();
+    // WEFT_LAB_TIMELINE=1: each lab's phases and their times.
+    let lab_log = ["WEFT_LAB_RUST_LOG", "WEFT_LAB_TIMELINE"]
+        .iter()
+        .filter_map(|var| std::env::var(var).ok().map(|v| format!("{var}='{v}' ")))
+        .collect::<String>();
     for (label, env, binary, filter) in steps.iter().filter(|s| chosen(s.0)) {
         script += &format!(
             "run '{label}' env {env} {lab_log} WEFT_LAB_EMULATED=1 RUST_BACKTRACE=1 {} {filter} --test-threads=1 --nocapture\n",
