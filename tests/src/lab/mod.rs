@@ -186,7 +186,8 @@ impl Lab {
             lab.start_agent(i)?;
         }
         timeline.mark("agents started");
-        lab.wire_all_pods(&timeline)?;
+        let all: Vec<usize> = (0..count).collect();
+        lab.wire_pods(&all, &timeline)?;
         if let Some(capture) = capture {
             lab.start_watch = Some(clear_watch::ClearWatch::with_capture(&lab, capture)?);
         }
@@ -327,7 +328,7 @@ impl Lab {
     pub fn add_node(&mut self) -> anyhow::Result<usize> {
         let i = self.create_node()?;
         self.start_agent(i)?;
-        self.wire_pods(i)?;
+        self.wire_pods(&[i], &Timeline::start())?;
         self.check_implementation(i)?;
         Ok(i)
     }

@@ -16,27 +16,33 @@ use crate::wait::{first_within, holds_within};
 type Gateways = (Option<ipnet::Ipv4Net>, Option<ipnet::Ipv6Net>);
 
 impl Lab {
-    /// Every node's pods at a lab's start: each node waits for its subnet.env and creates
-    /// its pods through CNI on a thread of its own, the nodes side by side (each plugin
-    /// call is a process; under emulation a pod took 2-5 s, a 3-node lab's six 15-20 s
-    /// one after another).
-    pub(super) fn wire_all_pods(&mut self, timeline: &super::Timeline) -> anyhow::Result<()> {
-        let names: Vec<Vec<String>> = (0..self.nodes.len())
-            .map(|i| {
-                (1..=self.cfg.pods_per_node)
-                    .map(|p| self.pod_ns(i, p))
-                    .collect()
+    /// The pods of `nodes`: each node waits for its subnet.env and creates its pods
+    /// through CNI on a thread of its own, the nodes side by side (each plugin call is a
+    /// process; under emulation a pod took 2-5 s, a 3-node lab's six 15-20 s one after
+    /// another).
+    pub(super) fn wire_pods(
+        &mut self,
+        nodes: &[usize],
+        timeline: &super::Timeline,
+    ) -> anyhow::Result<()> {
+        let names: Vec<(usize, Vec<String>)> = nodes
+            .iter()
+            .map(|&i| {
+                let pods = (1..=self.cfg.pods_per_node).map(|p| self.pod_ns(i, p));
+                (i, pods.collect())
             })
             .collect();
-        for ns in names.iter().flatten() {
-            self.namespaces.add(ns)?;
+        for (_, pods) in &names {
+            for ns in pods {
+                self.namespaces.add(ns)?;
+            }
         }
         let lab = &*self;
         let wired: Vec<anyhow::Result<(Gateways, Vec<Pod>)>> = std::thread::scope(|s| {
             let threads: Vec<_> = names
                 .iter()
-                .enumerate()
                 .map(|(i, pods)| {
+                    let i = *i;
                     s.spawn(move || -> anyhow::Result<(Gateways, Vec<Pod>)> {
                         let gateways = lab.subnet_env(i)?;
                         timeline.mark(&format!("node {} wrote subnet.env", i + 1));
@@ -54,22 +60,11 @@ impl Lab {
                 .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         });
-        for (i, node) in wired.into_iter().enumerate() {
+        for (&i, node) in nodes.iter().zip(wired) {
             let ((v4, v6), pods) = node?;
             self.nodes[i].subnet = v4.map(|g| g.trunc());
             self.nodes[i].subnet_v6 = v6.map(|g| g.trunc());
             self.nodes[i].pods = pods;
-        }
-        Ok(())
-    }
-
-    /// Waits for node `i`'s subnet.env, then creates its pods through CNI.
-    pub(super) fn wire_pods(&mut self, i: usize) -> anyhow::Result<()> {
-        let (v4, v6) = self.subnet_env(i)?;
-        self.nodes[i].subnet = v4.map(|g| g.trunc());
-        self.nodes[i].subnet_v6 = v6.map(|g| g.trunc());
-        for _ in 0..self.cfg.pods_per_node {
-            self.add_pod(i, cni::conflist())?;
         }
         Ok(())
     }
