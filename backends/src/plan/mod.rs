@@ -6,6 +6,8 @@
 //! rest of the plan. Only a problem with this node's own lease fails the plan.
 
 mod guard;
+mod incremental;
+pub use incremental::{PlanKind, Planner};
 mod ipip;
 pub mod ipsec;
 mod ipsec_data;
@@ -132,11 +134,19 @@ impl LocalSubnets {
 
 /// Plans this node's data plane. See the module doc.
 pub fn plan(input: &PlanInput<'_>) -> Result<DesiredState, PlanError> {
+    plan_noting(input, None)
+}
+
+/// `plan`, noting in `claims` what every node claims (the incremental planner's index).
+pub(crate) fn plan_noting(
+    input: &PlanInput<'_>,
+    mut claims: Option<&mut incremental::Claims>,
+) -> Result<DesiredState, PlanError> {
     let ours = LocalSubnets::of(input.local, input.config)?;
     let kind = input.config.backend.kind();
-    let screened = peers::screen(input, &ours, kind);
+    let screened = peers::screen(input, &ours, kind, claims.as_deref_mut());
     let mut state = match &input.config.backend {
-        Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened)?,
+        Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened, claims)?,
         Backend::Vxlan(conf) => unencrypted::vxlan(input, &ours, conf, screened)?,
         Backend::HostGw => unencrypted::host_gw(input, &ours, screened)?,
         Backend::Ipip(conf) => ipip::plan(input, &ours, conf, screened)?,
@@ -184,6 +194,8 @@ mod tests;
 mod claims_tests;
 #[cfg(test)]
 mod dual_stack_tests;
+#[cfg(test)]
+mod incremental_tests;
 #[cfg(test)]
 mod ipip_tests;
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use super::PlanInput;
-use crate::model::{DesiredState, Family, PeerPath, RouteRole};
+use crate::model::{DesiredState, Family, PeerPath, RouteRole, RouteSpec};
 use crate::netconf::Backend;
 
 /// WireGuard's data message: type, receiver index and counter (16), the tag (16).
@@ -104,37 +104,71 @@ pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
         else {
             continue;
         };
-        let (overhead, pad) = encapsulation(&input.config.backend, &route.role, address);
-        let limit = match route.role {
-            RouteRole::Direct(_) => input.options.underlay_mtu,
-            _ => pod_mtu,
-        };
-        let path_mtu = input.path_mtus.get(&address).copied();
-        let floor = match Family::of(&route.dst) {
-            Family::Ipv4 => MIN_ROUTE_MTU_V4,
-            Family::Ipv6 => MIN_ROUTE_MTU_V6,
-        };
-        // A path that carries the pod MTU whole leaves the route alone (padding stops at
-        // the device's MTU); a narrower one gets what fits, down to the padding multiple so
-        // padding never makes a packet too large for it.
-        route.mtu = path_mtu
-            .map(|p| p.saturating_sub(overhead))
-            .filter(|inner| *inner < limit)
-            .map(|inner| (inner / pad * pad).max(floor));
+        let path = route_path(input, pod_mtu, route, node, address);
+        route.mtu = path.route_mtu;
         if listed.insert((node.clone(), address)) {
-            paths.push(PeerPath {
-                node: node.clone(),
-                address,
-                overhead,
-                path_mtu,
-                route_mtu: route.mtu,
-            });
+            paths.push(path);
         }
     }
     drop(tunnels);
     state.routes = routes;
     paths.sort_by(|a, b| (&a.node, a.address).cmp(&(&b.node, b.address)));
     state.paths = paths;
+}
+
+/// The path of `route`, to `node`'s pods over the underlay `address`, with the MTU the
+/// route gets (`route_mtu`).
+fn route_path(
+    input: &PlanInput<'_>,
+    pod_mtu: u32,
+    route: &RouteSpec,
+    node: &str,
+    address: IpAddr,
+) -> PeerPath {
+    let (overhead, pad) = encapsulation(&input.config.backend, &route.role, address);
+    let limit = match route.role {
+        RouteRole::Direct(_) => input.options.underlay_mtu,
+        _ => pod_mtu,
+    };
+    let path_mtu = input.path_mtus.get(&address).copied();
+    let floor = match Family::of(&route.dst) {
+        Family::Ipv4 => MIN_ROUTE_MTU_V4,
+        Family::Ipv6 => MIN_ROUTE_MTU_V6,
+    };
+    // A path that carries the pod MTU whole leaves the route alone (padding stops at
+    // the device's MTU); a narrower one gets what fits, down to the padding multiple so
+    // padding never makes a packet too large for it.
+    let route_mtu = path_mtu
+        .map(|p| p.saturating_sub(overhead))
+        .filter(|inner| *inner < limit)
+        .map(|inner| (inner / pad * pad).max(floor));
+    PeerPath {
+        node: node.to_string(),
+        address,
+        overhead,
+        path_mtu,
+        route_mtu,
+    }
+}
+
+/// `apply` for one WireGuard entry's routes (`routes`, into a device where the entry's
+/// endpoint is `endpoint`): sets their MTUs and adds the node's paths to `paths`, one per
+/// address, the first route's (the caller sorts them by address).
+pub(super) fn entry_routes(
+    input: &PlanInput<'_>,
+    pod_mtu: u32,
+    node: &str,
+    routes: &mut [RouteSpec],
+    endpoint: IpAddr,
+    paths: &mut Vec<PeerPath>,
+) {
+    for route in routes {
+        let path = route_path(input, pod_mtu, route, node, endpoint);
+        route.mtu = path.route_mtu;
+        if !paths.iter().any(|p| p.address == endpoint) {
+            paths.push(path);
+        }
+    }
 }
 
 #[cfg(test)]

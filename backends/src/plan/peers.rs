@@ -28,10 +28,13 @@ fn leave(node: &str, reason: LeaveReason) -> LeftOut {
     }
 }
 
+/// Screens every lease but ours; with `claims`, notes every candidate's subnets there
+/// (before duplicates are left out: a claim that loses still takes part).
 pub(crate) fn screen<'a>(
     input: &PlanInput<'a>,
     ours: &LocalSubnets,
     kind: BackendKind,
+    claims: Option<&mut super::incremental::Claims>,
 ) -> Screened<'a> {
     let mut left_out = Vec::new();
     let mut candidates = Vec::new();
@@ -43,6 +46,12 @@ pub(crate) fn screen<'a>(
             Ok(c) => candidates.push(c),
             Err(reason) => left_out.push(leave(&lease.node, reason)),
         }
+    }
+    if let Some(claims) = claims {
+        claims.subnets = candidates
+            .iter()
+            .map(|c| (c.lease.node.clone(), c.v4, c.v6))
+            .collect();
     }
     let mut clash: BTreeMap<String, LeaveReason> = BTreeMap::new();
     for v6 in [false, true] {
@@ -158,8 +167,9 @@ fn subnet_clashes(
     }
 }
 
-fn check<'a>(
-    input: &PlanInput<'a>,
+/// The common checks of one lease: its usable subnets, or why it is left out.
+pub(crate) fn check<'a>(
+    input: &PlanInput<'_>,
     ours: &LocalSubnets,
     kind: BackendKind,
     lease: &'a Lease,

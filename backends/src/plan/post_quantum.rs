@@ -9,7 +9,7 @@ use weft_crypto::pq::EncapsKey;
 use weft_crypto::{PresharedKey, PublicKey};
 
 use super::PlanInput;
-use crate::model::{DesiredState, PqKey, PqPeer};
+use crate::model::{DesiredState, PeerSpec, PqKey, PqPeer};
 use crate::netconf::{Backend, NetConf, WireguardConf};
 
 /// Whether the config asks for post-quantum rounds.
@@ -46,49 +46,66 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>) {
     // could not carry a round through it to mend that; between the public IPs, outside
     // the policies, the next round always arrives.
     // The underlay address: the registry's endpoint (not one learned by roaming).
-    let mut peers_of: BTreeMap<&str, (PublicKey, IpAddr, IpAddr)> = BTreeMap::new();
+    let mut peers_of: BTreeMap<&str, PqParts> = BTreeMap::new();
     let wireguard = state.tunnels.iter().flat_map(|t| {
-        t.peers.iter().filter_map(|p| {
-            let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
-            let endpoint = (state.planned_endpoints)
-                .get(&(t.device.clone(), p.public_key))
-                .unwrap_or(&p.endpoint);
-            Some((p.node.as_str(), p.public_key, net.network(), endpoint.ip()))
-        })
+        t.peers
+            .iter()
+            .filter_map(|p| Some((p.node.as_str(), wg_part(state, &t.device, p)?)))
     });
     let ipsec = state.ipsec.iter().flat_map(|s| &s.peers).map(|p| {
         let remote = std::net::IpAddr::V4(p.remote);
-        (p.node.as_str(), p.public_key, remote, remote)
+        (p.node.as_str(), (p.public_key, remote, remote))
     });
-    for (node, key, address, underlay) in wireguard.chain(ipsec) {
-        let entry = peers_of.entry(node).or_insert((key, address, underlay));
-        if address.is_ipv4() && entry.1.is_ipv6() {
-            entry.1 = address;
-        }
+    for (node, part) in wireguard.chain(ipsec) {
+        merge(peers_of.entry(node).or_insert(part), part);
     }
-    let peers: Vec<PqPeer> = peers_of
+    state.post_quantum = peers_of
         .into_iter()
-        .map(|(node, (public_key, address, underlay))| {
-            let ek = match input
-                .view
-                .leases
-                .get(node)
-                .and_then(|l| l.ml_kem_key.as_deref())
-            {
-                None => PqKey::None,
-                Some(text) => match EncapsKey::from_base64(text) {
-                    Ok(ek) => PqKey::Published(ek),
-                    Err(e) => PqKey::Bad(format!("its ML-KEM key does not decode: {e}")),
-                },
-            };
-            PqPeer {
-                node: node.to_string(),
-                public_key,
-                address,
-                underlay,
-                ek,
-            }
-        })
+        .map(|(node, parts)| pq_peer(input, node, parts))
         .collect();
-    state.post_quantum = peers;
+}
+
+/// A peer's part in post-quantum rounds: its key in use, the address the rounds go to,
+/// its underlay address.
+pub(super) type PqParts = (PublicKey, IpAddr, IpAddr);
+
+/// What WireGuard entry `p` of `device` gives its node's rounds: none for a next key
+/// staged beside the current one (no AllowedIPs).
+pub(super) fn wg_part(state: &DesiredState, device: &str, p: &PeerSpec) -> Option<PqParts> {
+    let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
+    let endpoint = (state.planned_endpoints)
+        .get(&(device.to_string(), p.public_key))
+        .unwrap_or(&p.endpoint);
+    Some((p.public_key, net.network(), endpoint.ip()))
+}
+
+/// A node's parts, the first entry's, with an IPv4 address where a later entry has one.
+pub(super) fn merge(parts: &mut PqParts, later: PqParts) {
+    if later.1.is_ipv4() && parts.1.is_ipv6() {
+        parts.1 = later.1;
+    }
+}
+
+/// The post-quantum peer `node` is, with the ML-KEM key it publishes.
+pub(super) fn pq_peer(input: &PlanInput<'_>, node: &str, parts: PqParts) -> PqPeer {
+    let (public_key, address, underlay) = parts;
+    let ek = match input
+        .view
+        .leases
+        .get(node)
+        .and_then(|l| l.ml_kem_key.as_deref())
+    {
+        None => PqKey::None,
+        Some(text) => match EncapsKey::from_base64(text) {
+            Ok(ek) => PqKey::Published(ek),
+            Err(e) => PqKey::Bad(format!("its ML-KEM key does not decode: {e}")),
+        },
+    };
+    PqPeer {
+        node: node.to_string(),
+        public_key,
+        address,
+        underlay,
+        ek,
+    }
 }

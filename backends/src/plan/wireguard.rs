@@ -63,13 +63,13 @@ impl WireguardData {
 }
 
 /// One device to build: which family's subnets it carries and how peers are reached.
-struct DevicePlan {
-    name: &'static str,
+pub(super) struct DevicePlan {
+    pub(super) name: &'static str,
     listen_port: u16,
-    carries_v4: bool,
-    carries_v6: bool,
+    pub(super) carries_v4: bool,
+    pub(super) carries_v6: bool,
     /// Which published data holds the key: `backend-data` or `backend-v6-data`.
-    v6_data: bool,
+    pub(super) v6_data: bool,
     endpoint: EndpointChoice,
 }
 
@@ -83,7 +83,11 @@ enum EndpointChoice {
     },
 }
 
-fn devices(input: &PlanInput<'_>, ours: &LocalSubnets, wg: &WireguardConf) -> Vec<DevicePlan> {
+pub(super) fn devices(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    wg: &WireguardConf,
+) -> Vec<DevicePlan> {
     let (v4, v6) = (ours.v4.is_some(), ours.v6.is_some());
     let single = |endpoint| DevicePlan {
         name: DEVICE,
@@ -126,7 +130,7 @@ fn devices(input: &PlanInput<'_>, ours: &LocalSubnets, wg: &WireguardConf) -> Ve
     }
 }
 
-fn local_key(input: &PlanInput<'_>, v6_data: bool) -> Result<PublicKey, PlanError> {
+pub(super) fn local_key(input: &PlanInput<'_>, v6_data: bool) -> Result<PublicKey, PlanError> {
     let data = if v6_data {
         input
             .local
@@ -144,11 +148,14 @@ fn local_key(input: &PlanInput<'_>, v6_data: bool) -> Result<PublicKey, PlanErro
         })
 }
 
+/// The wireguard plan; with `claims`, each device's entries are noted there before
+/// duplicate keys are left out.
 pub(crate) fn plan(
     input: &PlanInput<'_>,
     ours: &LocalSubnets,
     wg: &WireguardConf,
     screened: Screened<'_>,
+    mut claims: Option<&mut super::incremental::Claims>,
 ) -> Result<DesiredState, PlanError> {
     let mtu = wg
         .mtu
@@ -163,11 +170,7 @@ pub(crate) fn plan(
         let own_key = local_key(input, dev.v6_data)?;
         let mut peers = Vec::new();
         for c in &candidates {
-            let allowed: Vec<IpNet> =
-                c.v4.filter(|_| dev.carries_v4)
-                    .into_iter()
-                    .chain(c.v6.filter(|_| dev.carries_v6))
-                    .collect();
+            let allowed = allowed_ips(c, &dev);
             if allowed.is_empty() {
                 continue;
             }
@@ -193,6 +196,14 @@ pub(crate) fn plan(
             input.now,
             &mut state.planned_endpoints,
         );
+        if let Some(claims) = claims.as_deref_mut() {
+            claims.keys.push(
+                peers
+                    .iter()
+                    .map(|p| (p.public_key, base_node(&p.node).to_string()))
+                    .collect(),
+            );
+        }
         let leases = candidates
             .iter()
             .map(|c| (c.lease.node.as_str(), c.lease))
@@ -200,16 +211,7 @@ pub(crate) fn plan(
         drop_duplicate_keys(&mut peers, &mut left_out, &leases);
         let addresses = device_addresses(input, ours, &dev, &mut state);
         for p in &peers {
-            for dst in &p.allowed_ips {
-                state.routes.push(RouteSpec {
-                    dst: *dst,
-                    device: dev.name.into(),
-                    via: None,
-                    onlink: false,
-                    role: RouteRole::Peer(p.node.clone()),
-                    mtu: None,
-                });
-            }
+            state.routes.extend(routes_of(dev.name, p));
         }
         state.tunnels.push(TunnelSpec {
             device: dev.name.into(),
@@ -222,6 +224,29 @@ pub(crate) fn plan(
     state.subnet_env = subnet_env(input.config, ours, mtu, input.options.ip_masq);
     state.left_out = left_out;
     Ok(state)
+}
+
+/// What a candidate's entry on `dev` routes: its subnets of the families `dev` carries.
+pub(super) fn allowed_ips(c: &Candidate<'_>, dev: &DevicePlan) -> Vec<IpNet> {
+    c.v4.filter(|_| dev.carries_v4)
+        .into_iter()
+        .chain(c.v6.filter(|_| dev.carries_v6))
+        .collect()
+}
+
+/// One route into `device` per subnet the entry `p` routes.
+pub(super) fn routes_of<'a>(
+    device: &'a str,
+    p: &'a PeerSpec,
+) -> impl Iterator<Item = RouteSpec> + 'a {
+    p.allowed_ips.iter().map(move |dst| RouteSpec {
+        dst: *dst,
+        device: device.into(),
+        via: None,
+        onlink: false,
+        role: RouteRole::Peer(p.node.clone()),
+        mtu: None,
+    })
 }
 
 /// The device's own addresses (this node's subnet network addresses, one per family it
@@ -264,7 +289,7 @@ fn device_addresses(
     addresses
 }
 
-fn peer(
+pub(super) fn peer(
     input: &PlanInput<'_>,
     c: &Candidate<'_>,
     dev: &DevicePlan,
@@ -329,6 +354,11 @@ fn peer(
         keepalive: wg.persistent_keepalive,
         psk: super::post_quantum::peer_psk(input, wg, &data.public_key),
     })
+}
+
+/// The node an entry is of: a staged next key's entry carries its node's name.
+pub(super) fn base_node(entry: &str) -> &str {
+    entry.strip_suffix(STAGED).unwrap_or(entry)
 }
 
 /// One key, one peer: two entries with one key cannot be told apart on the wire, so the

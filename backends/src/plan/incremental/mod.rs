@@ -1,0 +1,259 @@
+//! The planner across passes. `plan()` is a pure function of everything it reads, and at
+//! 10,000 nodes one run of it costs tens of milliseconds: re-run for every registry event,
+//! each event costs what the whole cluster costs. `Planner` keeps the last plan with what
+//! it was made from. When a pass finds that only some nodes changed (their leases, or what
+//! the device reports of their peers) and nothing else the plan reads, it re-plans those
+//! nodes alone and carries the rest of the plan over. Anything else is planned in full:
+//! the first pass, another config or own lease, measured paths or post-quantum PSKs that
+//! changed, a backend other than wireguard, a rotating node among the changed ones, a
+//! changed node contending for a subnet or a key, or a moment the plan turns on having
+//! come (a lease expiring, a peer's key switching by the clock, a session going stale).
+//! Either way the result is the full plan's: `incremental_tests` checks it after random
+//! sequences of changes.
+
+mod claims;
+mod patch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+pub(crate) use claims::Claims;
+use claims::{KeyIndex, SubnetIndex};
+use weft_crypto::PublicKey;
+
+use super::roaming::SESSION_FRESH;
+use super::{PlanError, PlanInput, PlanOptions};
+use crate::model::{
+    ClusterView, DesiredState, DevicePeer, Lease, Observed, PairSecret, PeerObserved,
+};
+use crate::netconf::NetConf;
+
+/// More changed nodes than this in one pass are planned in full (patching each costs a
+/// few searches and moves; past this, one full plan costs less).
+const MOST_PATCHED: usize = 64;
+
+/// How a pass was planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanKind {
+    /// In full, and why.
+    Full(&'static str),
+    /// Only this many changed nodes re-planned; the rest carried over.
+    Patched(usize),
+}
+
+/// Plans one node across passes. See the module doc.
+#[derive(Default)]
+pub struct Planner {
+    memo: Option<Memo>,
+}
+
+/// The last plan and what it was made from.
+struct Memo {
+    view: Arc<ClusterView>,
+    local: Lease,
+    config: NetConf,
+    options: PlanOptions,
+    observed: Observed,
+    path_mtus: BTreeMap<IpAddr, u32>,
+    pair_psks: BTreeMap<PublicKey, PairSecret>,
+    planned_at: SystemTime,
+    /// The first moment from which the clock alone may change the plan.
+    horizon: Option<SystemTime>,
+    state: Arc<DesiredState>,
+    /// Every candidate's subnets, per family (IPv4, IPv6).
+    subnets: [SubnetIndex; 2],
+    /// Every entry's key, per tunnel device (the plan's order).
+    keys: Vec<KeyIndex>,
+}
+
+impl Planner {
+    /// The plan for `input`, whose view is `view`; and how it was made. `full` plans in
+    /// full whatever changed (the periodic resync: it re-plans everything, so a change the
+    /// events missed is still planned).
+    pub fn plan(
+        &mut self,
+        input: &PlanInput<'_>,
+        view: &Arc<ClusterView>,
+        full: bool,
+    ) -> Result<(Arc<DesiredState>, PlanKind), PlanError> {
+        debug_assert!(std::ptr::eq(input.view, &**view));
+        let why = match self.memo.as_mut() {
+            None => "first pass",
+            Some(_) if full => "resync",
+            Some(memo) => match patch::patch(memo, input, view) {
+                Ok(nodes) => return Ok((memo.state.clone(), PlanKind::Patched(nodes))),
+                Err(why) => why,
+            },
+        };
+        self.memo = None;
+        let mut claims = Claims::default();
+        let state = Arc::new(super::plan_noting(input, Some(&mut claims))?);
+        self.memo = Some(Memo::of(input, view, state.clone(), claims));
+        Ok((state, PlanKind::Full(why)))
+    }
+}
+
+impl Memo {
+    fn of(
+        input: &PlanInput<'_>,
+        view: &Arc<ClusterView>,
+        state: Arc<DesiredState>,
+        claims: Claims,
+    ) -> Memo {
+        let mut subnets: [SubnetIndex; 2] = Default::default();
+        for (node, v4, v6) in &claims.subnets {
+            for (family, net) in [(0, v4), (1, v6)] {
+                if let Some(net) = net {
+                    subnets[family].insert(node, *net);
+                }
+            }
+        }
+        let keys = claims
+            .keys
+            .iter()
+            .map(|entries| {
+                let mut index = KeyIndex::default();
+                for (key, node) in entries {
+                    index.insert(*key, node);
+                }
+                index
+            })
+            .collect();
+        let mut memo = Memo {
+            view: view.clone(),
+            local: input.local.clone(),
+            config: input.config.clone(),
+            options: input.options.clone(),
+            observed: input.observed.clone(),
+            path_mtus: input.path_mtus.clone(),
+            pair_psks: input.pair_psks.clone(),
+            planned_at: input.now,
+            horizon: state.next_switch,
+            state,
+            subnets,
+            keys,
+        };
+        for lease in input.view.leases.values() {
+            memo.expires_at(lease, input.now);
+        }
+        for have in input.observed.peers.values() {
+            memo.roams_until(have, input.now);
+        }
+        memo
+    }
+
+    fn soonest(&mut self, moment: SystemTime, now: SystemTime) {
+        if moment > now {
+            self.horizon = Some(self.horizon.map_or(moment, |h| h.min(moment)));
+        }
+    }
+
+    /// A lease leaves the plan when it expires.
+    fn expires_at(&mut self, lease: &Lease, now: SystemTime) {
+        if let Some(t) = lease.expires {
+            self.soonest(t, now);
+        }
+    }
+
+    /// Whether a peer keeps its roamed endpoint turns on its session's age and on when
+    /// its endpoint was set (`roaming::keeps_roamed`).
+    fn roams_until(&mut self, have: &PeerObserved, now: SystemTime) {
+        if let Some(t) = have.last_handshake.filter(|t| !t.is_zero()) {
+            self.soonest(SystemTime::UNIX_EPOCH + t + SESSION_FRESH, now);
+        }
+        if let Some(t) = have.endpoint_set {
+            self.soonest(t + SESSION_FRESH, now);
+        }
+    }
+
+    /// Why the last plan cannot be carried over to `input` at all, if it cannot: what it
+    /// read besides the leases and the device's peers changed, or a moment came.
+    fn stale(&self, input: &PlanInput<'_>) -> Option<&'static str> {
+        use crate::netconf::Backend;
+        let stale = [
+            (
+                !matches!(input.config.backend, Backend::Wireguard(_)),
+                "backend",
+            ),
+            (self.config != *input.config, "config"),
+            (self.local != *input.local, "own lease"),
+            (self.options != *input.options, "options"),
+            (self.path_mtus != *input.path_mtus, "path MTUs"),
+            (self.pair_psks != *input.pair_psks, "pair PSKs"),
+            (
+                self.observed.next_keys_in_use != input.observed.next_keys_in_use
+                    || self.observed.next_keys_seen != input.observed.next_keys_seen
+                    || self.observed.esp_heard != input.observed.esp_heard,
+                "announced keys seen",
+            ),
+            (input.now < self.planned_at, "clock went back"),
+            (
+                self.horizon.is_some_and(|h| input.now >= h),
+                "a moment came",
+            ),
+        ];
+        stale.into_iter().find(|(is, _)| *is).map(|(_, why)| why)
+    }
+
+    /// The nodes whose entries may differ from the last plan: leases changed, or what the
+    /// device reports of their peers (with the reports that changed).
+    fn changed_nodes(
+        &self,
+        input: &PlanInput<'_>,
+        view: &ClusterView,
+        devices: &[&str],
+    ) -> (BTreeSet<String>, Vec<DevicePeer>) {
+        let mut nodes: BTreeSet<String> = self
+            .view
+            .diff(view)
+            .into_iter()
+            .map(|c| match c {
+                crate::model::ViewChange::Added(n)
+                | crate::model::ViewChange::Changed(n)
+                | crate::model::ViewChange::Removed(n) => n,
+            })
+            .collect();
+        let reports = changed_reports(&self.observed.peers, &input.observed.peers);
+        for (device, key) in &reports {
+            if let Some(d) = devices.iter().position(|name| *name == device.as_str()) {
+                if let Some(index) = self.keys.get(d) {
+                    nodes.extend(index.claimants(key).iter().cloned());
+                }
+            }
+        }
+        (nodes, reports)
+    }
+}
+
+/// The device peers whose reports differ between `old` and `new` (added, changed or
+/// gone): one merge of the two sorted maps.
+fn changed_reports(
+    old: &BTreeMap<DevicePeer, PeerObserved>,
+    new: &BTreeMap<DevicePeer, PeerObserved>,
+) -> Vec<DevicePeer> {
+    use std::cmp::Ordering;
+    let mut changed = Vec::new();
+    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        let order = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((x, _)), Some((y, _))) => x.cmp(y),
+        };
+        match order {
+            Ordering::Less => changed.extend(a.next().map(|(k, _)| k.clone())),
+            Ordering::Greater => changed.extend(b.next().map(|(k, _)| k.clone())),
+            Ordering::Equal => {
+                if let (Some((_, was)), Some((key, is))) = (a.next(), b.next()) {
+                    if was != is {
+                        changed.push(key.clone());
+                    }
+                }
+            }
+        }
+    }
+    changed
+}
