@@ -354,7 +354,8 @@ async fn serve<R: Registry>(
     let public_ip = lease.public_ip.unwrap_or(public_ip);
     let dataplane = connect_dataplane(&setup).await?;
     let mut dataplane = backend_setup::attach_ipsec(dataplane, &setup, &net, &state_dir)?;
-    let deletions = monitor::deletions(matches!(net.backend, Backend::Ipsec(_)))
+    let ipsec = matches!(net.backend, Backend::Ipsec(_));
+    let deletions = monitor::deletions(ipsec, dataplane.own_deletions())
         .context("watching the kernel for deleted links and routes")?;
     let nft_changes = monitor::nftables_changes()
         .map_err(|e| warn!(error = %e, "no nftables events: listing the tables every 2 s"))

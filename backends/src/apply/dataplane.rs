@@ -12,7 +12,7 @@ use super::wireguard::process::UserspaceProcess;
 use super::wireguard::WgDevices;
 use super::xfrm::{Xfrm, XfrmSocket};
 use super::{
-    reconcile_nft, reconcile_routing, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
+    reconcile_nft, reconcile_routing_with, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
     VxlanNetlink,
 };
 use crate::model::{DesiredState, PeerObserved, PeerSpec, TunnelSpec};
@@ -24,6 +24,9 @@ use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
 struct Reads {
     /// Every WireGuard device (otherwise: as last read, plus this agent's changes since).
     devices: bool,
+    /// Every route (otherwise: weft's as last listed, plus this agent's writes since,
+    /// unless the kernel reported a deletion: `RouteCache`).
+    routes: bool,
     /// weft's nftables tables (otherwise: as last listed, unless the plan changed them).
     tables: bool,
 }
@@ -31,14 +34,17 @@ struct Reads {
 impl Reads {
     const ALL: Reads = Reads {
         devices: true,
+        routes: true,
         tables: true,
     };
     const DEVICES: Reads = Reads {
         devices: true,
+        routes: true,
         tables: false,
     };
     const NONE: Reads = Reads {
         devices: false,
+        routes: false,
         tables: false,
     };
 }
@@ -85,6 +91,10 @@ pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl, X = XfrmSocket> {
     /// Devices read afresh by `observe` for the pass about to run: a full pass uses that
     /// read instead of reading them again.
     fresh: std::collections::HashSet<String>,
+    /// weft's routes as last listed, with this agent's writes since.
+    routes: super::RouteCache,
+    /// The route deletions this agent makes, for the deletion monitor to tell from others'.
+    own_deletions: super::OwnDeletions,
 }
 
 impl Dataplane {
@@ -144,7 +154,20 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             wg_seen: Default::default(),
             nft_seen: None,
             fresh: Default::default(),
+            routes: Default::default(),
+            own_deletions: Default::default(),
         }
+    }
+
+    /// The kernel reported a deletion: the next pass lists every route afresh.
+    pub fn forget_routes(&mut self) {
+        self.routes.forget();
+    }
+
+    /// The route deletions this data plane makes (for `monitor::deletions`, which then
+    /// does not report them as someone else's).
+    pub fn own_deletions(&self) -> super::OwnDeletions {
+        self.own_deletions.clone()
     }
 
     /// The peers of this node's WireGuard devices, for the plan (`Observed`: endpoint and
@@ -208,6 +231,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         };
         W::remove(&mut self.nl, &link).await?;
         self.wg_seen.remove(name);
+        self.routes.forget();
         Ok(true)
     }
 
@@ -231,7 +255,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         report: &mut DataplaneReport,
     ) -> Result<(), ApplyError> {
-        let routing = reconcile_routing(&mut self.nl, state).await?;
+        let own = Some(&self.own_deletions);
+        let routing = reconcile_routing_with(&mut self.nl, state, &mut self.routes, own).await?;
         report
             .changes
             .extend(routing.applied.iter().map(ToString::to_string));
@@ -293,9 +318,11 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
 
     /// As `reconcile`, for a pass woken by a registry change or a deletion: WireGuard
     /// devices are diffed against their state as last read plus this agent's own changes
-    /// since (a deleted device is recreated and read afresh), an unchanged rule set is not
-    /// re-read, and stale vxlan devices are not looked for. Links, addresses, routes and
-    /// the vxlan entries are read as always.
+    /// since (a deleted device is recreated and read afresh), and so are weft's routes
+    /// (unless `forget_routes` was called: the kernel reported a deletion; a device found
+    /// down, made or removed lists them too), an unchanged rule set is not re-read, and
+    /// stale vxlan devices are not looked for. Links, addresses and the vxlan entries are
+    /// read as always.
     pub async fn reconcile_incremental(
         &mut self,
         state: &DesiredState,
@@ -321,6 +348,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         if guarded && !self.guard(state, reads.tables, &mut report).await {
             return Ok(report);
         }
+        if reads.routes {
+            self.routes.forget();
+        }
         self.routing(state, &mut report).await?;
         lap(&mut report, "routing", &mut t);
         let mut started = false;
@@ -343,6 +373,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         }
         started |= self.ipsec_pass(state, key, full, &mut report).await;
         if started {
+            // A device made this pass has new routes only the kernel knows of.
+            self.routes.forget();
             self.routing(state, &mut report).await?;
         }
         lap(&mut report, "vxlan", &mut t);
@@ -416,8 +448,10 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
                 t.device
             ));
         }
-        let observed = match self.wg_seen.get(&t.device) {
-            Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen.clone(),
+        // Taken out, not copied (thousands of peers), and put back below; an error in
+        // between leaves it out, so the next pass reads the device.
+        let observed = match self.wg_seen.remove(&t.device) {
+            Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen,
             _ => wg.get(&t.device).await?,
         };
         let change = device_change(t, key, &observed, report);
@@ -459,6 +493,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             }
             self.wg_seen.remove(name);
             if let Some(link) = self.nl.link(name).await? {
+                // Its routes go with it.
+                self.routes.forget();
                 match W::remove(&mut self.nl, &link).await {
                     Ok(()) => report
                         .changes

@@ -1,7 +1,8 @@
 //! The whole data plane's pass (`Dataplane`) against in-memory kernels (`fake`): a full
 //! pass builds the mesh, a second one and an incremental one write nothing and the
 //! incremental one reads no device; a new peer is one device write and one route; a device
-//! deleted behind the agent's back comes back with every peer in one incremental pass; a
+//! deleted behind the agent's back comes back with every peer in one incremental pass, a
+//! route once the kernel's report of its deletion arrives; a
 //! backend change removes what the plan no longer has; vxlan's neighbour and FDB entries
 //! follow the plan. No root needed; the lab runs the same pass against real kernels.
 
@@ -141,6 +142,16 @@ fn wireguard_full_then_incremental_passes() {
     assert_eq!(nl(&mut dp).routes.len(), 1 + 1 + 3);
     assert_eq!(wg(&mut dp).primed[3..], ["n2", "n3", "n4"]);
     assert_eq!(pass(&mut dp, &three, false).0, [0, 0, 0]);
+
+    // A route deleted behind the agent's back: an incremental pass trusts weft's routes as
+    // last listed (it lists none); once the kernel's report of the deletion reaches the
+    // agent (`forget_routes`), the next pass lists them and puts the route back.
+    let gone = (net("10.244.3.0/24"), 0);
+    nl(&mut dp).routes.remove(&gone);
+    assert_eq!(pass(&mut dp, &three, false).0, [0, 0, 0]);
+    dp.forget_routes();
+    assert_eq!(pass(&mut dp, &three, false).0, [1, 0, 0]);
+    assert!(nl(&mut dp).routes.contains_key(&gone));
 
     // A peer removed from the device by hand: an incremental pass trusts its record of
     // the device; the next full pass (a resync) reads it and restores

@@ -19,6 +19,7 @@ pub(crate) mod nl_request;
 mod port_taken;
 #[cfg(test)]
 mod reconcile_tests;
+mod route_cache;
 mod routing;
 mod rtnl;
 mod rtnl_vxlan;
@@ -41,6 +42,7 @@ pub use nft::{
     TABLES as NFT_TABLES,
 };
 pub use port_taken::holder as udp_port_holder;
+pub use route_cache::{OwnDeletions, RouteCache};
 pub use routing::{diff_link, diff_routes, RoutingChange};
 pub use rtnl::RtNetlink;
 pub use seal::seal;
@@ -112,6 +114,17 @@ pub async fn reconcile_routing<N: Netlink>(
     nl: &mut N,
     desired: &DesiredState,
 ) -> Result<ApplyReport, ApplyError> {
+    reconcile_routing_with(nl, desired, &mut RouteCache::default(), None).await
+}
+
+/// `reconcile_routing`, diffing the routes against `cache` where it holds them (else
+/// listing them into it); `own` hears of each route deletion before it is made.
+pub(crate) async fn reconcile_routing_with<N: Netlink>(
+    nl: &mut N,
+    desired: &DesiredState,
+    cache: &mut RouteCache,
+    own: Option<&OwnDeletions>,
+) -> Result<ApplyReport, ApplyError> {
     let mut links = BTreeMap::new();
     let mut mtu_of = BTreeMap::new();
     let mut changes = Vec::new();
@@ -139,6 +152,8 @@ pub async fn reconcile_routing<N: Netlink>(
         );
     for (device, mtu, addresses) in owned {
         let Some(link) = nl.link(device).await? else {
+            // Its routes went with it.
+            cache.forget();
             continue;
         };
         let have = nl.addresses(&link).await?;
@@ -158,29 +173,51 @@ pub async fn reconcile_routing<N: Netlink>(
         }
     }
     let index_of = |d: &str| indexes.get(d).copied();
+    // A device found down (or not as planned) may have lost its routes without a report
+    // (the kernel flushes a downed device's routes silently): list them.
+    if changes
+        .iter()
+        .any(|c| matches!(c, RoutingChange::Link { .. }))
+    {
+        cache.forget();
+    }
+    if cache.get(Family::Ipv4).is_none() {
+        let v4 = RouteCache::ours(nl.routes(Family::Ipv4).await?);
+        let v6 = RouteCache::ours(nl.routes(Family::Ipv6).await?);
+        cache.listed(v4, v6);
+    }
     for family in [Family::Ipv4, Family::Ipv6] {
-        let observed = nl.routes(family).await?;
-        let wanted: Vec<_> = desired
+        let Some(ours) = cache.get(family) else {
+            continue;
+        };
+        let wanted = desired
             .routes
             .iter()
-            .filter(|r| Family::of(&r.dst) == family)
-            .cloned()
-            .collect();
-        let holes: Vec<_> = desired
+            .filter(|r| Family::of(&r.dst) == family);
+        let holes = desired
             .fail_closed
             .iter()
             .filter(|n| Family::of(n) == family)
-            .copied()
-            .collect();
-        changes.extend(diff_routes(&wanted, &holes, &index_of, &observed));
+            .copied();
+        changes.extend(routing::diff_our_routes(wanted, holes, &index_of, ours));
     }
     // Fail closed: the blackholes go in before anything that could move traffic.
     changes.sort_by_key(|c| !matches!(c, RoutingChange::AddBlackhole(_)));
     let mut report = ApplyReport::default();
     for change in changes {
+        if let (Some(own), RoutingChange::RemoveRoute(r)) = (own, &change) {
+            own.announce(r.dst);
+        }
         match write(nl, &links, &change, &mtu_of).await {
-            Ok(()) => report.applied.push(change),
-            Err(e) => report.failed.push((change, e)),
+            Ok(()) => {
+                cache.wrote(&change);
+                report.applied.push(change);
+            }
+            Err(e) => {
+                // What the kernel holds now is unknown: the next pass lists it.
+                cache.forget();
+                report.failed.push((change, e));
+            }
         }
     }
     Ok(report)

@@ -18,9 +18,10 @@ use tokio::sync::mpsc;
 use super::ApplyError;
 
 /// Starts listening; each deletion the kernel reports sends one `()` (coalesced: a full
-/// channel means a wake-up is already pending). With `xfrm`, XFRM state and policy
-/// deletions and flushes count too. Must run inside a tokio runtime.
-pub fn deletions(xfrm: bool) -> Result<mpsc::Receiver<()>, ApplyError> {
+/// channel means a wake-up is already pending), but for the deletions of weft's routes
+/// that the data plane announced in `own` (its own work). With `xfrm`, XFRM state and
+/// policy deletions and flushes count too. Must run inside a tokio runtime.
+pub fn deletions(xfrm: bool, own: super::OwnDeletions) -> Result<mpsc::Receiver<()>, ApplyError> {
     let fail = |source| ApplyError::Netlink {
         op: "subscribing to link, address, route and neighbour events".into(),
         source,
@@ -44,10 +45,12 @@ pub fn deletions(xfrm: bool) -> Result<mpsc::Receiver<()>, ApplyError> {
     tokio::spawn(async move {
         while let Some((msg, _)) = messages.next().await {
             let deleted = match &msg.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelRoute(route)) => {
+                    !super::rtnl::route_of(route)
+                        .is_some_and(|r| r.protocol == super::RTPROT_WEFT && own.reported(r.dst))
+                }
                 NetlinkPayload::InnerMessage(
-                    RouteNetlinkMessage::DelLink(_)
-                    | RouteNetlinkMessage::DelAddress(_)
-                    | RouteNetlinkMessage::DelRoute(_),
+                    RouteNetlinkMessage::DelLink(_) | RouteNetlinkMessage::DelAddress(_),
                 ) => true,
                 // Only on weft's vxlan devices: the ARP cache elsewhere comes and goes all
                 // the time.

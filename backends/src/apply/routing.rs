@@ -2,12 +2,13 @@
 //! from the kernel this pass). Only weft's objects are considered: its devices, and routes
 //! stamped `RTPROT_WEFT`.
 
-use std::collections::BTreeMap;
+use std::collections::HashSet;
 use std::fmt;
 
 use ipnet::IpNet;
 
 use super::netlink::{ObservedLink, ObservedRoute, RouteWrite, RTPROT_WEFT};
+use super::route_cache::OurRoutes;
 use crate::model::RouteSpec;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,18 +123,34 @@ pub fn diff_routes(
     index_of: &dyn Fn(&str) -> Option<u32>,
     observed: &[ObservedRoute],
 ) -> Vec<RoutingChange> {
-    let ours: BTreeMap<(IpNet, bool), &ObservedRoute> = observed
+    let ours: OurRoutes = observed
         .iter()
         .filter(|r| r.protocol == RTPROT_WEFT)
-        .map(|r| ((r.dst, r.blackhole), r))
+        .map(|r| ((r.dst, r.blackhole), r.clone()))
         .collect();
+    diff_our_routes(desired.iter(), fail_closed.iter().copied(), index_of, &ours)
+}
+
+/// `diff_routes` against weft's routes alone (`ours`, by destination and blackhole). A
+/// route as planned costs two lookups and no allocation: at 10,000 peers every pass
+/// compares 10,000 routes.
+pub(crate) fn diff_our_routes<'a>(
+    desired: impl Iterator<Item = &'a RouteSpec>,
+    fail_closed: impl Iterator<Item = IpNet>,
+    index_of: &dyn Fn(&str) -> Option<u32>,
+    ours: &OurRoutes,
+) -> Vec<RoutingChange> {
     let mut out = Vec::new();
-    let mut wanted = std::collections::BTreeSet::new();
+    let mut wanted: HashSet<(IpNet, bool)> = HashSet::with_capacity(ours.len());
     for spec in desired {
         let Some(oif) = index_of(&spec.device) else {
             continue;
         };
         wanted.insert((spec.dst, false));
+        let have = ours.get(&(spec.dst, false));
+        if have.is_some_and(|h| h.oif == Some(oif) && h.gateway == spec.via && h.mtu == spec.mtu) {
+            continue;
+        }
         let write = RouteWrite {
             dst: spec.dst,
             oif,
@@ -142,25 +159,23 @@ pub fn diff_routes(
             onlink: spec.onlink,
             mtu: spec.mtu,
         };
-        match ours.get(&(spec.dst, false)) {
-            Some(have)
-                if have.oif == Some(oif) && have.gateway == spec.via && have.mtu == spec.mtu => {}
-            Some(have) => out.push(RoutingChange::ReplaceRoute {
-                from: (*have).clone(),
+        out.push(match have {
+            Some(have) => RoutingChange::ReplaceRoute {
+                from: have.clone(),
                 to: write,
-            }),
-            None => out.push(RoutingChange::AddRoute(write)),
-        }
+            },
+            None => RoutingChange::AddRoute(write),
+        });
     }
     for dst in fail_closed {
-        wanted.insert((*dst, true));
-        if !ours.contains_key(&(*dst, true)) {
-            out.push(RoutingChange::AddBlackhole(*dst));
+        wanted.insert((dst, true));
+        if !ours.contains_key(&(dst, true)) {
+            out.push(RoutingChange::AddBlackhole(dst));
         }
     }
-    for (key, route) in &ours {
+    for (key, route) in ours {
         if !wanted.contains(key) {
-            out.push(RoutingChange::RemoveRoute((*route).clone()));
+            out.push(RoutingChange::RemoveRoute(route.clone()));
         }
     }
     out

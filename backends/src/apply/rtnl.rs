@@ -178,7 +178,7 @@ pub(super) fn address_of(msg: &AddressMessage) -> Option<IpNet> {
     IpNet::new(ip, msg.header.prefix_len).ok()
 }
 
-fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
+pub(super) fn route_of(msg: &RouteMessage) -> Option<ObservedRoute> {
     let table = msg.attributes.iter().find_map(|a| match a {
         RouteAttribute::Table(t) => Some(*t),
         _ => None,
