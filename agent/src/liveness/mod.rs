@@ -103,27 +103,47 @@ impl Handle {
 /// repaired onto the published one, which is also what its cause names.
 fn published(state: &DesiredState) -> Vec<TunnelSpec> {
     let mut tunnels = state.tunnels.clone();
+    let mut endpoints = Published::of(state);
     for tunnel in &mut tunnels {
         for peer in &mut tunnel.peers {
-            peer.endpoint = published_endpoint(state, &tunnel.device, peer);
+            peer.endpoint = endpoints.endpoint(&tunnel.device, peer);
         }
     }
     tunnels
 }
 
-/// The registry's endpoint of `peer` on `device`, or the plan's where it names none.
-fn published_endpoint(state: &DesiredState, device: &str, peer: &PeerSpec) -> SocketAddr {
-    let id = (device.to_string(), peer.public_key);
-    state
-        .planned_endpoints
-        .get(&id)
-        .copied()
-        .unwrap_or(peer.endpoint)
+/// The registry's endpoints of the plan's peers: each lookup reuses one key, where it
+/// would otherwise copy the device's name (every pass asks for every peer's).
+struct Published<'a> {
+    planned: &'a std::collections::BTreeMap<weft_backends::model::DevicePeer, SocketAddr>,
+    id: Option<weft_backends::model::DevicePeer>,
+}
+
+impl<'a> Published<'a> {
+    fn of(state: &'a DesiredState) -> Self {
+        Published {
+            planned: &state.planned_endpoints,
+            id: None,
+        }
+    }
+
+    /// The registry's endpoint of `peer` on `device`, or the plan's where it names none.
+    fn endpoint(&mut self, device: &str, peer: &PeerSpec) -> SocketAddr {
+        if self.id.as_ref().is_none_or(|(d, _)| d != device) {
+            self.id = Some((device.to_string(), peer.public_key));
+        }
+        let Some(id) = self.id.as_mut() else {
+            return peer.endpoint;
+        };
+        id.1 = peer.public_key;
+        self.planned.get(&*id).copied().unwrap_or(peer.endpoint)
+    }
 }
 
 /// Whether `tunnels` is what `published(state)` makes, without copying the plan: each
 /// pass asks, and most passes leave the plan as it was.
 fn is_published(tunnels: &[TunnelSpec], state: &DesiredState) -> bool {
+    let mut endpoints = Published::of(state);
     tunnels.len() == state.tunnels.len()
         && tunnels.iter().zip(&state.tunnels).all(|(have, want)| {
             have.device == want.device
@@ -141,7 +161,7 @@ fn is_published(tunnels: &[TunnelSpec], state: &DesiredState) -> bool {
                         keepalive,
                         psk,
                     } = w;
-                    h.endpoint == published_endpoint(state, &want.device, w)
+                    h.endpoint == endpoints.endpoint(&want.device, w)
                         && h.node == *node
                         && h.public_key == *public_key
                         && h.allowed_ips == *allowed_ips

@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn, Instrument};
 use weft_backends::model::{DesiredState, DevicePeer, Observed, PeerObserved};
-use weft_backends::plan::{plan, PlanInput};
+use weft_backends::plan::{PlanInput, PlanKind};
 
 use super::error_policy::{self, report_plan};
 use super::run_loop::Controller;
@@ -41,7 +41,7 @@ impl Controller<'_> {
             }
         };
         let t_plan = Instant::now();
-        let Some(state) = self.plan(device) else {
+        let Some((state, planned)) = self.plan(device, full) else {
             return;
         };
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
@@ -79,6 +79,7 @@ impl Controller<'_> {
             started,
             writes: self.dataplane.writes() - writes,
             plan_ms,
+            planned,
         };
         if let Ok(report) = &result {
             let repairs =
@@ -136,7 +137,11 @@ impl Controller<'_> {
     /// The plan for this node now, from the latest view and what the device showed (peers'
     /// announced keys in use, see `switchover`); `None`, logged, when this node cannot be
     /// planned.
-    fn plan(&mut self, device: BTreeMap<DevicePeer, PeerObserved>) -> Option<Arc<DesiredState>> {
+    fn plan(
+        &mut self,
+        device: BTreeMap<DevicePeer, PeerObserved>,
+        full: bool,
+    ) -> Option<(Arc<DesiredState>, PlanKind)> {
         let view = &self.raw_view;
         let now = SystemTime::now();
         self.planned_at = now;
@@ -150,7 +155,7 @@ impl Controller<'_> {
         let own = self.keys.key.public_key();
         let published = self.inputs.pq.published.borrow_and_update().psks_for(&own);
         let pair_psks = self.pq_seen.plan_with(published, now);
-        let state = plan(&PlanInput {
+        let input = PlanInput {
             local: &self.me,
             view,
             config: &config,
@@ -159,9 +164,9 @@ impl Controller<'_> {
             now,
             path_mtus: &path_mtus,
             pair_psks: &pair_psks,
-        });
-        let state = match state {
-            Ok(state) => Arc::new(state),
+        };
+        let (state, planned) = match self.planner.plan(&input, view, full) {
+            Ok(planned) => planned,
             Err(e) => {
                 error_policy::unplannable(&e);
                 return None;
@@ -199,12 +204,12 @@ impl Controller<'_> {
             }
             changed
         });
-        Some(state)
+        Some((state, planned))
     }
 
     /// Hands the prober this plan's peer addresses, and puts what it measured beside them
     /// in the snapshot.
-    fn measure_paths(&mut self, state: &DesiredState) {
+    fn measure_paths(&mut self, state: &Arc<DesiredState>) {
         let targets = crate::pathmtu::Targets {
             addresses: state.paths.iter().map(|p| p.address).collect(),
             max: u16::try_from(self.options.underlay_mtu).unwrap_or(u16::MAX),
@@ -214,15 +219,8 @@ impl Controller<'_> {
             *t = targets;
             changed
         });
-        let measured = self
-            .inputs
-            .path_mtu
-            .measurements
-            .lock()
-            .map(|m| m.clone())
-            .unwrap_or_default();
-        let rows = snapshot::path_rows(state, &measured);
-        self.inputs.snapshot.update(|s| s.paths = rows);
+        let measured = &self.inputs.path_mtu.measurements;
+        self.inputs.snapshot.paths(state, measured);
     }
 
     fn write_subnet_file(&mut self, state: &DesiredState) {

@@ -69,6 +69,8 @@ pub(super) struct Controller<'a> {
     pub(super) inputs: LoopInputs,
     /// The last plan applied.
     pub(super) last: Option<std::sync::Arc<DesiredState>>,
+    /// Plans each pass, re-planning only the nodes that changed where it can.
+    pub(super) planner: weft_backends::plan::Planner,
     /// Passes run so far.
     pub(super) passes: u64,
     /// The registry's view as last seen (for its metrics), and as read for the last pass.
@@ -160,6 +162,7 @@ pub(crate) async fn control_loop(
         dataplane,
         inputs,
         last: None,
+        planner: Default::default(),
         passes: 0,
         seen_view: Arc::new(ClusterView::default()),
         raw_view: Arc::new(ClusterView::default()),
@@ -325,10 +328,14 @@ impl Controller<'_> {
                 // A post-quantum PSK took over (or a pair fell back): the peer's PSK follows.
                 _ = self.inputs.pq.published.changed() => return Wake::Pass { full: false },
                 _ = self.inputs.local.changed() => return Wake::Pass { full: false },
-                // Links, addresses, routes and neighbours are read in every pass, and a
-                // deleted device is recreated and read afresh; so a deletion (often one of
-                // the agent's own) needs no full pass.
-                Some(()) = self.inputs.deletions.recv() => return Wake::Pass { full: false },
+                // Links, addresses and neighbours are read in every pass, the routes in
+                // the pass after a deletion (the monitor does not report the agent's own
+                // route deletions), and a deleted device is recreated and read afresh; so
+                // a deletion needs no full pass.
+                Some(()) = self.inputs.deletions.recv() => {
+                    self.dataplane.forget_routes();
+                    return Wake::Pass { full: false };
+                }
                 // The PSK sources: the registry's key, or the mounted Secret (read every
                 // second; a Secret's files change without an event we could wait on). A
                 // closed registry channel would be ready forever: it is left out.

@@ -261,12 +261,23 @@ struct Inner {
     /// written into `snapshot` yet: they are made when someone reads it, not once a pass.
     /// At 10,000 nodes they were a tenth of every pass.
     rows: Option<(Arc<ClusterView>, Arc<DesiredState>)>,
+    /// The last plan's paths and the prober's measurements: the `paths` rows are made
+    /// when the snapshot is read, with the measurements then.
+    paths: Option<(Arc<DesiredState>, Measurements)>,
 }
+
+/// The path MTU prober's latest measurement of each path (`pathmtu::Handle`).
+pub type Measurements = Arc<std::sync::Mutex<BTreeMap<IpAddr, crate::pathmtu::Measurement>>>;
 
 impl Inner {
     fn current(&mut self) -> &Snapshot {
         if let Some((view, state)) = self.rows.take() {
             from_plan_rows(&view, &state, &mut self.snapshot);
+        }
+        if let Some((state, measured)) = &self.paths {
+            if let Ok(measured) = measured.lock() {
+                self.snapshot.paths = path_rows(state, &measured);
+            }
         }
         &self.snapshot
     }
@@ -305,6 +316,14 @@ impl Shared {
         if let Ok(mut s) = self.0.write() {
             from_plan_but_rows(me, state, &mut s.snapshot);
             s.rows = Some((view.clone(), state.clone()));
+        }
+    }
+
+    /// The paths of `state`, with what the prober measured of them when the snapshot is
+    /// read (`paths`).
+    pub fn paths(&self, state: &Arc<DesiredState>, measured: &Measurements) {
+        if let Ok(mut s) = self.0.write() {
+            s.paths = Some((state.clone(), measured.clone()));
         }
     }
 }

@@ -113,9 +113,10 @@ pub struct FollowLinks {
 
 /// Makes `fresh` the current view: logs each node that joined, changed or left, and sends
 /// the view if anything changed, or if `first` (the agent waits for a first listing, even
-/// an empty one).
+/// an empty one). The view sent is the one kept (shared, not copied: at 10,000 nodes a
+/// copy per event was a copy of every lease's entry).
 pub(crate) fn publish_view(
-    view: &mut ClusterView,
+    view: &mut Arc<ClusterView>,
     fresh: ClusterView,
     links: &FollowLinks,
     first: bool,
@@ -124,9 +125,9 @@ pub(crate) fn publish_view(
     for change in &changes {
         info!(change = %change, "cluster view");
     }
-    *view = fresh;
+    *view = Arc::new(fresh);
     if first || !changes.is_empty() {
-        links.views.send_replace(Arc::new(view.clone()));
+        links.views.send_replace(view.clone());
     }
 }
 

@@ -20,7 +20,7 @@ enum Ended {
 }
 
 pub(super) async fn run(mut reg: EtcdRegistry, mut links: FollowLinks) {
-    let mut view = ClusterView::default();
+    let mut view = std::sync::Arc::new(ClusterView::default());
     let mut backoff = reg.cfg.backoff;
     let mut next_renew = Instant::now() + reg.cfg.renew_every();
     loop {
@@ -223,7 +223,7 @@ async fn renew(
 async fn session(
     reg: &mut EtcdRegistry,
     links: &mut FollowLinks,
-    view: &mut ClusterView,
+    view: &mut std::sync::Arc<ClusterView>,
     next_renew: &mut Instant,
     backoff: &mut crate::backoff::Backoff,
 ) -> Result<Ended, RegistryError> {

@@ -61,7 +61,7 @@ const PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
     let mut stream = watch_nodes(&reg);
     let mut probe = tokio::time::interval(PROBE_EVERY);
-    let mut view = ClusterView::default();
+    let mut view = std::sync::Arc::new(ClusterView::default());
     let mut listing: Option<ClusterView> = None;
     let mut listed_once = false;
     let mut pending = Pending::default();
@@ -123,13 +123,13 @@ pub(super) async fn run(mut reg: KubeRegistry, mut links: FollowLinks) {
                 }
                 Some(Ok(Event::Apply(node))) => {
                     links.alerts.registry.back();
-                    let mut next = view.clone();
+                    let mut next = ClusterView::clone(&view);
                     apply(&reg, &mut next, &node);
                     publish_view(&mut view, next, &links, false);
                     own_node(&mut reg, &node, &mut pending, &links);
                 }
                 Some(Ok(Event::Delete(node))) => {
-                    let mut next = view.clone();
+                    let mut next = ClusterView::clone(&view);
                     next.remove(node.name());
                     publish_view(&mut view, next, &links, false);
                 }
