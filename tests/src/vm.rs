@@ -29,6 +29,13 @@ pub const CACHE_ENV: &str = "WEFT_VM_CACHE";
 const DEFAULT_CACHE: &str = "/var/cache/weft-vm";
 /// The line `/init` prints with the scenario's exit status.
 const EXIT_MARK: &str = "WEFT-VM-EXIT=";
+/// The guest kernel's command line. A CPU that runs kernel code for 60 s without
+/// scheduling (a soft lockup: twice `watchdog_thresh`) panics the guest, which prints the
+/// stuck CPU's stack even at `loglevel=3` and, with `panic=-1` and qemu's `-no-reboot`,
+/// ends the VM at once: a kernel livelock fails the run within a minute, with its trace,
+/// instead of at the timeout with none. Emulation alone does not starve a CPU that long.
+const KERNEL_ARGS: &str =
+    "console=ttyS0 panic=-1 quiet loglevel=3 watchdog_thresh=30 softlockup_panic=1";
 
 /// The modules the initramfs loads before it can mount the host root; everything else
 /// loads on demand from the cached package once it is mounted.
@@ -275,7 +282,7 @@ impl Vm {
             .arg(&initramfs)
             .arg("-append")
             .arg(
-                ["console=ttyS0 panic=-1 quiet loglevel=3"]
+                [KERNEL_ARGS]
                     .into_iter()
                     .chain(self.kernel_args.iter().map(String::as_str))
                     .collect::<Vec<_>>()
@@ -343,6 +350,9 @@ impl Vm {
         let exit = qemu.wait().context("waiting for qemu")?;
         if status.is_none() && !exit.success() {
             log.push_str(&format!("weft-vm: qemu exited {exit}\n"));
+        }
+        if status.is_none() && log.contains("Kernel panic") {
+            log.push_str("weft-vm: the guest kernel panicked; its trace is above\n");
         }
         Ok(VmRun {
             status,
