@@ -38,7 +38,7 @@ pub(super) fn reconciled(
         Ok(r) => {
             let before = inputs
                 .snapshot
-                .read(|s| s.last_errors.clone())
+                .facts(|s| s.last_errors.clone())
                 .unwrap_or_default();
             log_changes(&r);
             log_new_errors(&before, &r.errors);

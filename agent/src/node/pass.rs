@@ -189,14 +189,7 @@ impl Controller<'_> {
             .collect();
         self.inputs.metrics.peer_keys(&peer_keys);
         self.measure_paths(&state);
-        let pq_rows = self
-            .inputs
-            .pq
-            .status
-            .lock()
-            .map(|s| snapshot::pq_rows(&s))
-            .unwrap_or_default();
-        self.inputs.snapshot.update(|s| s.post_quantum = pq_rows);
+        self.inputs.snapshot.post_quantum(&self.inputs.pq.status);
         self.inputs.pq.peers.send_if_modified(|p| {
             let changed = *p != state.post_quantum;
             if changed {

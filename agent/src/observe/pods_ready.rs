@@ -21,7 +21,7 @@ use crate::observe::snapshot::Shared;
 pub fn missing(health: &Health, snapshot: &Shared) -> Vec<String> {
     let mut missing = health.missing_for_pods();
     let device = snapshot
-        .read(|s| s.device.clone().map(|d| (d, s.device_index)))
+        .facts(|s| s.device.clone().map(|d| (d, s.device_index)))
         .flatten();
     if let Some((device, configured)) = device {
         let now = weft_backends::userspace::ifindex(&device);

@@ -149,9 +149,7 @@ pub struct PqPairInfo {
 }
 
 /// The rows of the post-quantum task's `status`, by node.
-pub fn pq_rows(
-    status: &BTreeMap<weft_crypto::PublicKey, crate::pq::PairStatus>,
-) -> Vec<PqPairInfo> {
+fn pq_rows(status: &BTreeMap<weft_crypto::PublicKey, crate::pq::PairStatus>) -> Vec<PqPairInfo> {
     let mut rows: Vec<PqPairInfo> = status.values().cloned().collect();
     rows.sort_by(|a, b| a.node.cmp(&b.node));
     rows
@@ -264,7 +262,13 @@ struct Inner {
     /// The last plan's paths and the prober's measurements: the `paths` rows are made
     /// when the snapshot is read, with the measurements then.
     paths: Option<(Arc<DesiredState>, Measurements)>,
+    /// The post-quantum manager's pairs: the `post_quantum` rows are made from them when
+    /// the snapshot is read.
+    pq: Option<PqStatus>,
 }
+
+/// The post-quantum manager's status of each pair (`pq::Handles::status`).
+pub type PqStatus = Arc<std::sync::Mutex<BTreeMap<weft_crypto::PublicKey, crate::pq::PairStatus>>>;
 
 /// The path MTU prober's latest measurement of each path (`pathmtu::Handle`).
 pub type Measurements = Arc<std::sync::Mutex<BTreeMap<IpAddr, crate::pathmtu::Measurement>>>;
@@ -277,6 +281,11 @@ impl Inner {
         if let Some((state, measured)) = &self.paths {
             if let Ok(measured) = measured.lock() {
                 self.snapshot.paths = path_rows(state, &measured);
+            }
+        }
+        if let Some(status) = &self.pq {
+            if let Ok(status) = status.lock() {
+                self.snapshot.post_quantum = pq_rows(&status);
             }
         }
         &self.snapshot
@@ -302,6 +311,13 @@ impl Shared {
         self.0.write().ok().map(|mut s| f(s.current()))
     }
 
+    /// What `f` reads from the snapshot's own facts, leaving the rows derived from the plan
+    /// (`peers`, `registry`, `paths`) unmade: `f` must not read them. For the control
+    /// loop's own reads, which would otherwise make a row per node every pass.
+    pub fn facts<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> Option<T> {
+        self.0.read().ok().map(|s| f(&s.snapshot))
+    }
+
     /// Changes the snapshot; `f` must not read the plan's rows (`peers`, `registry`),
     /// which may not be written yet.
     pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
@@ -316,6 +332,15 @@ impl Shared {
         if let Ok(mut s) = self.0.write() {
             from_plan_but_rows(me, state, &mut s.snapshot);
             s.rows = Some((view.clone(), state.clone()));
+        }
+    }
+
+    /// The post-quantum pairs' rows, made from `status` when the snapshot is read.
+    pub fn post_quantum(&self, status: &PqStatus) {
+        if let Ok(mut s) = self.0.write() {
+            if !s.pq.as_ref().is_some_and(|had| Arc::ptr_eq(had, status)) {
+                s.pq = Some(status.clone());
+            }
         }
     }
 
@@ -468,31 +493,5 @@ fn from_plan_but_rows(me: &Lease, state: &DesiredState, snapshot: &mut Snapshot)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn view(nodes: &[&str]) -> Arc<ClusterView> {
-        let mut view = ClusterView::default();
-        for node in nodes {
-            view.insert(weft_lab::fixtures::lease(node, "", "", 1));
-        }
-        Arc::new(view)
-    }
-
-    /// A plan's rows are made when the snapshot is read, from the last plan only, and the
-    /// changes made in between are kept.
-    #[test]
-    fn a_plans_rows_are_written_when_read_and_are_the_last_plans() {
-        let shared = Shared::default();
-        let state = Arc::new(DesiredState::default());
-        let me = view(&["a"]).leases["a"].clone();
-        shared.planned(&me, &view(&["a", "b"]), &state);
-        shared.update(|s| s.passes = 7);
-        shared.planned(&me, &view(&["a", "b", "c"]), &state);
-        let got = shared.get();
-        assert_eq!(got.node, "a");
-        assert_eq!(got.passes, 7);
-        assert_eq!(got.registry.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
-        assert_eq!(shared.read(|s| s.registry.len()), Some(3));
-    }
-}
+#[path = "snapshot_tests.rs"]
+mod tests;

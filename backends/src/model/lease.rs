@@ -224,38 +224,18 @@ impl ClusterView {
     /// the nodes that left. One merge of the two sorted maps; a lease the two views share
     /// is not compared.
     pub fn diff(&self, newer: &ClusterView) -> Vec<ViewChange> {
-        use std::cmp::Ordering;
+        use super::sorted::{walk, Side};
         let mut changes = Vec::new();
         let mut removed = Vec::new();
-        let mut old = self.leases.iter().peekable();
-        let mut new = newer.leases.iter().peekable();
-        loop {
-            let order = match (old.peek(), new.peek()) {
-                (None, None) => break,
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (Some((a, _)), Some((b, _))) => a.cmp(b),
-            };
-            match order {
-                Ordering::Less => {
-                    if let Some((name, _)) = old.next() {
-                        removed.push(ViewChange::Removed(name.clone()));
-                    }
-                }
-                Ordering::Greater => {
-                    if let Some((name, _)) = new.next() {
-                        changes.push(ViewChange::Added(name.clone()));
-                    }
-                }
-                Ordering::Equal => {
-                    if let (Some((_, was)), Some((name, is))) = (old.next(), new.next()) {
-                        if !Arc::ptr_eq(was, is) && was != is {
-                            changes.push(ViewChange::Changed(name.clone()));
-                        }
-                    }
+        walk(&self.leases, &newer.leases, |side| match side {
+            Side::Gone(name, _) => removed.push(ViewChange::Removed(name.clone())),
+            Side::New(name, _) => changes.push(ViewChange::Added(name.clone())),
+            Side::Both(name, was, is) => {
+                if !Arc::ptr_eq(was, is) && was != is {
+                    changes.push(ViewChange::Changed(name.clone()));
                 }
             }
-        }
+        });
         changes.extend(removed);
         changes
     }

@@ -12,6 +12,7 @@ mod left_out;
 pub mod net;
 mod observed;
 mod rules;
+pub mod sorted;
 
 pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;

@@ -200,11 +200,24 @@ impl Manager {
     }
 
     /// The plan's peers: a pair for each new one, a new key for one that published
-    /// another, none for one gone or that publishes no key any more.
+    /// another, none for one gone or that publishes no key any more. A peer listed as it
+    /// was last time is left as it is: the list changes with every node that joins or
+    /// leaves, and at 10,000 peers redoing every one was a tenth of the agent's time.
     fn set_peers(&mut self, listed: Vec<PqPeer>) {
         let now = now_ms();
-        let mut keep = std::collections::HashSet::new();
+        let was = std::mem::take(&mut self.listed);
+        let before: HashMap<PublicKey, &PqPeer> = was.iter().map(|p| (p.public_key, p)).collect();
+        let unchanged = |peer: &PqPeer| before.get(&peer.public_key).is_some_and(|b| *b == peer);
+        let mut keep = HashSet::new();
+        let mut changed = Vec::new();
         for peer in &listed {
+            if unchanged(peer) {
+                if peer.ek != PqKey::None {
+                    keep.insert(peer.public_key);
+                }
+                continue;
+            }
+            changed.push(peer);
             let ek = match &peer.ek {
                 PqKey::Published(ek) => ek,
                 PqKey::None => continue,
@@ -265,8 +278,10 @@ impl Manager {
         self.prune_left(now);
         if let Ok(mut status) = self.status.lock() {
             let listed_keys: HashSet<PublicKey> = listed.iter().map(|p| p.public_key).collect();
-            status.retain(|key, _| listed_keys.contains(key));
-            for peer in listed.iter().filter(|p| p.ek == PqKey::None) {
+            for key in before.keys().filter(|key| !listed_keys.contains(*key)) {
+                status.remove(key);
+            }
+            for peer in changed.into_iter().filter(|p| p.ek == PqKey::None) {
                 let s = status.entry(peer.public_key).or_default();
                 s.node = peer.node.clone();
                 s.round_ms = None;
