@@ -233,27 +233,15 @@ fn changed_reports(
     old: &BTreeMap<DevicePeer, PeerObserved>,
     new: &BTreeMap<DevicePeer, PeerObserved>,
 ) -> Vec<DevicePeer> {
-    use std::cmp::Ordering;
+    use crate::model::sorted::{walk, Side};
     let mut changed = Vec::new();
-    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
-    loop {
-        let order = match (a.peek(), b.peek()) {
-            (None, None) => break,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some((x, _)), Some((y, _))) => x.cmp(y),
-        };
-        match order {
-            Ordering::Less => changed.extend(a.next().map(|(k, _)| k.clone())),
-            Ordering::Greater => changed.extend(b.next().map(|(k, _)| k.clone())),
-            Ordering::Equal => {
-                if let (Some((_, was)), Some((key, is))) = (a.next(), b.next()) {
-                    if was != is {
-                        changed.push(key.clone());
-                    }
-                }
+    walk(old, new, |side| match side {
+        Side::Gone(key, _) | Side::New(key, _) => changed.push(key.clone()),
+        Side::Both(key, was, is) => {
+            if was != is {
+                changed.push(key.clone());
             }
         }
-    }
+    });
     changed
 }
