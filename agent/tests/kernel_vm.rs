@@ -238,9 +238,24 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     // Each step's figures, and each failure's place and first line of message (the
     // whole log follows only when a step failed, and CI may show only its start).
     let lines: Vec<&str> = run.log.lines().collect();
-    let failure = |i: usize| {
-        lines[i].contains("panicked at") || (i > 0 && lines[i - 1].contains("panicked at"))
-    };
+    // A panic's line and its message up to the first blank line, at most `MESSAGE` lines
+    // (a lab's failure says there what its agents did; its whole logs follow).
+    const MESSAGE: usize = 40;
+    let mut in_failure = vec![false; lines.len()];
+    for (p, _) in lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("panicked at"))
+    {
+        in_failure[p] = true;
+        for (i, l) in lines.iter().enumerate().skip(p + 1).take(MESSAGE) {
+            if l.trim().is_empty() {
+                break;
+            }
+            in_failure[i] = true;
+        }
+    }
+    let failure = |i: usize| in_failure[i];
     let figure = |l: &str| {
         [
             "=== ",

@@ -252,9 +252,12 @@ impl Fault {
         let (on, needle) = self.named();
         let node = &lab.nodes[on];
         let Some(named_at) = first_within(name_limit, || node.logged_since(needle, since)) else {
+            // What the node did instead, first: CI's summary keeps a failure's first lines.
             bail!(
-                "{}: node {on} did not log '{needle}' within {name_limit:?}",
-                self.name()
+                "{}: node {on} did not log '{needle}' within {name_limit:?}; it logged since \
+                 the fault:\n{}",
+                self.name(),
+                node.lines_since(since, 30).join("\n")
             );
         };
         let mut from = t0;

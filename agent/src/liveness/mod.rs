@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
+use weft_backends::apply::wireguard::drift::{drift, Drift};
 use weft_backends::model::{DesiredState, PeerSpec, TunnelSpec};
 use weft_crypto::PublicKey;
 
@@ -77,12 +78,45 @@ impl Handle {
         Applying(self.applying.clone())
     }
 
+    /// How `device` (`name`, as a full pass just read it) differs from the plan the last
+    /// pass applied, when the pass about to run plans it the same: what changed behind
+    /// the agent, which the pass puts back. Empty during a key switch, whose watcher moves
+    /// peers between passes.
+    pub fn drift(
+        &self,
+        state: &DesiredState,
+        own: PublicKey,
+        name: &str,
+        device: &weft_backends::apply::wireguard::WgDevice,
+    ) -> Vec<Drift> {
+        let plan = self.plan.borrow();
+        let Some(plan) = plan.as_ref().filter(|p| self.is_same(p, state, own)) else {
+            return Vec::new();
+        };
+        if plan.switching {
+            return Vec::new();
+        }
+        plan.tunnels
+            .iter()
+            .find(|t| t.device == name)
+            .map(|spec| drift(spec, &plan.own, device))
+            .unwrap_or_default()
+    }
+
+    fn is_same(&self, plan: &Plan, state: &DesiredState, own: PublicKey) -> bool {
+        plan.own == own
+            && plan.switching == state.key_watch.is_some()
+            && is_published(&plan.tunnels, state)
+    }
+
     /// Hands the watcher the plan a pass just applied.
     pub fn follow(&mut self, state: &DesiredState, own: PublicKey) {
         let switching = state.key_watch.is_some();
-        let same = self.plan.borrow().as_ref().is_some_and(|p| {
-            p.own == own && p.switching == switching && is_published(&p.tunnels, state)
-        });
+        let same = self
+            .plan
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| self.is_same(p, state, own));
         if same {
             return; // the device, once this pass is done, is what the same plan wants
         }
@@ -173,35 +207,47 @@ fn is_published(tunnels: &[TunnelSpec], state: &DesiredState) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use weft_backends::apply::wireguard::{WgDevice, WgPeer};
     use weft_crypto::PrivateKey;
 
     use super::*;
 
-    #[test]
-    fn the_watcher_repairs_onto_the_registrys_endpoint_not_a_roamed_one() {
-        let key = PrivateKey::from_bytes([2; 32]).public_key();
-        let other = PrivateKey::from_bytes([3; 32]).public_key();
-        let peer = |key, endpoint: &str| PeerSpec {
-            node: "node-b".into(),
+    fn key(seed: u8) -> PublicKey {
+        PrivateKey::from_bytes([seed; 32]).public_key()
+    }
+
+    fn peer(key: PublicKey, node: &str, endpoint: &str) -> PeerSpec {
+        PeerSpec {
+            node: node.into(),
             public_key: key,
             endpoint: endpoint.parse().unwrap(),
             allowed_ips: vec!["10.244.2.0/24".parse().unwrap()],
             keepalive: 0,
             psk: None,
-        };
+        }
+    }
+
+    fn state(peers: Vec<PeerSpec>) -> DesiredState {
         let mut state = DesiredState::default();
         state.tunnels.push(TunnelSpec {
             device: "flannel-wg".into(),
             listen_port: 51820,
             mtu: 1420,
             addresses: vec![],
-            // Node b's endpoint kept from roaming (or a `wg set` by hand); another peer
-            // the registry's endpoints do not list.
-            peers: vec![
-                peer(key, "198.51.100.2:51999"),
-                peer(other, "198.51.100.3:51820"),
-            ],
+            peers,
         });
+        state
+    }
+
+    #[test]
+    fn the_watcher_repairs_onto_the_registrys_endpoint_not_a_roamed_one() {
+        let (key, other) = (key(2), key(3));
+        // Node b's endpoint kept from roaming (or a `wg set` by hand); another peer the
+        // registry's endpoints do not list.
+        let mut state = state(vec![
+            peer(key, "node-b", "198.51.100.2:51999"),
+            peer(other, "node-b", "198.51.100.3:51820"),
+        ]);
         state.planned_endpoints.insert(
             ("flannel-wg".into(), key),
             "198.51.100.2:51820".parse().unwrap(),
@@ -218,5 +264,73 @@ mod tests {
             !is_published(&state.tunnels, &state),
             "the roamed endpoint differs"
         );
+    }
+
+    #[test]
+    fn a_full_pass_finds_drift_only_from_the_plan_it_applied_last() {
+        let (own, b) = (key(1), key(2));
+        let (plan, _) = tokio_watch::channel(None);
+        let (_, events) = mpsc::channel(1);
+        let mut handle = Handle {
+            plan,
+            events,
+            generation: 0,
+            applying: Default::default(),
+        };
+        let applied = state(vec![peer(b, "node-b", "198.51.100.2:51820")]);
+        let device = |peers: Vec<PublicKey>| WgDevice {
+            public_key: Some(own),
+            listen_port: 51820,
+            peers: peers
+                .into_iter()
+                .map(|k| {
+                    let ips = vec!["10.244.2.0/24".parse().unwrap()];
+                    let p = WgPeer {
+                        allowed_ips: ips,
+                        ..WgPeer::default()
+                    };
+                    (k, p)
+                })
+                .collect(),
+        };
+        // Before any plan, nothing is drift.
+        assert!(handle
+            .drift(&applied, own, "flannel-wg", &device(vec![]))
+            .is_empty());
+        handle.follow(&applied, own);
+        assert!(handle
+            .drift(&applied, own, "flannel-wg", &device(vec![b]))
+            .is_empty());
+        // Node b's key replaced by hand: its peer is missing, a stranger is there.
+        let replaced = handle.drift(&applied, own, "flannel-wg", &device(vec![key(9)]));
+        assert_eq!(
+            replaced,
+            [
+                Drift::MissingPeer {
+                    node: "node-b".into(),
+                    key: b
+                },
+                Drift::UnknownPeer { key: key(9) },
+            ]
+        );
+        // A pass that plans otherwise (node b's new key) changes the device itself.
+        let rotated = state(vec![peer(key(9), "node-b", "198.51.100.2:51820")]);
+        assert!(handle
+            .drift(&rotated, own, "flannel-wg", &device(vec![b]))
+            .is_empty());
+        // So does this node's own key switch, and a peer's key switch under way.
+        assert!(handle
+            .drift(&applied, key(7), "flannel-wg", &device(vec![]))
+            .is_empty());
+        let mut switching = applied.clone();
+        switching.key_watch = Some(weft_backends::model::KeyWatch {
+            from: std::time::SystemTime::UNIX_EPOCH,
+            until: std::time::SystemTime::UNIX_EPOCH,
+            moves: Vec::new(),
+        });
+        handle.follow(&switching, own);
+        assert!(handle
+            .drift(&switching, own, "flannel-wg", &device(vec![]))
+            .is_empty());
     }
 }

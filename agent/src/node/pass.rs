@@ -45,6 +45,9 @@ impl Controller<'_> {
             return;
         };
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
+        if full && !std::mem::take(&mut self.drift_told) {
+            self.name_drift(&state);
+        }
         report_plan(self.last.as_deref(), &state);
         self.log_esp_switches(&state);
         self.write_subnet_file(&state);
@@ -109,6 +112,30 @@ impl Controller<'_> {
             watcher.follow(&state, self.keys.key.public_key());
         }
         self.last = Some(state);
+    }
+
+    /// A full pass the liveness watcher did not ask for (the resync) that finds a device
+    /// changed behind the agent says so as the watcher would, then puts it back: the drift
+    /// is named whichever of the two reads it first.
+    fn name_drift(&self, state: &DesiredState) {
+        let Some(watcher) = &self.liveness else {
+            return;
+        };
+        let own = self.keys.key.public_key();
+        for tunnel in &state.tunnels {
+            let Some(device) = self.dataplane.fresh_device(&tunnel.device) else {
+                continue;
+            };
+            let found = watcher.drift(state, own, &tunnel.device, device);
+            if found.is_empty() {
+                continue;
+            }
+            for d in &found {
+                self.inputs.metrics.pair_repaired(d.cause(), "pass");
+            }
+            let found: Vec<String> = found.iter().map(ToString::to_string).collect();
+            warn!(device = %tunnel.device, drift = ?found, "the device differs from the plan: putting it back");
+        }
     }
 
     /// The peers' counters as this full pass read them, for `/metrics`.

@@ -73,6 +73,9 @@ pub(super) struct Controller<'a> {
     pub(super) planner: weft_backends::plan::Planner,
     /// Passes run so far.
     pub(super) passes: u64,
+    /// The liveness watcher named the drift the next full pass puts back (the pass does
+    /// not name it again).
+    pub(super) drift_told: bool,
     /// The registry's view as last seen (for its metrics), and as read for the last pass.
     pub(super) seen_view: Arc<ClusterView>,
     pub(super) raw_view: Arc<ClusterView>,
@@ -164,6 +167,7 @@ pub(crate) async fn control_loop(
         last: None,
         planner: Default::default(),
         passes: 0,
+        drift_told: false,
         seen_view: Arc::new(ClusterView::default()),
         raw_view: Arc::new(ClusterView::default()),
         me,
@@ -233,6 +237,7 @@ impl Controller<'_> {
     async fn liveness_event(&mut self, event: crate::liveness::Event) {
         match event {
             crate::liveness::Event::Drift { device, found } => {
+                self.drift_told = true;
                 info!(device = %device, drift = ?found, cause = "drift", "a full pass puts the device back as planned");
             }
             crate::liveness::Event::Recreate { device, cause } => {

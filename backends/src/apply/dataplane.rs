@@ -218,6 +218,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         self.wg_seen.values().flat_map(|d| d.peers.iter())
     }
 
+    /// WireGuard device `name` as `observe` read it afresh for the pass about to run (none
+    /// for an incremental pass, or a device that is not there).
+    pub fn fresh_device(&self, name: &str) -> Option<&super::wireguard::WgDevice> {
+        self.fresh
+            .contains(name)
+            .then(|| self.wg_seen.get(name))
+            .flatten()
+    }
+
     /// Removes WireGuard device `name` (a userspace device's process with it), for the next
     /// pass to make again: the liveness watcher found it at fault. The blackhole routes stay,
     /// so pod traffic is dropped, never sent in clear, until the device is back. False if

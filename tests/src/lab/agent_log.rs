@@ -25,6 +25,24 @@ impl Node {
             .find(|t| *t >= since)
     }
 
+    /// The last `max` lines this node's agent logged at or after `since`, for a failure's
+    /// message (a line without a timestamp goes with the one before it).
+    pub fn lines_since(&self, since: SystemTime, max: usize) -> Vec<String> {
+        let text = std::fs::read_to_string(self.agent_log()).unwrap_or_default();
+        let mut keep = false;
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                if let Some(t) = log_time(l) {
+                    keep = t >= since;
+                }
+                keep
+            })
+            .collect();
+        let from = lines.len().saturating_sub(max);
+        lines[from..].iter().map(|l| l.to_string()).collect()
+    }
+
     /// When this node's agent logged the first line containing `then` after the last line
     /// containing `first` (say, the pass that applied a change it planned).
     pub fn logged_after(&self, first: &str, then: &str) -> Option<SystemTime> {
