@@ -21,7 +21,7 @@ use super::vnet;
 
 /// The message type of a transport data packet (a keepalive is one, empty).
 pub(super) const DATA: u8 = 4;
-const HANDSHAKE_INIT: u8 = 1;
+pub(super) const HANDSHAKE_INIT: u8 = 1;
 const HANDSHAKE_RESPONSE: u8 = 2;
 
 /// The receiver index of a data, response or cookie message (a response carries its
