@@ -75,12 +75,14 @@ impl Lab {
         };
         let mut command = self.node_shell(i, &script);
         // WEFT_LAB_RUST_LOG replaces the agents' log filter (boringtun's handshake messages
-        // with `info,boringtun=debug`).
+        // with `info,boringtun=debug`). The post-quantum exchange's own debug lines (each
+        // pair made and who leads it, each datagram or message refused: a few a round) are
+        // on, so a lab that waits in vain for a pair's PSK says why.
         command
             .env(
                 "RUST_LOG",
                 std::env::var("WEFT_LAB_RUST_LOG")
-                    .unwrap_or_else(|_| "info,boringtun=error".into()),
+                    .unwrap_or_else(|_| "info,boringtun=error,weft::pq=debug".into()),
             )
             .env("NODE_NAME", format!("n{}", node.index));
         for (_, name, value) in self.cfg.agent_env.iter().filter(|(n, _, _)| *n == i) {
