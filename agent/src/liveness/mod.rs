@@ -27,6 +27,8 @@ use weft_backends::apply::wireguard::drift::{drift, Drift};
 use weft_backends::model::{DesiredState, PeerSpec, TunnelSpec};
 use weft_crypto::PublicKey;
 
+use crate::observe::metrics::Metrics;
+
 pub use watch::spawn;
 
 /// What the watcher judges against: the last plan's devices.
@@ -41,6 +43,26 @@ pub struct Plan {
     /// A key rotation is in its switch window: peers' entries move outside the passes
     /// (the key-switch watcher), so drift is not looked for.
     pub switching: bool,
+}
+
+impl Plan {
+    /// Whether this is the plan `state` makes for a node of key `own`.
+    fn is_of(&self, state: &DesiredState, own: PublicKey) -> bool {
+        self.own == own
+            && self.switching == state.key_watch.is_some()
+            && is_published(&self.tunnels, state)
+    }
+}
+
+/// Says that `device` drifted from the plan (`found`), in the log and `/metrics`, as the
+/// pass that puts it back; the differences in words.
+pub fn tell_drift(metrics: &Metrics, device: &str, found: &[Drift]) -> Vec<String> {
+    for d in found {
+        metrics.pair_repaired(d.cause(), "pass");
+    }
+    let words: Vec<String> = found.iter().map(ToString::to_string).collect();
+    tracing::warn!(device, drift = ?words, "the device differs from the plan: putting it back");
+    words
 }
 
 /// What the watcher asks of the control loop.
@@ -90,7 +112,7 @@ impl Handle {
         device: &weft_backends::apply::wireguard::WgDevice,
     ) -> Vec<Drift> {
         let plan = self.plan.borrow();
-        let Some(plan) = plan.as_ref().filter(|p| self.is_same(p, state, own)) else {
+        let Some(plan) = plan.as_ref().filter(|p| p.is_of(state, own)) else {
             return Vec::new();
         };
         if plan.switching {
@@ -103,12 +125,6 @@ impl Handle {
             .unwrap_or_default()
     }
 
-    fn is_same(&self, plan: &Plan, state: &DesiredState, own: PublicKey) -> bool {
-        plan.own == own
-            && plan.switching == state.key_watch.is_some()
-            && is_published(&plan.tunnels, state)
-    }
-
     /// Hands the watcher the plan a pass just applied.
     pub fn follow(&mut self, state: &DesiredState, own: PublicKey) {
         let switching = state.key_watch.is_some();
@@ -116,7 +132,7 @@ impl Handle {
             .plan
             .borrow()
             .as_ref()
-            .is_some_and(|p| self.is_same(p, state, own));
+            .is_some_and(|p| p.is_of(state, own));
         if same {
             return; // the device, once this pass is done, is what the same plan wants
         }

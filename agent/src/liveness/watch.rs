@@ -236,11 +236,7 @@ impl Watcher {
         };
         self.drift_told
             .insert(spec.device.clone(), (seen.1.clone(), now, pause));
-        let found: Vec<String> = seen.1.iter().map(ToString::to_string).collect();
-        warn!(device = %spec.device, drift = ?found, "the device differs from the plan: putting it back");
-        for d in &seen.1 {
-            self.metrics.pair_repaired(d.cause(), "pass");
-        }
+        let found = super::tell_drift(&self.metrics, &spec.device, &seen.1);
         let event = Event::Drift {
             device: spec.device.clone(),
             found,

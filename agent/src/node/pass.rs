@@ -127,14 +127,9 @@ impl Controller<'_> {
                 continue;
             };
             let found = watcher.drift(state, own, &tunnel.device, device);
-            if found.is_empty() {
-                continue;
+            if !found.is_empty() {
+                crate::liveness::tell_drift(&self.inputs.metrics, &tunnel.device, &found);
             }
-            for d in &found {
-                self.inputs.metrics.pair_repaired(d.cause(), "pass");
-            }
-            let found: Vec<String> = found.iter().map(ToString::to_string).collect();
-            warn!(device = %tunnel.device, drift = ?found, "the device differs from the plan: putting it back");
         }
     }
 

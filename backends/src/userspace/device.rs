@@ -311,12 +311,8 @@ const HANDSHAKES_PER_TICK: usize = 200;
 /// has a session. Whether a handshake went out.
 fn peer_timers(state: &State, peer: &Peer, udp: &Udp, buf: &mut [u8], held: bool) -> bool {
     let mut noise = lock(&peer.noise);
-    let session = |n: &super::noise::Noise| {
-        n.tunn
-            .as_deref()
-            .is_some_and(|t| t.time_since_last_handshake().is_some())
-    };
-    if held && !session(&noise) {
+    let session = (noise.tunn.as_deref()).is_some_and(|t| t.time_since_last_handshake().is_some());
+    if held && !session {
         return false;
     }
     noise.retire();
