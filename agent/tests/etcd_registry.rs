@@ -411,7 +411,7 @@ async fn unreadable_leases_are_skipped_and_the_rest_is_kept() {
         v.get("10.245.202.0-24").is_some()
     })
     .await;
-    let names: Vec<_> = va.borrow().leases.keys().cloned().collect();
+    let names: Vec<_> = va.borrow().leases.keys().map(|k| k.to_string()).collect();
     let mut want = vec![
         lease_a.node.clone(),
         lease_b.node.clone(),

@@ -441,7 +441,7 @@ fn from_plan_rows(view: &ClusterView, state: &DesiredState, snapshot: &mut Snaps
         .iter()
         .map(|(name, l)| {
             (
-                name.clone(),
+                name.to_string(),
                 RegistryEntry {
                     subnet: l.subnet,
                     public_ip: l.public_ip.map(IpAddr::V4),

@@ -178,7 +178,9 @@ impl LeaseAttrs {
 /// `diff` passes over the leases the two views share without comparing them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClusterView {
-    pub leases: BTreeMap<String, Arc<Lease>>,
+    /// Keyed by shared names: a registry event's copy of the view (and its drop) bumps
+    /// counts, where owned names cost an allocation and a free per node per event.
+    pub leases: BTreeMap<Arc<str>, Arc<Lease>>,
 }
 
 /// How one node's lease differs between two views.
@@ -201,7 +203,8 @@ impl fmt::Display for ViewChange {
 
 impl ClusterView {
     pub fn insert(&mut self, lease: Lease) -> Option<Arc<Lease>> {
-        self.leases.insert(lease.node.clone(), Arc::new(lease))
+        self.leases
+            .insert(Arc::from(lease.node.as_str()), Arc::new(lease))
     }
 
     pub fn remove(&mut self, node: &str) -> Option<Arc<Lease>> {
@@ -228,11 +231,11 @@ impl ClusterView {
         let mut changes = Vec::new();
         let mut removed = Vec::new();
         walk(&self.leases, &newer.leases, |side| match side {
-            Side::Gone(name, _) => removed.push(ViewChange::Removed(name.clone())),
-            Side::New(name, _) => changes.push(ViewChange::Added(name.clone())),
+            Side::Gone(name, _) => removed.push(ViewChange::Removed(name.to_string())),
+            Side::New(name, _) => changes.push(ViewChange::Added(name.to_string())),
             Side::Both(name, was, is) => {
                 if !Arc::ptr_eq(was, is) && was != is {
-                    changes.push(ViewChange::Changed(name.clone()));
+                    changes.push(ViewChange::Changed(name.to_string()));
                 }
             }
         });
