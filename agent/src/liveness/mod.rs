@@ -31,7 +31,10 @@ use crate::observe::metrics::Metrics;
 
 pub use watch::spawn;
 
-/// What the watcher judges against: the last plan's devices.
+/// What the watcher judges against: the last plan's devices. The plan is shared with the
+/// loop, not copied (at 10,000 peers a copy per pass was a copy of every peer's entry);
+/// only a device with a peer whose endpoint the registry publishes differently (one kept
+/// from roaming) is held as its own copy, with the published endpoints.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// Counts the plans handed over: drift is drift only when two reads under the same
@@ -39,18 +42,39 @@ pub struct Plan {
     pub generation: u64,
     /// This node's public key, as the devices must carry it.
     pub own: PublicKey,
-    pub tunnels: Vec<TunnelSpec>,
+    state: Arc<DesiredState>,
+    /// Per tunnel of `state`: its copy with the published endpoints, where they differ.
+    published: Vec<Option<TunnelSpec>>,
     /// A key rotation is in its switch window: peers' entries move outside the passes
     /// (the key-switch watcher), so drift is not looked for.
     pub switching: bool,
 }
 
 impl Plan {
+    fn new(generation: u64, own: PublicKey, state: &Arc<DesiredState>) -> Plan {
+        Plan {
+            generation,
+            own,
+            state: state.clone(),
+            published: published(state),
+            switching: state.key_watch.is_some(),
+        }
+    }
+
+    /// The planned devices, each with its peers' endpoints as the registry publishes them.
+    pub fn tunnels(&self) -> impl ExactSizeIterator<Item = &TunnelSpec> + '_ {
+        self.state
+            .tunnels
+            .iter()
+            .zip(&self.published)
+            .map(|(planned, published)| published.as_ref().unwrap_or(planned))
+    }
+
     /// Whether this is the plan `state` makes for a node of key `own`.
-    fn is_of(&self, state: &DesiredState, own: PublicKey) -> bool {
+    fn is_of(&self, state: &Arc<DesiredState>, own: PublicKey) -> bool {
         self.own == own
             && self.switching == state.key_watch.is_some()
-            && is_published(&self.tunnels, state)
+            && (Arc::ptr_eq(&self.state, state) || is_published(self.tunnels(), state))
     }
 }
 
@@ -106,7 +130,7 @@ impl Handle {
     /// peers between passes.
     pub fn drift(
         &self,
-        state: &DesiredState,
+        state: &Arc<DesiredState>,
         own: PublicKey,
         name: &str,
         device: &weft_backends::apply::wireguard::WgDevice,
@@ -118,16 +142,16 @@ impl Handle {
         if plan.switching {
             return Vec::new();
         }
-        plan.tunnels
-            .iter()
+        let found = plan
+            .tunnels()
             .find(|t| t.device == name)
             .map(|spec| drift(spec, &plan.own, device))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        found
     }
 
     /// Hands the watcher the plan a pass just applied.
-    pub fn follow(&mut self, state: &DesiredState, own: PublicKey) {
-        let switching = state.key_watch.is_some();
+    pub fn follow(&mut self, state: &Arc<DesiredState>, own: PublicKey) {
         let same = self
             .plan
             .borrow()
@@ -137,29 +161,35 @@ impl Handle {
             return; // the device, once this pass is done, is what the same plan wants
         }
         self.generation += 1;
-        let plan = Plan {
-            generation: self.generation,
-            own,
-            tunnels: published(state),
-            switching,
-        };
+        let plan = Plan::new(self.generation, own, state);
         self.plan.send_replace(Some(Arc::new(plan)));
     }
 }
 
-/// The plan's tunnels with each peer's endpoint as the registry publishes it. The plan
-/// keeps an endpoint the device learned by roaming (or that was set by hand: the agent
-/// cannot tell them apart) while its session is fresh; a pair dead on such an endpoint is
-/// repaired onto the published one, which is also what its cause names.
-fn published(state: &DesiredState) -> Vec<TunnelSpec> {
-    let mut tunnels = state.tunnels.clone();
+/// Per tunnel of the plan, its copy with each peer's endpoint as the registry publishes
+/// it, where one differs. The plan keeps an endpoint the device learned by roaming (or
+/// that was set by hand: the agent cannot tell them apart) while its session is fresh; a
+/// pair dead on such an endpoint is repaired onto the published one, which is also what
+/// its cause names.
+fn published(state: &DesiredState) -> Vec<Option<TunnelSpec>> {
     let mut endpoints = Published::of(state);
-    for tunnel in &mut tunnels {
-        for peer in &mut tunnel.peers {
-            peer.endpoint = endpoints.endpoint(&tunnel.device, peer);
-        }
-    }
-    tunnels
+    state
+        .tunnels
+        .iter()
+        .map(|tunnel| {
+            let differs = tunnel
+                .peers
+                .iter()
+                .any(|p| endpoints.endpoint(&tunnel.device, p) != p.endpoint);
+            differs.then(|| {
+                let mut copy = tunnel.clone();
+                for peer in &mut copy.peers {
+                    peer.endpoint = endpoints.endpoint(&tunnel.device, peer);
+                }
+                copy
+            })
+        })
+        .collect()
 }
 
 /// The registry's endpoints of the plan's peers: each lookup reuses one key, where it
@@ -192,10 +222,13 @@ impl<'a> Published<'a> {
 
 /// Whether `tunnels` is what `published(state)` makes, without copying the plan: each
 /// pass asks, and most passes leave the plan as it was.
-fn is_published(tunnels: &[TunnelSpec], state: &DesiredState) -> bool {
+fn is_published<'a>(
+    tunnels: impl ExactSizeIterator<Item = &'a TunnelSpec>,
+    state: &DesiredState,
+) -> bool {
     let mut endpoints = Published::of(state);
     tunnels.len() == state.tunnels.len()
-        && tunnels.iter().zip(&state.tunnels).all(|(have, want)| {
+        && tunnels.zip(&state.tunnels).all(|(have, want)| {
             have.device == want.device
                 && have.listen_port == want.listen_port
                 && have.mtu == want.mtu
@@ -257,7 +290,7 @@ mod tests {
 
     #[test]
     fn the_watcher_repairs_onto_the_registrys_endpoint_not_a_roamed_one() {
-        let (key, other) = (key(2), key(3));
+        let (own, key, other) = (key(1), key(2), key(3));
         // Node b's endpoint kept from roaming (or a `wg set` by hand); another peer the
         // registry's endpoints do not list.
         let mut state = state(vec![
@@ -268,18 +301,36 @@ mod tests {
             ("flannel-wg".into(), key),
             "198.51.100.2:51820".parse().unwrap(),
         );
-        let tunnels = published(&state);
-        let endpoints: Vec<String> = tunnels[0]
-            .peers
-            .iter()
+        let state = Arc::new(state);
+        let plan = Plan::new(1, own, &state);
+        let endpoints: Vec<String> = plan
+            .tunnels()
+            .flat_map(|t| &t.peers)
             .map(|p| p.endpoint.to_string())
             .collect();
         assert_eq!(endpoints, ["198.51.100.2:51820", "198.51.100.3:51820"]);
-        assert!(is_published(&tunnels, &state));
+        assert!(is_published(plan.tunnels(), &state));
         assert!(
-            !is_published(&state.tunnels, &state),
+            !is_published(state.tunnels.iter(), &state),
             "the roamed endpoint differs"
         );
+        // The same plan, made again (another pass planning the same), is the same.
+        assert!(plan.is_of(&Arc::new((*state).clone()), own));
+    }
+
+    #[test]
+    fn a_plan_is_shared_and_copies_only_a_device_whose_endpoints_differ() {
+        let state = Arc::new(state(vec![peer(key(2), "node-b", "198.51.100.2:51820")]));
+        let plan = Plan::new(1, key(1), &state);
+        assert_eq!(plan.published, [None]);
+        assert!(std::ptr::eq(
+            plan.tunnels().next().unwrap(),
+            &state.tunnels[0]
+        ));
+        assert!(plan.is_of(&state, key(1)));
+        let mut moved = (*state).clone();
+        moved.tunnels[0].peers[0].endpoint = "198.51.100.9:51820".parse().unwrap();
+        assert!(!plan.is_of(&Arc::new(moved), key(1)));
     }
 
     #[test]
@@ -293,7 +344,7 @@ mod tests {
             generation: 0,
             applying: Default::default(),
         };
-        let applied = state(vec![peer(b, "node-b", "198.51.100.2:51820")]);
+        let applied = Arc::new(state(vec![peer(b, "node-b", "198.51.100.2:51820")]));
         let device = |peers: Vec<PublicKey>| WgDevice {
             public_key: Some(own),
             listen_port: 51820,
@@ -330,7 +381,7 @@ mod tests {
             ]
         );
         // A pass that plans otherwise (node b's new key) changes the device itself.
-        let rotated = state(vec![peer(key(9), "node-b", "198.51.100.2:51820")]);
+        let rotated = Arc::new(state(vec![peer(key(9), "node-b", "198.51.100.2:51820")]));
         assert!(handle
             .drift(&rotated, own, "flannel-wg", &device(vec![b]))
             .is_empty());
@@ -338,12 +389,13 @@ mod tests {
         assert!(handle
             .drift(&applied, key(7), "flannel-wg", &device(vec![]))
             .is_empty());
-        let mut switching = applied.clone();
+        let mut switching = (*applied).clone();
         switching.key_watch = Some(weft_backends::model::KeyWatch {
             from: std::time::SystemTime::UNIX_EPOCH,
             until: std::time::SystemTime::UNIX_EPOCH,
             moves: Vec::new(),
         });
+        let switching = Arc::new(switching);
         handle.follow(&switching, own);
         assert!(handle
             .drift(&switching, own, "flannel-wg", &device(vec![]))

@@ -114,7 +114,7 @@ impl Watcher {
             let current = plan.borrow().clone();
             let peers = current
                 .as_ref()
-                .map_or(0, |p| p.tunnels.iter().map(|t| t.peers.len()).sum());
+                .map_or(0, |p| p.tunnels().map(|t| t.peers.len()).sum());
             tokio::time::sleep(poll_period(peers)).await;
             if plan.has_changed().is_err() {
                 return;
@@ -128,7 +128,7 @@ impl Watcher {
     /// One read of every planned device, and what follows from it.
     async fn round(&mut self, plan: &Plan) {
         let mut counters = BTreeMap::new();
-        for spec in &plan.tunnels {
+        for spec in plan.tunnels() {
             let todo = match self.read(&spec.device).await {
                 Read::Device(device) => {
                     self.not_answering.remove(&spec.device);
@@ -424,7 +424,7 @@ impl Watcher {
             })
             .collect();
         rows.sort_by(|a, b| (&a.node, &a.device).cmp(&(&b.node, &b.device)));
-        let read_all = plan.tunnels.len();
+        let read_all = plan.tunnels().len();
         self.snapshot.update(|s| {
             s.liveness = rows;
             if read_all > 0 && !counters.is_empty() {

@@ -117,7 +117,7 @@ impl Controller<'_> {
     /// A full pass the liveness watcher did not ask for (the resync) that finds a device
     /// changed behind the agent says so as the watcher would, then puts it back: the drift
     /// is named whichever of the two reads it first.
-    fn name_drift(&self, state: &DesiredState) {
+    fn name_drift(&self, state: &Arc<DesiredState>) {
         let Some(watcher) = &self.liveness else {
             return;
         };
