@@ -126,6 +126,7 @@ pub(crate) async fn reconcile_routing_with<N: Netlink>(
     own: Option<&OwnDeletions>,
 ) -> Result<ApplyReport, ApplyError> {
     let mut links = BTreeMap::new();
+    let mut absent = Vec::new();
     let mut mtu_of = BTreeMap::new();
     let mut changes = Vec::new();
     let owned = desired
@@ -154,6 +155,7 @@ pub(crate) async fn reconcile_routing_with<N: Netlink>(
         let Some(link) = nl.link(device).await? else {
             // Its routes went with it.
             cache.forget();
+            absent.push(device.clone());
             continue;
         };
         let have = nl.addresses(&link).await?;
@@ -163,16 +165,20 @@ pub(crate) async fn reconcile_routing_with<N: Netlink>(
     }
     // Routes may also leave by a device weft does not own (host-gw, DirectRouting: the
     // external interface); it is only looked up.
-    let mut indexes: BTreeMap<String, u32> =
-        links.iter().map(|(n, l)| (n.clone(), l.index)).collect();
+    // Each device is looked up once, found or not: on a first start every route names a
+    // tunnel device not made yet, and a lookup per route was 10,000 netlink requests.
+    let mut indexes: BTreeMap<String, Option<u32>> = links
+        .iter()
+        .map(|(n, l)| (n.clone(), Some(l.index)))
+        .chain(absent.into_iter().map(|n| (n, None)))
+        .collect();
     for r in &desired.routes {
         if !indexes.contains_key(&r.device) {
-            if let Some(l) = nl.link(&r.device).await? {
-                indexes.insert(r.device.clone(), l.index);
-            }
+            let index = nl.link(&r.device).await?.map(|l| l.index);
+            indexes.insert(r.device.clone(), index);
         }
     }
-    let index_of = |d: &str| indexes.get(d).copied();
+    let index_of = |d: &str| indexes.get(d).copied().flatten();
     // A device found down (or not as planned) may have lost its routes without a report
     // (the kernel flushes a downed device's routes silently): list them.
     if changes

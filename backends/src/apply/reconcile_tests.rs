@@ -114,8 +114,10 @@ pub(super) fn block_on<F: std::future::Future>(f: F) -> F::Output {
 fn routing_fails_closed_converges_and_heals() {
     let state = desired(2);
     let mut nl = FakeNetlink::default();
-    // Before the device exists: only the blackhole, so nothing leaves in clear.
+    // Before the device exists: only the blackhole, so nothing leaves in clear; the
+    // missing device is looked up once, not once per route through it.
     assert_eq!(routing_pass(&mut nl, &state), 1);
+    assert_eq!(nl.lookups, 1, "one lookup of the absent device");
     let hole = &nl.routes[&(net("10.244.0.0/16"), FAIL_CLOSED_METRIC)];
     assert!(hole.blackhole);
     assert_eq!(nl.routes.len(), 1);

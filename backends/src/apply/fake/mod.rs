@@ -42,6 +42,8 @@ pub struct FakeNetlink {
     /// By (destination, metric).
     pub routes: BTreeMap<(IpNet, u32), ObservedRoute>,
     pub entries: Vec<FakeEntry>,
+    /// Link lookups so far (`link`): each is a netlink request on a real kernel.
+    pub lookups: u64,
     writes: u64,
 }
 
@@ -91,6 +93,7 @@ fn libc_enodev() -> i32 {
 
 impl Netlink for FakeNetlink {
     async fn link(&mut self, name: &str) -> Result<Option<ObservedLink>, ApplyError> {
+        self.lookups += 1;
         Ok(self.links.get(name).cloned())
     }
 
