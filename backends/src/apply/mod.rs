@@ -210,21 +210,45 @@ pub(crate) async fn reconcile_routing_with<N: Netlink>(
     // Fail closed: the blackholes go in before anything that could move traffic.
     changes.sort_by_key(|c| !matches!(c, RoutingChange::AddBlackhole(_)));
     let mut report = ApplyReport::default();
-    for change in changes {
+    let mut record = |change: RoutingChange, result: Result<(), ApplyError>| match result {
+        Ok(()) => {
+            cache.wrote(&change);
+            report.applied.push(change);
+        }
+        Err(e) => {
+            // What the kernel holds now is unknown: the next pass lists it.
+            cache.forget();
+            report.failed.push((change, e));
+        }
+    };
+    let mut changes = changes.into_iter().peekable();
+    while let Some(change) = changes.next() {
+        if route_write(&change).is_some() {
+            // A run of route writes (each to its own destination) goes out together.
+            let mut run = vec![change];
+            while let Some(next) = changes.next_if(|c| route_write(c).is_some()) {
+                run.push(next);
+            }
+            let routes: Vec<&RouteWrite> = run.iter().filter_map(route_write).collect();
+            let results = nl.put_routes(&routes).await;
+            for (change, result) in run.into_iter().zip(results) {
+                record(change, result);
+            }
+            continue;
+        }
         if let (Some(own), RoutingChange::RemoveRoute(r)) = (own, &change) {
             own.announce(r.dst);
         }
-        match write(nl, &links, &change, &mtu_of).await {
-            Ok(()) => {
-                cache.wrote(&change);
-                report.applied.push(change);
-            }
-            Err(e) => {
-                // What the kernel holds now is unknown: the next pass lists it.
-                cache.forget();
-                report.failed.push((change, e));
-            }
-        }
+        let result = write(nl, &links, &change, &mtu_of).await;
+        record(change, result);
     }
     Ok(report)
+}
+
+/// The route a change adds or replaces.
+fn route_write(change: &RoutingChange) -> Option<&RouteWrite> {
+    match change {
+        RoutingChange::AddRoute(r) | RoutingChange::ReplaceRoute { to: r, .. } => Some(r),
+        _ => None,
+    }
 }

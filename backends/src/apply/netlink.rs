@@ -116,6 +116,20 @@ pub trait Netlink {
     ) -> impl Future<Output = Result<Vec<ObservedRoute>, ApplyError>>;
     /// Adds or replaces (same destination) a route, stamped `RTPROT_WEFT`.
     fn put_route(&mut self, route: &RouteWrite) -> impl Future<Output = Result<(), ApplyError>>;
+    /// `put_route` for each of `routes` (their destinations differ), each result in their
+    /// order; a kernel connection may have them in flight together.
+    fn put_routes(
+        &mut self,
+        routes: &[&RouteWrite],
+    ) -> impl Future<Output = Vec<Result<(), ApplyError>>> {
+        async move {
+            let mut done = Vec::with_capacity(routes.len());
+            for route in routes {
+                done.push(self.put_route(route).await);
+            }
+            done
+        }
+    }
     /// Adds a `blackhole` route for `dst` at the fail-closed metric, stamped `RTPROT_WEFT`.
     fn put_blackhole(&mut self, dst: IpNet) -> impl Future<Output = Result<(), ApplyError>>;
     fn del_route(&mut self, route: &ObservedRoute) -> impl Future<Output = Result<(), ApplyError>>;

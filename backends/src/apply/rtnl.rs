@@ -132,6 +132,9 @@ impl RtNetlink {
     }
 }
 
+/// Route writes a pass has in flight on the connection together (`put_routes`).
+const ROUTES_IN_FLIGHT: usize = 64;
+
 impl RtNetlink {
     /// Adds (or replaces, same destination) one route; `op` names it in errors.
     async fn add_route(
@@ -139,19 +142,40 @@ impl RtNetlink {
         op: String,
         msg: io::Result<RouteMessage>,
     ) -> Result<(), ApplyError> {
-        let msg = msg.map_err(|source| ApplyError::Netlink {
-            op: op.clone(),
-            source,
-        })?;
         self.writes += 1;
-        self.handle
-            .route()
-            .add(msg)
-            .replace()
-            .execute()
-            .await
-            .map_err(fail(op))
+        put(self.handle.clone(), op, msg).await
     }
+}
+
+/// Sends one route add (replacing the same destination) and waits for its answer.
+async fn put(handle: Handle, op: String, msg: io::Result<RouteMessage>) -> Result<(), ApplyError> {
+    let msg = msg.map_err(|source| ApplyError::Netlink {
+        op: op.clone(),
+        source,
+    })?;
+    handle
+        .route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .map_err(fail(op))
+}
+
+/// The request of `put_route`, and the words naming it in errors.
+fn route_write(route: &RouteWrite) -> (String, io::Result<RouteMessage>) {
+    let op = format!("adding route {} dev {}", route.dst, route.device);
+    let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map(|mut m| {
+        if route.onlink {
+            m.header.flags.insert(RouteFlags::Onlink);
+        }
+        if let Some(mtu) = route.mtu {
+            m.attributes
+                .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+        }
+        m
+    });
+    (op, msg)
 }
 
 impl Drop for RtNetlink {
@@ -358,18 +382,24 @@ impl Netlink for RtNetlink {
     }
 
     async fn put_route(&mut self, route: &RouteWrite) -> Result<(), ApplyError> {
-        let op = format!("adding route {} dev {}", route.dst, route.device);
-        let msg = route_message(route.dst, Some(route.oif), route.gateway, None).map(|mut m| {
-            if route.onlink {
-                m.header.flags.insert(RouteFlags::Onlink);
-            }
-            if let Some(mtu) = route.mtu {
-                m.attributes
-                    .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
-            }
-            m
-        });
+        let (op, msg) = route_write(route);
         self.add_route(op, msg).await
+    }
+
+    /// Up to `ROUTES_IN_FLIGHT` requests outstanding at once: the kernel answers each in
+    /// turn, and waiting for every answer before the next request was most of a first
+    /// pass at 10,000 routes.
+    async fn put_routes(&mut self, routes: &[&RouteWrite]) -> Vec<Result<(), ApplyError>> {
+        use futures::stream::{self, StreamExt};
+        self.writes += routes.len() as u64;
+        let handle = &self.handle;
+        stream::iter(routes.iter().map(|r| {
+            let (op, msg) = route_write(r);
+            put(handle.clone(), op, msg)
+        }))
+        .buffered(ROUTES_IN_FLIGHT)
+        .collect()
+        .await
     }
 
     async fn put_blackhole(&mut self, dst: IpNet) -> Result<(), ApplyError> {
