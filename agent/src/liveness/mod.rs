@@ -142,6 +142,7 @@ impl Handle {
         if plan.switching {
             return Vec::new();
         }
+        // Bound before `plan`'s borrow ends: the iterator borrows from it.
         let found = plan
             .tunnels()
             .find(|t| t.device == name)
