@@ -315,6 +315,9 @@ fn the_incremental_plan_is_the_full_plan_after_any_sequence_of_changes() {
                     "config {config}, seed {seed}, step {step} ({what}, planned {kind:?}):\n\
                      incremental {got:#?}\nfull {want:#?}"
                 );
+                if matches!(kind, PlanKind::Patched(_)) {
+                    patched_as_said(&last, &want, planner.patched());
+                }
                 passes += 1;
                 patched += usize::from(matches!(kind, PlanKind::Patched(_)));
                 last = want;
@@ -328,6 +331,41 @@ fn the_incremental_plan_is_the_full_plan_after_any_sequence_of_changes() {
         patched * 2 > passes,
         "only {patched} of {passes} passes were patched"
     );
+}
+
+/// Each node's tunnel peers in `state`: (tunnel index, key), in the plan's order.
+fn peers_by_node(state: &DesiredState) -> BTreeMap<&str, Vec<(usize, PublicKey)>> {
+    let mut by_node: BTreeMap<&str, Vec<(usize, PublicKey)>> = BTreeMap::new();
+    for (d, tunnel) in state.tunnels.iter().enumerate() {
+        for p in &tunnel.peers {
+            by_node
+                .entry(p.node.as_str())
+                .or_default()
+                .push((d, p.public_key));
+        }
+    }
+    by_node
+}
+
+/// What the planner says a patched pass changed is what changed: the named nodes' peers
+/// before and after, and every other node's peers as they were.
+fn patched_as_said(before: &DesiredState, after: &DesiredState, said: &[PatchedNode]) {
+    let (mut old, mut new) = (peers_by_node(before), peers_by_node(after));
+    for n in said {
+        assert_eq!(
+            old.remove(n.node.as_str()).unwrap_or_default(),
+            n.before,
+            "{}",
+            n.node
+        );
+        assert_eq!(
+            new.remove(n.node.as_str()).unwrap_or_default(),
+            n.after,
+            "{}",
+            n.node
+        );
+    }
+    assert_eq!(old, new, "a node the patch did not name changed");
 }
 
 /// A cluster of `n` good nodes, and this node.

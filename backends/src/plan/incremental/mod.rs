@@ -43,10 +43,22 @@ pub enum PlanKind {
     Patched(usize),
 }
 
+/// A node a patched pass re-planned, with its tunnel peers (the tunnel's index in the
+/// plan, the peer's key) before and after: what the pass changed in the plan's peers, for
+/// the reports that would otherwise compare every peer of two plans.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PatchedNode {
+    pub node: String,
+    pub before: Vec<(usize, PublicKey)>,
+    pub after: Vec<(usize, PublicKey)>,
+}
+
 /// Plans one node across passes. See the module doc.
 #[derive(Default)]
 pub struct Planner {
     memo: Option<Memo>,
+    /// The nodes the last pass re-planned, if it was patched.
+    patched: Vec<PatchedNode>,
 }
 
 /// The last plan and what it was made from.
@@ -83,15 +95,27 @@ impl Planner {
             None => "first pass",
             Some(_) if full => "resync",
             Some(memo) => match patch::patch(memo, input, view) {
-                Ok(nodes) => return Ok((memo.state.clone(), PlanKind::Patched(nodes))),
+                Ok(nodes) => {
+                    let kind = PlanKind::Patched(nodes.len());
+                    self.patched = nodes;
+                    return Ok((memo.state.clone(), kind));
+                }
                 Err(why) => why,
             },
         };
         self.memo = None;
+        self.patched.clear();
         let mut claims = Claims::default();
         let state = Arc::new(super::plan_noting(input, Some(&mut claims))?);
         self.memo = Some(Memo::of(input, view, state.clone(), claims));
         Ok((state, PlanKind::Full(why)))
+    }
+
+    /// The nodes the last `plan` re-planned when it was `Patched` (each changed node, in
+    /// name order, with its tunnel peers before and after; every other peer is as it
+    /// was); empty after a full plan.
+    pub fn patched(&self) -> &[PatchedNode] {
+        &self.patched
     }
 }
 

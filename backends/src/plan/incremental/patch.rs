@@ -10,7 +10,7 @@ use std::sync::Arc;
 use weft_crypto::PublicKey;
 
 use super::claims::{KeyIndex, SubnetIndex};
-use super::{Memo, MOST_PATCHED};
+use super::{Memo, PatchedNode, MOST_PATCHED};
 use crate::model::{ClusterView, DesiredState, Lease, LeftOut, PeerPath, RouteRole, RouteSpec};
 use crate::netconf::{Backend, BackendKind, WireguardConf};
 use crate::plan::peers::{check, seniority};
@@ -20,13 +20,13 @@ use crate::plan::{path_mtu, post_quantum, roaming, LocalSubnets, PlanInput};
 /// Why a pass is planned in full instead.
 type Full = &'static str;
 
-/// Re-plans the nodes that changed since `memo`'s plan, in place; how many, or why the
-/// pass must be planned in full.
+/// Re-plans the nodes that changed since `memo`'s plan, in place; which, with their peers
+/// before and after, or why the pass must be planned in full.
 pub(super) fn patch(
     memo: &mut Memo,
     input: &PlanInput<'_>,
     view: &Arc<ClusterView>,
-) -> Result<usize, Full> {
+) -> Result<Vec<PatchedNode>, Full> {
     if let Some(why) = memo.stale(input) {
         return Err(why);
     }
@@ -69,14 +69,21 @@ pub(super) fn patch(
     };
     // Out with every changed node's old entries first: the new ones are then checked
     // against the claims of the others alone.
-    for node in &nodes {
+    let mut patched: Vec<PatchedNode> = nodes
+        .iter()
+        .map(|node| PatchedNode {
+            node: node.clone(),
+            ..Default::default()
+        })
+        .collect();
+    for (node, record) in nodes.iter().zip(&mut patched) {
         if let Some(old) = old_view.get(node) {
-            patcher.remove(old, &old_view)?;
+            patcher.remove(old, &old_view, &mut record.before)?;
         }
     }
-    for node in &nodes {
+    for (node, record) in nodes.iter().zip(&mut patched) {
         if let Some(new) = view.get(node) {
-            patcher.add(new, view)?;
+            patcher.add(new, view, &mut record.after)?;
         }
     }
     memo.view = view.clone();
@@ -97,7 +104,7 @@ pub(super) fn patch(
         }
     }
     memo.planned_at = input.now;
-    Ok(nodes.len())
+    Ok(patched)
 }
 
 struct Patcher<'a, 'i> {
@@ -114,10 +121,15 @@ struct Patcher<'a, 'i> {
 }
 
 impl Patcher<'_, '_> {
-    /// Takes out everything `lease` (as planned from `view`) put in the plan. A claim of
-    /// it another node contends for means the other node's fate turns on it: planned in
-    /// full.
-    fn remove(&mut self, lease: &Lease, view: &ClusterView) -> Result<(), Full> {
+    /// Takes out everything `lease` (as planned from `view`) put in the plan, noting its
+    /// peers taken out in `taken`. A claim of it another node contends for means the other
+    /// node's fate turns on it: planned in full.
+    fn remove(
+        &mut self,
+        lease: &Lease,
+        view: &ClusterView,
+        taken: &mut Vec<(usize, PublicKey)>,
+    ) -> Result<(), Full> {
         let node = lease.node.as_str();
         remove_run(&mut self.state.left_out, node, |l| &l.node);
         remove_run(&mut self.state.paths, node, |p| &p.node);
@@ -153,7 +165,7 @@ impl Patcher<'_, '_> {
             let peers = &mut self.state.tunnels[d].peers;
             let at = peers.partition_point(|e| entry_place(view, &e.node) < Some(place));
             let end = at + peers[at..].iter().take_while(|e| e.node == node).count();
-            peers.drain(at..end);
+            taken.extend(peers.drain(at..end).map(|e| (d, e.public_key)));
             let block = peer_routes(&self.state.routes, dev.name)?;
             let routes = &self.state.routes[block.clone()];
             let at = block.start + routes.partition_point(|r| route_place(view, r) < Some(place));
@@ -167,8 +179,14 @@ impl Patcher<'_, '_> {
         Ok(())
     }
 
-    /// Puts in what `lease` (of `view`) makes of its node, where the full plan puts it.
-    fn add(&mut self, lease: &Lease, view: &ClusterView) -> Result<(), Full> {
+    /// Puts in what `lease` (of `view`) makes of its node, where the full plan puts it,
+    /// noting its peers put in in `put`.
+    fn add(
+        &mut self,
+        lease: &Lease,
+        view: &ClusterView,
+        put: &mut Vec<(usize, PublicKey)>,
+    ) -> Result<(), Full> {
         let node = lease.node.as_str();
         let mut left_out = Vec::new();
         let mut paths: Vec<PeerPath> = Vec::new();
@@ -232,6 +250,7 @@ impl Patcher<'_, '_> {
                     }
                     let peers = &mut self.state.tunnels[d].peers;
                     let at = peers.partition_point(|e| entry_place(view, &e.node) < Some(place));
+                    put.push((d, p.public_key));
                     peers.insert(at, p);
                 }
             }
