@@ -8,7 +8,7 @@ use std::time::Instant;
 use tracing::{error, info, warn};
 use weft_backends::apply::{ApplyError, DataplaneReport};
 use weft_backends::model::DesiredState;
-use weft_backends::plan::PlanError;
+use weft_backends::plan::{PatchedNode, PlanError};
 
 use super::run_loop::LoopInputs;
 use super::subnet_file::SubnetFileError;
@@ -156,17 +156,31 @@ fn missing_from<'a>(a: &[(&'a str, &'a str)], b: &[(&str, &str)]) -> Vec<(&'a st
 }
 
 /// Logs what changed in the plan: peers in and out, and each newly left-out peer's reason.
-pub(super) fn report_plan(before: Option<&DesiredState>, after: &DesiredState) {
-    if before == Some(after) {
-        return;
-    }
-    let (old, new) = (planned_peers(before), planned_peers(Some(after)));
-    for (device, node) in missing_from(&new, &old) {
-        info!(peer = %format!("{device} {node}"), "peer planned");
-    }
-    for (device, node) in missing_from(&old, &new) {
-        info!(peer = %format!("{device} {node}"), "peer removed from plan");
-    }
+/// `patched` is what the planner re-planned to make `after` from `before`, when it patched
+/// it (every other peer is as it was): then only those nodes are compared.
+pub(super) fn report_plan(
+    before: Option<&DesiredState>,
+    after: &DesiredState,
+    patched: Option<&[PatchedNode]>,
+) {
+    let peers = match (before, patched) {
+        (Some(_), Some([])) => return,
+        (Some(before), Some(nodes)) => {
+            report_patched(before, after, nodes);
+            after.tunnels.iter().map(|t| t.peers.len()).sum()
+        }
+        _ if before == Some(after) => return,
+        _ => {
+            let (old, new) = (planned_peers(before), planned_peers(Some(after)));
+            for (device, node) in missing_from(&new, &old) {
+                planned_in(device, node);
+            }
+            for (device, node) in missing_from(&old, &new) {
+                removed_from(device, node);
+            }
+            new.len()
+        }
+    };
     // Both lists are sorted by node (the plan's order): a node's entries are one run.
     let was_left_out = |b: &DesiredState, l: &weft_backends::model::LeftOut| {
         let at = b.left_out.partition_point(|o| o.node < l.node);
@@ -182,11 +196,40 @@ pub(super) fn report_plan(before: Option<&DesiredState>, after: &DesiredState) {
     }
     info!(
         tunnels = after.tunnels.len(),
-        peers = new.len(),
+        peers,
         routes = after.routes.len(),
         left_out = after.left_out.len(),
         "plan updated"
     );
+}
+
+fn planned_in(device: &str, node: &str) {
+    info!(peer = %format!("{device} {node}"), "peer planned");
+}
+
+fn removed_from(device: &str, node: &str) {
+    info!(peer = %format!("{device} {node}"), "peer removed from plan");
+}
+
+/// The re-planned nodes' devices in and out, by the planner's account of each.
+fn report_patched(before: &DesiredState, after: &DesiredState, nodes: &[PatchedNode]) {
+    let devices = |state: &'_ DesiredState, peers: &[(usize, weft_crypto::PublicKey)]| {
+        let mut names: Vec<String> = peers
+            .iter()
+            .filter_map(|(d, _)| state.tunnels.get(*d).map(|t| t.device.clone()))
+            .collect();
+        names.dedup();
+        names
+    };
+    for n in nodes {
+        let (was, is) = (devices(before, &n.before), devices(after, &n.after));
+        for device in is.iter().filter(|d| !was.contains(d)) {
+            planned_in(device, &n.node);
+        }
+        for device in was.iter().filter(|d| !is.contains(d)) {
+            removed_from(device, &n.node);
+        }
+    }
 }
 
 #[cfg(test)]

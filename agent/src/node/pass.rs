@@ -26,12 +26,6 @@ impl Controller<'_> {
         self.inputs.health.beat();
         self.me = self.inputs.local.borrow_and_update().clone();
         self.raw_view = self.inputs.views.borrow_and_update().clone();
-        if !Arc::ptr_eq(&self.seen_view, &self.raw_view) {
-            self.inputs
-                .metrics
-                .registry_changes(&self.seen_view.diff(&self.raw_view));
-            self.seen_view = self.raw_view.clone();
-        }
         // What the devices hold (read afresh for a full pass, which then uses this read).
         let device = match self.dataplane.observe(full).await {
             Ok(peers) => peers,
@@ -48,7 +42,8 @@ impl Controller<'_> {
         if full && !std::mem::take(&mut self.drift_told) {
             self.name_drift(&state);
         }
-        report_plan(self.last.as_deref(), &state);
+        let patched = matches!(planned, PlanKind::Patched(_)).then(|| self.planner.patched());
+        report_plan(self.last.as_deref(), &state, patched);
         self.log_esp_switches(&state);
         self.write_subnet_file(&state);
         self.passes += 1;
@@ -203,13 +198,17 @@ impl Controller<'_> {
             s.key_generation = generation;
             s.rotating = rotating;
         });
-        let peer_keys: Vec<(&str, &PublicKey)> = state
-            .tunnels
-            .iter()
-            .flat_map(|t| &t.peers)
-            .map(|p| (p.node.as_str(), &p.public_key))
-            .collect();
-        self.inputs.metrics.peer_keys(&peer_keys);
+        if matches!(planned, PlanKind::Patched(_)) {
+            self.inputs.metrics.patched_keys(self.planner.patched());
+        } else {
+            let peer_keys: Vec<(&str, &PublicKey)> = state
+                .tunnels
+                .iter()
+                .flat_map(|t| &t.peers)
+                .map(|p| (p.node.as_str(), &p.public_key))
+                .collect();
+            self.inputs.metrics.peer_keys(&peer_keys);
+        }
         self.measure_paths(&state);
         self.inputs.snapshot.post_quantum(&self.inputs.pq.status);
         self.inputs.pq.peers.send_if_modified(|p| {

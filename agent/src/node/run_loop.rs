@@ -76,8 +76,7 @@ pub(super) struct Controller<'a> {
     /// The liveness watcher named the drift the next full pass puts back (the pass does
     /// not name it again).
     pub(super) drift_told: bool,
-    /// The registry's view as last seen (for its metrics), and as read for the last pass.
-    pub(super) seen_view: Arc<ClusterView>,
+    /// The registry's view as read for the last pass.
     pub(super) raw_view: Arc<ClusterView>,
     pub(super) me: Lease,
     pub(super) switchover: Switchover,
@@ -168,7 +167,6 @@ pub(crate) async fn control_loop(
         planner: Default::default(),
         passes: 0,
         drift_told: false,
-        seen_view: Arc::new(ClusterView::default()),
         raw_view: Arc::new(ClusterView::default()),
         me,
         switchover: Switchover::new(switched),

@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use weft_backends::model::ViewChange;
+use weft_backends::plan::PatchedNode;
 use weft_crypto::PublicKey;
 
 use crate::observe::snapshot::Snapshot;
@@ -32,13 +32,23 @@ pub struct Metrics {
     passes: Counter,
     pass_errors: Counter,
     pass_seconds: Histogram,
-    registry_events: Family<Labels, Counter>,
     /// Node → (its current key, generation).
     keys: Arc<Mutex<HashMap<String, (weft_crypto::PublicKey, u64)>>>,
     /// Repairs of WireGuard pairs, by cause and step (`crate::liveness`).
     pair_repairs: Family<Labels, Counter>,
     /// What the registry warned about; it counts into these.
     pub alerts: Alerts,
+}
+
+/// `node`'s key in a plan: a new one is its next generation.
+fn note_key(keys: &mut HashMap<String, (PublicKey, u64)>, node: &str, key: &PublicKey) {
+    match keys.get_mut(node) {
+        Some(entry) if entry.0 != *key => *entry = (*key, entry.1 + 1),
+        Some(_) => {}
+        None => {
+            keys.insert(node.to_string(), (*key, 1));
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -48,7 +58,6 @@ impl Default for Metrics {
             pass_errors: Counter::default(),
             // 1 ms … ~16 s.
             pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
-            registry_events: Family::default(),
             keys: Arc::default(),
             pair_repairs: Family::default(),
             alerts: Alerts::default(),
@@ -75,19 +84,6 @@ impl Metrics {
             .inc();
     }
 
-    pub fn registry_changes(&self, changes: &[ViewChange]) {
-        for c in changes {
-            let kind = match c {
-                ViewChange::Added(_) => "joined",
-                ViewChange::Changed(_) => "changed",
-                ViewChange::Removed(_) => "left",
-            };
-            self.registry_events
-                .get_or_create(&vec![("event", kind.to_string())])
-                .inc();
-        }
-    }
-
     /// Notes each planned peer's key; a new key for a known node is a new generation.
     /// Nodes no longer planned are forgotten (a node that comes back starts again at 1):
     /// under churn, remembering every node ever seen grows without bound.
@@ -98,12 +94,22 @@ impl Metrics {
         let planned: std::collections::HashSet<&str> = peers.iter().map(|(n, _)| *n).collect();
         keys.retain(|node, _| planned.contains(node.as_str()));
         for (node, key) in peers {
-            match keys.get_mut(*node) {
-                Some(entry) if entry.0 != **key => *entry = (**key, entry.1 + 1),
-                Some(_) => {}
-                None => {
-                    keys.insert(node.to_string(), (**key, 1));
-                }
+            note_key(&mut keys, node, key);
+        }
+    }
+
+    /// As `peer_keys`, for a plan the planner patched: only the nodes it re-planned can
+    /// have another key or none (every other peer is as it was).
+    pub fn patched_keys(&self, nodes: &[PatchedNode]) {
+        let Ok(mut keys) = self.keys.lock() else {
+            return;
+        };
+        for n in nodes {
+            if n.after.is_empty() {
+                keys.remove(&n.node);
+            }
+            for (_, key) in &n.after {
+                note_key(&mut keys, &n.node, key);
             }
         }
     }
@@ -162,7 +168,7 @@ impl Metrics {
         registry.register(
             "registry_events",
             "Nodes that joined, changed or left, as the registry reported them",
-            self.registry_events.clone(),
+            self.alerts.events.clone(),
         );
     }
 
@@ -401,5 +407,33 @@ mod tests {
         m.peer_keys(&refs(&owned(&[("a", "k3"), ("b", "k4")])));
         assert_eq!(m.generation("b"), Some(1));
         assert_eq!(m.generation("a"), Some(2));
+    }
+
+    /// A patched plan's nodes alone count as the whole plan's peers do.
+    #[test]
+    fn patched_nodes_count_as_the_whole_plan() {
+        let node = |name: &str, key: Option<&str>| weft_backends::plan::PatchedNode {
+            node: name.into(),
+            before: vec![],
+            after: key.map_or(vec![], |k| vec![(0, owned(&[(name, k)])[0].1)]),
+        };
+        let (whole, patched) = (Metrics::default(), Metrics::default());
+        whole.peer_keys(&refs(&owned(&[("a", "k1"), ("b", "k2")])));
+        patched.peer_keys(&refs(&owned(&[("a", "k1"), ("b", "k2")])));
+        let steps = [
+            (vec![("a", "k3"), ("b", "k2")], vec![node("a", Some("k3"))]),
+            (vec![("a", "k3")], vec![node("b", None)]),
+            (vec![("a", "k3"), ("b", "k4")], vec![node("b", Some("k4"))]),
+            (vec![("a", "k5"), ("b", "k4")], vec![node("a", Some("k5"))]),
+        ];
+        for (plan, nodes) in steps {
+            whole.peer_keys(&refs(&owned(&plan)));
+            patched.patched_keys(&nodes);
+            for name in ["a", "b"] {
+                assert_eq!(whole.generation(name), patched.generation(name), "{name}");
+            }
+        }
+        assert_eq!(patched.generation("a"), Some(3));
+        assert_eq!(patched.generation("b"), Some(1));
     }
 }

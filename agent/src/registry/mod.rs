@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tracing::info;
-use weft_backends::model::{ClusterView, Lease, LeaseAttrs, NextKey};
+use weft_backends::model::{ClusterView, Lease, LeaseAttrs, NextKey, ViewChange};
 use weft_backends::netconf::{BackendKind, NetConf};
 
 pub use etcd::{EtcdAccess, EtcdConfig, EtcdRegistry, RegistryError};
@@ -78,10 +79,13 @@ impl AcquireRequest {
     }
 }
 
-/// What the registry warned about, counted for `/metrics` (the counters are shared: a
-/// clone counts into the same series).
+/// What the registry saw and warned about, counted for `/metrics` (the counters are
+/// shared: a clone counts into the same series).
 #[derive(Debug, Clone, Default)]
 pub struct Alerts {
+    /// Nodes that joined, changed or left, by `event` (`registry_events`): counted as each
+    /// new view is made, from the diff that logs it.
+    pub events: Family<Vec<(&'static str, String)>, Counter>,
     /// Changes to the annotations that steer this node's traffic (`public-ip-overwrite`,
     /// `node-public-ip` on its own Node), which only an operator should make.
     pub steering_changes: Counter,
@@ -89,6 +93,22 @@ pub struct Alerts {
     pub leases_defended: Counter,
     /// Whether the registry answers; `follow` sets it, `/readyz` says it.
     pub registry: crate::observe::http::RegistryStatus,
+}
+
+impl Alerts {
+    /// Counts each node that joined, changed or left.
+    pub fn registry_changes(&self, changes: &[ViewChange]) {
+        for c in changes {
+            let event = match c {
+                ViewChange::Added(_) => "joined",
+                ViewChange::Changed(_) => "changed",
+                ViewChange::Removed(_) => "left",
+            };
+            self.events
+                .get_or_create(&vec![("event", event.to_string())])
+                .inc();
+        }
+    }
 }
 
 /// The channels `follow` works with.
@@ -125,6 +145,7 @@ pub(crate) fn publish_view(
     for change in &changes {
         info!(change = %change, "cluster view");
     }
+    links.alerts.registry_changes(&changes);
     *view = Arc::new(fresh);
     if first || !changes.is_empty() {
         links.views.send_replace(view.clone());
