@@ -48,18 +48,13 @@ fn limits() -> (Duration, Duration) {
     )
 }
 
-fn status(lab: &Lab, i: usize) -> String {
-    lab.on_node(i, &format!("{WEFT} status"))
-        .unwrap_or_default()
-}
-
 /// Waits until every pair is answered again and no pair is dead on any node.
 fn settled(lab: &Lab) {
     lab.assert_all_pairs();
     until_or(
         "no pair dead on any node",
         Duration::from_secs(15),
-        || (0..lab.nodes.len()).all(|i| !status(lab, i).contains("dead")),
+        || (0..lab.nodes.len()).all(|i| !lab.status(i).contains("dead")),
         || lab.logs(),
     );
 }

@@ -255,9 +255,10 @@ impl Fault {
             // What the node did instead, first: CI's summary keeps a failure's first lines.
             bail!(
                 "{}: node {on} did not log '{needle}' within {name_limit:?}; it logged since \
-                 the fault:\n{}",
+                 the fault:\n{}\nand its status says:\n{}",
                 self.name(),
-                node.lines_since(since, 30).join("\n")
+                node.lines_since(since, 30).join("\n"),
+                lab.status(on)
             );
         };
         let mut from = t0;

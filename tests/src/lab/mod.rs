@@ -341,6 +341,13 @@ impl Lab {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Node `i`'s `weft status` (pairs' liveness included), or why there is none.
+    pub fn status(&self, i: usize) -> String {
+        let weft = self.cfg.weft.display();
+        self.on_node(i, &format!("{weft} status"))
+            .unwrap_or_else(|e| format!("(weft status failed: {e:#})"))
+    }
+
     /// Starts `script` as `on_node` runs it, without waiting for it: the caller kills the
     /// child (its output goes nowhere).
     pub fn spawn_on_node(&self, i: usize, script: &str) -> anyhow::Result<Child> {
