@@ -165,8 +165,8 @@ pub(super) fn report_plan(
 ) {
     let peers = match (before, patched) {
         (Some(_), Some([])) => return,
-        (Some(before), Some(nodes)) => {
-            report_patched(before, after, nodes);
+        (Some(_), Some(nodes)) => {
+            report_patched(after, nodes);
             after.tunnels.iter().map(|t| t.peers.len()).sum()
         }
         _ if before == Some(after) => return,
@@ -211,22 +211,21 @@ fn removed_from(device: &str, node: &str) {
     info!(peer = %format!("{device} {node}"), "peer removed from plan");
 }
 
-/// The re-planned nodes' devices in and out, by the planner's account of each.
-fn report_patched(before: &DesiredState, after: &DesiredState, nodes: &[PatchedNode]) {
-    let devices = |state: &'_ DesiredState, peers: &[(usize, weft_crypto::PublicKey)]| {
-        let mut names: Vec<String> = peers
-            .iter()
-            .filter_map(|(d, _)| state.tunnels.get(*d).map(|t| t.device.clone()))
-            .collect();
-        names.dedup();
-        names
+/// The re-planned nodes' devices in and out, by the planner's account of each (a patched
+/// plan has the tunnels of the one before, in the same order: an index is one device).
+fn report_patched(after: &DesiredState, nodes: &[PatchedNode]) {
+    let tunnels = |peers: &[(usize, weft_crypto::PublicKey)]| {
+        let mut at: Vec<usize> = peers.iter().map(|(d, _)| *d).collect();
+        at.dedup();
+        at
     };
+    let name = |d: &usize| after.tunnels.get(*d).map(|t| t.device.as_str());
     for n in nodes {
-        let (was, is) = (devices(before, &n.before), devices(after, &n.after));
-        for device in is.iter().filter(|d| !was.contains(d)) {
+        let (was, is) = (tunnels(&n.before), tunnels(&n.after));
+        for device in is.iter().filter(|d| !was.contains(d)).filter_map(name) {
             planned_in(device, &n.node);
         }
-        for device in was.iter().filter(|d| !is.contains(d)) {
+        for device in was.iter().filter(|d| !is.contains(d)).filter_map(name) {
             removed_from(device, &n.node);
         }
     }

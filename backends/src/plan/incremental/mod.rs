@@ -45,7 +45,8 @@ pub enum PlanKind {
 
 /// A node a patched pass re-planned, with its tunnel peers (the tunnel's index in the
 /// plan, the peer's key) before and after: what the pass changed in the plan's peers, for
-/// the reports that would otherwise compare every peer of two plans.
+/// the reports that would otherwise compare every peer of two plans. A patched plan has
+/// the tunnels of the one before, in the same order, so an index names one device in both.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PatchedNode {
     pub node: String,
