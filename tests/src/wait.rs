@@ -135,6 +135,8 @@ pub fn bound<T>(native: T, emulated: T) -> T {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+    use std::panic::AssertUnwindSafe;
     use std::time::{Duration, Instant};
 
     /// The message a test's panic carried.
@@ -164,37 +166,54 @@ mod tests {
             (reads == 3).then_some(reads * 10)
         });
         assert_eq!((value, reads), (30, 3));
-        let started = Instant::now();
-        let failed = std::panic::catch_unwind(|| {
+        let (started, gave_up) = (Instant::now(), Cell::new(None));
+        let failed = std::panic::catch_unwind(AssertUnwindSafe(|| {
             super::found_or(
                 "nothing",
                 Duration::from_millis(100),
                 || None::<()>,
-                || "the last read".into(),
+                || {
+                    gave_up.set(Some(started.elapsed()));
+                    "the last read".into()
+                },
             )
-        });
+        }));
         let message = failed.expect_err("a read that never gives a value passed");
         let text = panic_text(message);
         assert!(text.starts_with("nothing: not within 100ms"), "{text}");
         assert!(text.ends_with("the last read"), "{text}");
-        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_gave_up_soon(gave_up.get(), Duration::from_millis(100));
     }
 
     #[test]
     fn a_failure_inside_the_window_ends_it_there() {
-        let started = Instant::now();
-        let failed = std::panic::catch_unwind(|| {
-            super::throughout("flag", Duration::from_secs(10), || {
-                started.elapsed() < Duration::from_millis(100)
-            })
-        });
+        let (started, gave_up) = (Instant::now(), Cell::new(None));
+        let failed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            super::throughout_or(
+                "flag",
+                Duration::from_secs(10),
+                || started.elapsed() < Duration::from_millis(100),
+                || {
+                    gave_up.set(Some(started.elapsed()));
+                    String::new()
+                },
+            )
+        }));
         let message = failed.expect_err("the failing check passed");
         let text = panic_text(message);
         assert!(text.starts_with("flag: failed"), "{text}");
+        assert_gave_up_soon(gave_up.get(), Duration::from_millis(100));
+    }
+
+    /// The wait ended at `due` or within a second of it (its polls are 20 ms apart; the
+    /// margin is for a loaded machine), not at the end of its window. Timed when the message's context is
+    /// read, before the panic: a panic hook that prints a symbolized backtrace
+    /// (`RUST_BACKTRACE=1`, as in CI) takes more than a second on its own.
+    fn assert_gave_up_soon(gave_up: Option<Duration>, due: Duration) {
+        let after = gave_up.expect("the wait gave up without reading its context");
         assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "{:?}",
-            started.elapsed()
+            after >= due && after < due + Duration::from_secs(1),
+            "gave up {after:?} in, due at {due:?}"
         );
     }
 }
