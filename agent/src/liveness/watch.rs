@@ -29,6 +29,10 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// after this, doubling up to `DRIFT_PAUSE_MAX`.
 const DRIFT_PAUSE: Duration = Duration::from_secs(10);
 const DRIFT_PAUSE_MAX: Duration = Duration::from_secs(300);
+/// The most pairs one repair request to the device carries. At 10,000 dead pairs, one
+/// request for them all was 10 MB of text held at once, and a device busy with it for as
+/// long as it took kept the loop's own request waiting.
+const REPAIR_BATCH: usize = 256;
 
 /// Starts the watcher on a thread of its own, on device handle `wg` (see
 /// `Dataplane::another_wg_handle`); it ends when the handle is dropped.
@@ -342,18 +346,41 @@ impl Watcher {
         self.book.probed(device, key, Instant::now());
     }
 
-    /// The repair steps one read of `device` asked for, in one change to it (a node whose
-    /// many peers went down at once sends one request, not one per pair, and the control
-    /// loop's next pass is not queued behind thousands), then a probe to each pair to see
+    /// The repair steps one read of `device` asked for, in changes of up to
+    /// `REPAIR_BATCH` pairs each (a node whose many peers went down at once sends a few
+    /// requests, not one per pair, and the control loop's requests to the device go in
+    /// between them instead of waiting behind thousands), then a probe to each pair to see
     /// it work.
     async fn repair(&mut self, device: &str, repairs: &[(PeerSpec, Step, Cause)]) {
         if repairs.is_empty() {
             return;
         }
-        let mut peers = Vec::new();
-        for (peer, step, cause) in repairs {
+        if repairs.len() > LOGGED {
+            let first: Vec<&str> = repairs
+                .iter()
+                .take(LOGGED)
+                .map(|(p, ..)| p.node.as_str())
+                .collect();
+            info!(device, pairs = repairs.len(), first = ?first, "repairing dead pairs");
+        }
+        for batch in repairs.chunks(REPAIR_BATCH) {
+            self.repair_batch(device, batch, repairs.len() <= LOGGED)
+                .await;
+        }
+    }
+
+    /// One change to `device` for the pairs of `batch`, then their probes; `each_logged`:
+    /// a line for each pair at info (a few), else at debug.
+    async fn repair_batch(
+        &mut self,
+        device: &str,
+        batch: &[(PeerSpec, Step, Cause)],
+        each_logged: bool,
+    ) {
+        let mut peers = Vec::with_capacity(2 * batch.len());
+        for (peer, step, cause) in batch {
             // One line a pair, unless a crowd: then one line, each pair at debug.
-            if repairs.len() <= LOGGED {
+            if each_logged {
                 info!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
             } else {
                 debug!(node = %peer.node, device, step = step.as_str(), cause = cause.label(), "repairing a dead pair");
@@ -379,14 +406,6 @@ impl Watcher {
                 Step::RecreateDevice => {}
             }
         }
-        if repairs.len() > LOGGED {
-            let first: Vec<&str> = repairs
-                .iter()
-                .take(LOGGED)
-                .map(|(p, ..)| p.node.as_str())
-                .collect();
-            info!(device, pairs = repairs.len(), first = ?first, "repairing dead pairs");
-        }
         let change = DeviceChange {
             set_private_key: false,
             listen_port: None,
@@ -395,9 +414,9 @@ impl Watcher {
         // The change does not set the device's key, so no key is sent.
         let unused = PrivateKey::from_bytes([0; 32]);
         if let Err(e) = self.wg.apply(device, &change, &unused).await {
-            warn!(device, pairs = repairs.len(), error = %e, "repairing dead pairs failed");
+            warn!(device, pairs = batch.len(), error = %e, "repairing dead pairs failed");
         }
-        for (peer, ..) in repairs {
+        for (peer, ..) in batch {
             if let Some(to) = weft_backends::plan::liveness::probe_target(peer) {
                 self.probe(device, &peer.public_key, to);
             }

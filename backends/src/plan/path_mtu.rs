@@ -91,9 +91,10 @@ fn address_of(
 /// Linear in the number of routes: a pass at 10,000 nodes plans 10,000 routes.
 pub(super) fn apply(state: &mut DesiredState, input: &PlanInput<'_>) {
     let pod_mtu = state.subnet_env.mtu;
-    let mut paths: Vec<PeerPath> = Vec::new();
-    let mut listed: HashSet<(String, IpAddr)> = HashSet::new();
     let mut routes = std::mem::take(&mut state.routes);
+    // At most one path a route: sized once, not grown by doubling at 10,000 peers.
+    let mut paths: Vec<PeerPath> = Vec::with_capacity(routes.len());
+    let mut listed: HashSet<(String, IpAddr)> = HashSet::with_capacity(routes.len());
     let tunnels = tunnel_addresses(state);
     for route in &mut routes {
         let (RouteRole::Peer(node) | RouteRole::Direct(node)) = &route.role else {

@@ -67,6 +67,7 @@ pub(super) fn patch(
         subnets: &mut memo.subnets,
         keys: &mut memo.keys,
     };
+    patcher.make_room(nodes.len());
     // Out with every changed node's old entries first: the new ones are then checked
     // against the claims of the others alone.
     let mut patched: Vec<PatchedNode> = nodes
@@ -121,6 +122,21 @@ struct Patcher<'a, 'i> {
 }
 
 impl Patcher<'_, '_> {
+    /// Room in the plan's lists for the new entries of `nodes` changed nodes, made once:
+    /// a plan cloned from the one the last pass shares has none to spare, and each
+    /// insertion past it doubled the list (at 10,000 peers, megabytes more held for a pass).
+    fn make_room(&mut self, nodes: usize) {
+        let devices = self.devices.len();
+        for tunnel in &mut self.state.tunnels {
+            tunnel.peers.reserve_exact(nodes);
+        }
+        // A node has at most a subnet of each family: as many routes and paths.
+        self.state.routes.reserve_exact(2 * nodes * devices);
+        self.state.paths.reserve_exact(2 * nodes * devices);
+        self.state.post_quantum.reserve_exact(nodes);
+        self.state.left_out.reserve_exact(nodes * (devices + 1));
+    }
+
     /// Takes out everything `lease` (as planned from `view`) put in the plan, noting its
     /// peers taken out in `taken`. A claim of it another node contends for means the other
     /// node's fate turns on it: planned in full.
