@@ -398,7 +398,8 @@ impl Pair {
             todo,
         );
         let reapply_wait = repair::reapply_wait(&cause, peer.keepalive);
-        match self.repairs.next(now, device_wide, reapply_wait) {
+        let answered = self.track.answered_at().is_some();
+        match self.repairs.next(now, device_wide, reapply_wait, answered) {
             Action::Wait => {}
             Action::Do(step) => {
                 self.track.repaired(now);

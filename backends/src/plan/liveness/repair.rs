@@ -5,7 +5,11 @@
 //! 1. `Reapply`: the peer as the plan has it (key, AllowedIPs, the registry's endpoint even
 //!    where WireGuard had learned another that stopped answering).
 //! 2. `Rehandshake`: the peer removed and added again in one device update: its sessions
-//!    start over at the next packet (a session wedged on either side is dropped).
+//!    start over at the next packet (a session wedged on either side is dropped). Only for
+//!    a pair that has answered since the watch began: one that never did has no session to
+//!    drop, and its device retries the handshake on its own every 5 s. A node whose peers
+//!    are mostly down (or not up yet) removed and added thousands of them at once, and the
+//!    device's handshakes to all of them started over together.
 //! 3. `RecreateDevice`: only when the device itself is at fault (every pair that carries
 //!    traffic is dead, or the device does not answer): re-creating it drops every session,
 //!    so a single dead pair never takes the others down with it.
@@ -89,16 +93,23 @@ pub struct Repairs {
 impl Repairs {
     /// For a pair dead at `now`; `device_wide`: the device is at fault (see the module);
     /// `reapply_wait`: how long the pair has to answer a re-apply (`reapply_wait`), fixed
-    /// when the stretch's first step is taken. The step returned is taken to be done at
-    /// `now`.
-    pub fn next(&mut self, now: Instant, device_wide: bool, reapply_wait: Duration) -> Action {
+    /// when the stretch's first step is taken; `answered`: the pair has answered since the
+    /// watch began (else a re-apply is all it is given before the pause). The step
+    /// returned is taken to be done at `now`.
+    pub fn next(
+        &mut self,
+        now: Instant,
+        device_wide: bool,
+        reapply_wait: Duration,
+        answered: bool,
+    ) -> Action {
         if self.paused(now) {
             return Action::Wait;
         }
         let step = match self.last {
             None => Step::Reapply,
             Some((_, at, wait)) if now.saturating_duration_since(at) < wait => return Action::Wait,
-            Some((Step::Reapply, ..)) => Step::Rehandshake,
+            Some((Step::Reapply, ..)) if answered => Step::Rehandshake,
             Some((Step::Rehandshake, ..)) if device_wide => Step::RecreateDevice,
             Some(_) => return self.pause(now),
         };
@@ -166,17 +177,32 @@ mod tests {
     use super::*;
 
     fn actions(device_wide: bool, seconds: u64) -> Vec<(u64, Action)> {
+        actions_of(device_wide, true, seconds)
+    }
+
+    fn actions_of(device_wide: bool, answered: bool, seconds: u64) -> Vec<(u64, Action)> {
         let start = Instant::now();
         let mut r = Repairs::default();
         (0..seconds)
             .map(|s| {
-                (
-                    s,
-                    r.next(start + Duration::from_secs(s), device_wide, STEP_WAIT),
-                )
+                let at = start + Duration::from_secs(s);
+                (s, r.next(at, device_wide, STEP_WAIT, answered))
             })
             .filter(|(_, a)| *a != Action::Wait)
             .collect()
+    }
+
+    #[test]
+    fn a_pair_that_never_answered_is_reapplied_and_never_rehandshaken() {
+        for device_wide in [false, true] {
+            let a = actions_of(device_wide, false, 40);
+            assert_eq!(a[0], (0, Action::Do(Step::Reapply)));
+            assert!(matches!(a[1], (2, Action::BackOff { pause, .. }) if pause == BACKOFF_FIRST));
+            assert_eq!(a[2], (12, Action::Do(Step::Reapply)));
+            assert!(a
+                .iter()
+                .all(|(_, a)| !matches!(a, Action::Do(Step::Rehandshake | Step::RecreateDevice))));
+        }
     }
 
     #[test]
@@ -238,7 +264,7 @@ mod tests {
         let mut pauses = Vec::new();
         for s in 0..4000 {
             if let Action::BackOff { pause, .. } =
-                r.next(start + Duration::from_secs(s), false, STEP_WAIT)
+                r.next(start + Duration::from_secs(s), false, STEP_WAIT, true)
             {
                 pauses.push(pause.as_secs());
             }
