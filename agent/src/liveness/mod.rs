@@ -6,9 +6,9 @@
 //!   back is probed through the tunnel, and one that still hears nothing is dead.
 //! - A dead pair is repaired in steps, each logged with its cause: the peer re-applied as
 //!   planned (the registry's endpoint among it), then re-handshaken if it has answered
-//!   since the watch began; the device is re-created
-//!   only when it is itself at fault (it does not answer, or every pair with traffic is
-//!   dead). Then a doubling pause: never a loop.
+//!   since the watch began; the device is re-created only when it is itself at fault (it
+//!   does not answer, or every pair with traffic is dead). Then a doubling pause: never a
+//!   loop.
 //! - Drift (a key, AllowedIPs, a listen port changed behind the agent) is seen at the read
 //!   after it and put back by a full pass of the loop at once, not at the next resync.
 //!

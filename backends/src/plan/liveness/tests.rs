@@ -130,6 +130,26 @@ fn one_dead_pair_is_found_repaired_in_small_steps_and_the_others_are_left_alone(
 }
 
 #[test]
+fn a_pair_that_never_answered_is_reapplied_but_never_rehandshaken() {
+    // b is sent to from the start and never heard from (a node down, or not up yet).
+    let seconds: Vec<Second> = (0..30)
+        .map(|i| [(1000 * i, 0), (800 * i, 700 * i), (300, 200)])
+        .collect();
+    let todo = run(&seconds);
+    assert!(nodes(&todo).iter().all(|n| *n == "node-b"), "{todo:?}");
+    assert!(
+        todo.iter().any(|(_, t)| matches!(t, Todo::Dead { .. })),
+        "{todo:?}"
+    );
+    let s = steps(&todo);
+    assert!(!s.is_empty(), "{todo:?}");
+    assert!(s.iter().all(|(_, step)| *step == Step::Reapply), "{todo:?}");
+    // Re-applied, given its 2 s, then the pause: no re-handshake between.
+    assert!(todo.iter().any(|(i, t)| *i == s[0].0 + 2
+        && matches!(t, Todo::BackOff { pause, .. } if *pause == repair::BACKOFF_FIRST)));
+}
+
+#[test]
 fn a_pair_that_answers_after_a_repair_is_alive_again_and_says_what_worked() {
     let todo = run(&fault(30, false, Some(10)));
     let alive: Vec<&Todo> = todo
