@@ -136,7 +136,7 @@ pub fn run(args: &CleanupArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
         // An empty plan: no device, route or table is wanted. The key is never used.
         let key = PrivateKey::from_bytes([1; 32]);
         dataplane
-            .reconcile(&DesiredState::default(), &key)
+            .reconcile(&DesiredState::default(), &key, &Default::default())
             .await
             .context("removing weft's devices, routes and tables")
     })?;

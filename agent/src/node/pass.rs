@@ -54,19 +54,20 @@ impl Controller<'_> {
             .liveness
             .as_ref()
             .map(crate::liveness::Handle::applying);
+        let stamp = self.planner.stamp();
         let result = if full && self.tables_vouched_for() {
             self.dataplane
-                .reconcile_trusting_tables(&state, &self.keys.key)
+                .reconcile_trusting_tables(&state, &self.keys.key, &stamp)
                 .instrument(span)
                 .await
         } else if full {
             self.dataplane
-                .reconcile(&state, &self.keys.key)
+                .reconcile(&state, &self.keys.key, &stamp)
                 .instrument(span)
                 .await
         } else {
             self.dataplane
-                .reconcile_incremental(&state, &self.keys.key)
+                .reconcile_incremental(&state, &self.keys.key, &stamp)
                 .instrument(span)
                 .await
         };

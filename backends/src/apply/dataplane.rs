@@ -6,18 +6,17 @@
 use weft_crypto::PrivateKey;
 
 use super::wireguard::devices::WgImpl;
-use super::wireguard::diff::apply_to;
-use super::wireguard::pass::{applied, device_change};
 use super::wireguard::process::UserspaceProcess;
+use super::wireguard::seen::Seen;
 use super::wireguard::WgDevices;
 use super::xfrm::{Xfrm, XfrmSocket};
 use super::{
     reconcile_nft, reconcile_routing_with, reconcile_vxlan, ApplyError, Nft, NftCli, RtNetlink,
     VxlanNetlink,
 };
-use crate::model::{DesiredState, PeerObserved, PeerSpec, TunnelSpec};
+use crate::model::{DesiredState, PeerSpec};
 use crate::netconf::Implementation;
-use crate::plan::{WG_DEVICE, WG_DEVICE_V6};
+use crate::plan::{PlanStamp, WG_DEVICE};
 
 /// What a pass reads afresh rather than taking as last read.
 #[derive(Clone, Copy)]
@@ -81,18 +80,18 @@ pub struct Dataplane<N = RtNetlink, F = NftCli, W = WgImpl, X = XfrmSocket> {
     /// The guard last found in place (`None`: not known to be in place).
     guard_seen: Option<Vec<crate::model::GuardSpec>>,
     /// `None` for the unencrypted backends: no WireGuard implementation is probed.
-    wg: Option<W>,
-    /// Each device as last read, with this agent's changes since applied: an incremental
-    /// pass diffs against it instead of dumping thousands of peers again.
-    wg_seen: std::collections::HashMap<String, super::wireguard::WgDevice>,
+    pub(super) wg: Option<W>,
+    /// Each device as last read, with this agent's changes since applied, and the plan it
+    /// holds: see `Seen`.
+    pub(super) wg_seen: Seen,
     /// The rule set last found in place; an incremental pass leaves nftables alone when
     /// the plan's is the same (the check on an nftables event and every full pass still look).
     nft_seen: Option<Vec<crate::model::MasqueradeTable>>,
     /// Devices read afresh by `observe` for the pass about to run: a full pass uses that
     /// read instead of reading them again.
-    fresh: std::collections::HashSet<String>,
+    pub(super) fresh: std::collections::HashSet<String>,
     /// weft's routes as last listed, with this agent's writes since.
-    routes: super::RouteCache,
+    pub(super) routes: super::RouteCache,
     /// The route deletions this agent makes, for the deletion monitor to tell from others'.
     own_deletions: super::OwnDeletions,
 }
@@ -170,80 +169,6 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         self.own_deletions.clone()
     }
 
-    /// The peers of this node's WireGuard devices, for the plan (`Observed`: endpoint and
-    /// last handshake; the agent adds its memory): read afresh when `full` (the full pass
-    /// that follows uses this read), else as last read plus this agent's changes since. A
-    /// device that does not exist has no peers.
-    pub async fn observe(
-        &mut self,
-        full: bool,
-    ) -> Result<std::collections::BTreeMap<crate::model::DevicePeer, PeerObserved>, ApplyError>
-    {
-        self.fresh.clear();
-        let mut peers = std::collections::BTreeMap::new();
-        let Some(wg) = self.wg.as_mut() else {
-            return Ok(peers);
-        };
-        for name in [WG_DEVICE, WG_DEVICE_V6] {
-            if full {
-                if self.nl.link(name).await?.is_none() {
-                    self.wg_seen.remove(name);
-                    continue;
-                }
-                let device = wg.get(name).await?;
-                self.wg_seen.insert(name.to_string(), device);
-                self.fresh.insert(name.to_string());
-            }
-            if let Some(device) = self.wg_seen.get(name) {
-                peers.extend(device.peers.iter().map(|(k, p)| {
-                    let seen = PeerObserved {
-                        endpoint: p.endpoint,
-                        last_handshake: p.last_handshake,
-                        planned_before: None,
-                        endpoint_set: None,
-                    };
-                    ((name.to_string(), *k), seen)
-                }));
-            }
-        }
-        Ok(peers)
-    }
-
-    /// Every peer of this node's WireGuard devices as last read (the latest full pass or
-    /// `observe(true)`), with this agent's changes since: for statistics that must not
-    /// cost a device read each time they are asked for.
-    pub fn last_read_peers(
-        &self,
-    ) -> impl Iterator<Item = (&weft_crypto::PublicKey, &super::wireguard::WgPeer)> {
-        self.wg_seen.values().flat_map(|d| d.peers.iter())
-    }
-
-    /// WireGuard device `name` as `observe` read it afresh for the pass about to run (none
-    /// for an incremental pass, or a device that is not there).
-    pub fn fresh_device(&self, name: &str) -> Option<&super::wireguard::WgDevice> {
-        self.fresh
-            .contains(name)
-            .then(|| self.wg_seen.get(name))
-            .flatten()
-    }
-
-    /// Removes WireGuard device `name` (a userspace device's process with it), for the next
-    /// pass to make again: the liveness watcher found it at fault. The blackhole routes stay,
-    /// so pod traffic is dropped, never sent in clear, until the device is back. False if
-    /// there was no such device.
-    pub async fn remove_wg_device(&mut self, name: &str) -> Result<bool, ApplyError> {
-        if self.wg.is_none() {
-            return Ok(false);
-        }
-        let Some(link) = self.nl.link(name).await? else {
-            return Ok(false);
-        };
-        W::remove(&mut self.nl, &link).await?;
-        self.wg_seen.remove(name);
-        self.routes.forget();
-        Ok(true)
-    }
-
     /// `kernel`, `userspace`, or `none` for the unencrypted backends.
     pub fn implementation(&self) -> &'static str {
         self.wg.as_ref().map_or("none", W::name)
@@ -303,13 +228,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
 
     /// Brings the node's data plane in line with `state`, reading everything from the
     /// kernel and the devices. Reads that fail abort the pass (the next one retries); a
-    /// failed write is reported and the rest goes ahead.
+    /// failed write is reported and the rest goes ahead. `stamp` says which plan `state`
+    /// is (`PlanStamp::default()`: a plan of no planner's).
     pub async fn reconcile(
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
+        stamp: &PlanStamp<'_>,
     ) -> Result<DataplaneReport, ApplyError> {
-        self.pass(state, key, Reads::ALL).await
+        self.pass(state, key, Reads::ALL, stamp).await
     }
 
     /// As `reconcile`, but the nftables tables are taken as last listed unless the plan
@@ -321,8 +248,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
+        stamp: &PlanStamp<'_>,
     ) -> Result<DataplaneReport, ApplyError> {
-        self.pass(state, key, Reads::DEVICES).await
+        self.pass(state, key, Reads::DEVICES, stamp).await
     }
 
     /// As `reconcile`, for a pass woken by a registry change or a deletion: WireGuard
@@ -331,13 +259,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
     /// (unless `forget_routes` was called: the kernel reported a deletion; a device found
     /// down, made or removed lists them too), an unchanged rule set is not re-read, and
     /// stale vxlan devices are not looked for. Links, addresses and the vxlan entries are
-    /// read as always.
+    /// read as always. A device that holds the plan `state` was patched from is compared
+    /// on the re-planned nodes' peers alone.
     pub async fn reconcile_incremental(
         &mut self,
         state: &DesiredState,
         key: &PrivateKey,
+        stamp: &PlanStamp<'_>,
     ) -> Result<DataplaneReport, ApplyError> {
-        self.pass(state, key, Reads::NONE).await
+        self.pass(state, key, Reads::NONE, stamp).await
     }
 
     async fn pass(
@@ -345,6 +275,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         state: &DesiredState,
         key: &PrivateKey,
         reads: Reads,
+        stamp: &PlanStamp<'_>,
     ) -> Result<DataplaneReport, ApplyError> {
         let full = reads.devices;
         let mut report = DataplaneReport::default();
@@ -364,8 +295,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         lap(&mut report, "routing", &mut t);
         let mut started = false;
         let mut added: Vec<PeerSpec> = Vec::new();
-        for tunnel in &state.tunnels {
-            let (created, new_peers) = self.tunnel(tunnel, key, full, &mut report).await?;
+        for (index, tunnel) in state.tunnels.iter().enumerate() {
+            let planned = (stamp, index);
+            let (created, new_peers) = self.tunnel(tunnel, planned, key, full, &mut report).await?;
             started |= created;
             added.extend(new_peers);
         }
@@ -431,87 +363,5 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
                 state.guard.is_empty()
             }
         }
-    }
-
-    /// One WireGuard device brought in line with its spec. Returns whether the device was
-    /// created, and the peers that should get a handshake started at once.
-    async fn tunnel(
-        &mut self,
-        t: &TunnelSpec,
-        key: &PrivateKey,
-        full: bool,
-        report: &mut DataplaneReport,
-    ) -> Result<(bool, Vec<PeerSpec>), ApplyError> {
-        let Some(wg) = self.wg.as_mut() else {
-            report.errors.push(format!(
-                "{}: planned, but this agent runs no WireGuard implementation",
-                t.device
-            ));
-            return Ok((false, Vec::new()));
-        };
-        let created = wg.ensure(&mut self.nl, &t.device).await?;
-        if created {
-            report.changes.push(format!(
-                "created {} WireGuard device {}",
-                wg.name(),
-                t.device
-            ));
-        }
-        // Taken out, not copied (thousands of peers), and put back below; an error in
-        // between leaves it out, so the next pass reads the device.
-        let observed = match self.wg_seen.remove(&t.device) {
-            Some(seen) if (!full || self.fresh.contains(&t.device)) && !created => seen,
-            _ => wg.get(&t.device).await?,
-        };
-        let change = device_change(t, key, &observed, report);
-        if change.is_empty() {
-            self.wg_seen.insert(t.device.clone(), observed);
-            return Ok((created, Vec::new()));
-        }
-        match wg.apply(&t.device, &change, key).await {
-            Ok(()) => {
-                let mut now = observed;
-                apply_to(&mut now, &change, &key.public_key());
-                self.wg_seen.insert(t.device.clone(), now);
-                Ok((created, applied(t, &change, report)))
-            }
-            Err(e) => {
-                // What the device holds now is unknown: the next pass reads it.
-                self.wg_seen.remove(&t.device);
-                report.errors.push(
-                    if change.listen_port.is_some() && super::port_taken::in_use(&e) {
-                        super::port_taken::message(&t.device, t.listen_port, "ListenPort")
-                    } else {
-                        e.to_string()
-                    },
-                );
-                Ok((created, Vec::new()))
-            }
-        }
-    }
-
-    /// WireGuard devices weft owns that the plan no longer has (a backend or mode change).
-    async fn remove_unplanned_devices(
-        &mut self,
-        state: &DesiredState,
-        report: &mut DataplaneReport,
-    ) -> Result<(), ApplyError> {
-        for name in [WG_DEVICE, WG_DEVICE_V6] {
-            if state.tunnels.iter().any(|t| t.device == name) {
-                continue;
-            }
-            self.wg_seen.remove(name);
-            if let Some(link) = self.nl.link(name).await? {
-                // Its routes go with it.
-                self.routes.forget();
-                match W::remove(&mut self.nl, &link).await {
-                    Ok(()) => report
-                        .changes
-                        .push(format!("removed WireGuard device {name}: not in the plan")),
-                    Err(e) => report.errors.push(e.to_string()),
-                }
-            }
-        }
-        Ok(())
     }
 }

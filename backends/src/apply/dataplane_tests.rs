@@ -14,7 +14,7 @@ use super::fake::{FakeEntry, FakeNetlink, FakeNft, FakeWg};
 use super::reconcile_tests::{block_on, desired, lease_on, mesh, net, plan_for};
 use super::{Dataplane, DataplaneReport, Netlink};
 use crate::model::{ClusterView, DesiredState, FAIL_CLOSED_METRIC};
-use crate::plan::WG_DEVICE;
+use crate::plan::{PatchedNode, PlanStamp, WG_DEVICE};
 
 type FakePlane = Dataplane<FakeNetlink, FakeNft, FakeWg>;
 
@@ -32,9 +32,9 @@ fn pass(dp: &mut FakePlane, state: &DesiredState, full: bool) -> ([u64; 3], Data
     let before = counts(dp);
     let report = block_on(async {
         if full {
-            dp.reconcile(state, &key()).await
+            dp.reconcile(state, &key(), &Default::default()).await
         } else {
-            dp.reconcile_incremental(state, &key()).await
+            dp.reconcile_incremental(state, &key(), &Default::default()).await
         }
     })
     .unwrap();
@@ -180,7 +180,7 @@ fn a_new_private_key_keeps_every_peer_and_starts_a_handshake_with_each() {
     let two = desired(2);
     pass(&mut dp, &two, true);
     let other = PrivateKey::from_bytes([9; 32]);
-    let report = block_on(dp.reconcile_incremental(&two, &other)).unwrap();
+    let report = block_on(dp.reconcile_incremental(&two, &other, &Default::default())).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let device = &wg(&mut dp).devices[WG_DEVICE];
     assert_eq!(device.public_key, Some(other.public_key()));
@@ -282,7 +282,7 @@ fn no_route_goes_in_before_the_guard() {
     let mut dp = wireguard_plane();
     let two = desired(2);
     dp.kernel().1.refuse = Some("weft-guard".into());
-    let report = block_on(dp.reconcile(&two, &key())).unwrap();
+    let report = block_on(dp.reconcile(&two, &key(), &Default::default())).unwrap();
     assert!(
         report
             .errors
@@ -328,7 +328,7 @@ fn a_full_pass_trusting_the_tables_reads_the_devices_and_leaves_the_tables() {
         .unwrap()
         .allowed_ips
         .clear();
-    let report = block_on(dp.reconcile_trusting_tables(&two, &key())).unwrap();
+    let report = block_on(dp.reconcile_trusting_tables(&two, &key(), &Default::default())).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(!dp.kernel().1.tables.contains_key(&masq), "no table listed");
     assert!(
@@ -348,7 +348,49 @@ fn a_full_pass_trusting_the_tables_reads_the_devices_and_leaves_the_tables() {
     let mut changed = two.clone();
     changed.guard[0].own = Some(net("10.244.9.0/24"));
     let before = counts(&mut dp)[1];
-    let report = block_on(dp.reconcile_trusting_tables(&changed, &key())).unwrap();
+    let report = block_on(dp.reconcile_trusting_tables(&changed, &key(), &Default::default())).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(counts(&mut dp)[1] - before, 1, "{:?}", report.changes);
+}
+
+/// A pass of a plan patched from the one a device holds compares the re-planned nodes'
+/// peers alone (every other peer is as in the plan before: the planner's account,
+/// checked against full plans in `incremental_tests`); a plan patched from any other, or
+/// a device read since, is compared in full.
+#[test]
+fn a_plan_patched_from_the_one_held_is_compared_on_its_changed_peers_alone() {
+    let stamp = |generation, patched| PlanStamp {
+        generation: Some(generation),
+        patched,
+    };
+    let mut dp = wireguard_plane();
+    block_on(dp.reconcile(&desired(2), &key(), &stamp(1, None))).unwrap();
+    // n4 joins; n2's endpoint differs too, which the stamp does not say.
+    let mut three = desired(3);
+    let n2 = three.tunnels[0]
+        .peers
+        .iter_mut()
+        .find(|p| p.node == "n2")
+        .unwrap();
+    let moved: SocketAddr = "203.0.113.2:51820".parse().unwrap();
+    n2.endpoint = moved;
+    let joined = [PatchedNode {
+        node: "n4".into(),
+        before: vec![],
+        after: vec![(0, peer_key(4))],
+    }];
+    let endpoint = |dp: &mut FakePlane, seed| wg(dp).devices[WG_DEVICE].peers[&peer_key(seed)].endpoint;
+    let report =
+        block_on(dp.reconcile_incremental(&three, &key(), &stamp(2, Some((1, &joined))))).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(endpoint(&mut dp, 4).is_some(), "the joined node's peer is added");
+    assert_ne!(endpoint(&mut dp, 2), Some(moved), "n2 was not compared");
+    // The device holds plan 2 now: a plan patched from 1 is compared in full.
+    block_on(dp.reconcile_incremental(&three, &key(), &stamp(3, Some((1, &joined))))).unwrap();
+    assert_eq!(endpoint(&mut dp, 2), Some(moved));
+    // Read since (what a full pass's `observe` does): compared in full.
+    let back = desired(3);
+    block_on(dp.observe(true)).unwrap();
+    block_on(dp.reconcile_incremental(&back, &key(), &stamp(4, Some((3, &joined))))).unwrap();
+    assert_ne!(endpoint(&mut dp, 2), Some(moved));
 }

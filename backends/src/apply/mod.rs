@@ -5,6 +5,7 @@
 
 mod dataplane;
 mod dataplane_ipsec;
+mod dataplane_wg;
 #[cfg(test)]
 mod dataplane_tests;
 #[cfg(test)]

@@ -16,6 +16,9 @@ use weft_crypto::PublicKey;
 
 use super::tests::{ip, key, lease, NOW};
 use super::*;
+use crate::apply::wireguard::diff::{apply_to, diff_device, diff_device_peers};
+use crate::apply::wireguard::seen::changed_peers;
+use crate::apply::wireguard::WgDevice;
 use crate::model::{ClusterView, Lease, NextKey, Observed, PeerObserved};
 use crate::netconf::{parse, NetConf};
 use crate::test_rng::Rng;
@@ -315,8 +318,14 @@ fn the_incremental_plan_is_the_full_plan_after_any_sequence_of_changes() {
                     "config {config}, seed {seed}, step {step} ({what}, planned {kind:?}):\n\
                      incremental {got:#?}\nfull {want:#?}"
                 );
+                let stamp = planner.stamp();
+                assert_eq!(stamp.generation, Some(step + 1));
                 if matches!(kind, PlanKind::Patched(_)) {
                     patched_as_said(&last, &want, planner.patched());
+                    assert_eq!(stamp.patched.map(|(from, _)| from), Some(step));
+                    devices_diffed_as_in_full(&last, &want, &stamp);
+                } else {
+                    assert!(stamp.patched.is_none());
                 }
                 passes += 1;
                 patched += usize::from(matches!(kind, PlanKind::Patched(_)));
@@ -331,6 +340,24 @@ fn the_incremental_plan_is_the_full_plan_after_any_sequence_of_changes() {
         patched * 2 > passes,
         "only {patched} of {passes} passes were patched"
     );
+}
+
+/// Devices that hold `before`'s tunnels, given `after`: comparing only the peers the
+/// stamp names (`changed_peers`) finds what comparing every peer finds.
+fn devices_diffed_as_in_full(before: &DesiredState, after: &DesiredState, stamp: &PlanStamp) {
+    let own = pool()[0];
+    for (index, (was, now)) in before.tunnels.iter().zip(&after.tunnels).enumerate() {
+        let mut device = WgDevice::default();
+        let fill = diff_device(was, &own, &device);
+        apply_to(&mut device, &fill, &own);
+        let from = stamp.patched.map(|(from, _)| from);
+        let keys = changed_peers(stamp, from, index).expect("patched from the plan held");
+        assert_eq!(
+            diff_device_peers(now, &own, &device, &keys),
+            diff_device(now, &own, &device),
+            "tunnel {index}, keys {keys:?}"
+        );
+    }
 }
 
 /// Each node's tunnel peers in `state`: (tunnel index, key), in the plan's order.

@@ -7,7 +7,7 @@
 
 mod guard;
 mod incremental;
-pub use incremental::{PatchedNode, PlanKind, Planner};
+pub use incremental::{PatchedNode, PlanKind, PlanStamp, Planner};
 mod ipip;
 pub mod ipsec;
 mod ipsec_data;

@@ -2,6 +2,7 @@
 //! add, update only the fields that differ, remove. Never a whole-peer-set replace: an
 //! untouched peer keeps its session.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 
@@ -68,39 +69,81 @@ pub fn diff_device_keeping(
     observed: &WgDevice,
     keep_endpoint: &dyn Fn(&PeerSpec, &WgPeer) -> bool,
 ) -> DeviceChange {
-    let mut change = DeviceChange {
-        set_private_key: observed.public_key.as_ref() != Some(own),
-        listen_port: (observed.listen_port != spec.listen_port).then_some(spec.listen_port),
-        peers: Vec::new(),
-    };
+    let mut change = device_fields(spec, own, observed);
     for want in &spec.peers {
-        let Some(have) = observed.peers.get(&want.public_key) else {
-            change.peers.push(PeerChange::Add(want.clone()));
-            continue;
-        };
-        let allowed = sorted(want.allowed_ips.clone());
-        let fields = PeerFields {
-            endpoint: (have.endpoint != Some(want.endpoint) && !keep_endpoint(want, have))
-                .then_some(want.endpoint),
-            allowed_ips: (have.allowed_ips != allowed).then_some(allowed),
-            keepalive: (have.keepalive != want.keepalive).then_some(want.keepalive),
-            psk: (have.psk != want.psk).then(|| want.psk.clone()),
-        };
-        if fields != PeerFields::default() {
-            change.peers.push(PeerChange::Update {
-                spec: want.clone(),
-                fields,
-            });
-        }
+        change
+            .peers
+            .extend(peer_change(want, observed, keep_endpoint));
     }
-    let wanted: std::collections::BTreeSet<&PublicKey> =
-        spec.peers.iter().map(|p| &p.public_key).collect();
+    let wanted: BTreeSet<&PublicKey> = spec.peers.iter().map(|p| &p.public_key).collect();
     for key in observed.peers.keys() {
         if !wanted.contains(key) {
             change.peers.push(PeerChange::Remove { key: *key });
         }
     }
     change
+}
+
+/// As `diff_device`, for a device that holds every peer of `spec` as planned except, at
+/// most, the peers keyed in `keys`: those of the nodes a patched plan re-planned, before
+/// and after. Only those are compared, so a pass that changed a few nodes of thousands does
+/// not look at every peer. On such a device the result is `diff_device`'s, in its order.
+pub fn diff_device_peers(
+    spec: &TunnelSpec,
+    own: &PublicKey,
+    observed: &WgDevice,
+    keys: &BTreeSet<PublicKey>,
+) -> DeviceChange {
+    let mut change = device_fields(spec, own, observed);
+    if keys.is_empty() {
+        return change;
+    }
+    let mut wanted = BTreeSet::new();
+    for want in spec.peers.iter().filter(|p| keys.contains(&p.public_key)) {
+        wanted.insert(want.public_key);
+        change
+            .peers
+            .extend(peer_change(want, observed, &|_, _| false));
+    }
+    for key in keys.difference(&wanted) {
+        if observed.peers.contains_key(key) {
+            change.peers.push(PeerChange::Remove { key: *key });
+        }
+    }
+    change
+}
+
+/// The device's own fields: its private key (by its public key, `own`) and listen port.
+fn device_fields(spec: &TunnelSpec, own: &PublicKey, observed: &WgDevice) -> DeviceChange {
+    DeviceChange {
+        set_private_key: observed.public_key.as_ref() != Some(own),
+        listen_port: (observed.listen_port != spec.listen_port).then_some(spec.listen_port),
+        peers: Vec::new(),
+    }
+}
+
+/// What peer `want` needs on a device holding `observed`: added, the fields that differ
+/// updated, or nothing.
+fn peer_change(
+    want: &PeerSpec,
+    observed: &WgDevice,
+    keep_endpoint: &dyn Fn(&PeerSpec, &WgPeer) -> bool,
+) -> Option<PeerChange> {
+    let Some(have) = observed.peers.get(&want.public_key) else {
+        return Some(PeerChange::Add(want.clone()));
+    };
+    let allowed = sorted(want.allowed_ips.clone());
+    let fields = PeerFields {
+        endpoint: (have.endpoint != Some(want.endpoint) && !keep_endpoint(want, have))
+            .then_some(want.endpoint),
+        allowed_ips: (have.allowed_ips != allowed).then_some(allowed),
+        keepalive: (have.keepalive != want.keepalive).then_some(want.keepalive),
+        psk: (have.psk != want.psk).then(|| want.psk.clone()),
+    };
+    (fields != PeerFields::default()).then(|| PeerChange::Update {
+        spec: want.clone(),
+        fields,
+    })
 }
 
 /// `observed` as it is after `change` was applied: what a fresh read would return for the
@@ -304,5 +347,62 @@ mod tests {
         apply_to(&mut observed, &change, &key(1));
         assert!(diff_device(&spec, &key(1), &observed).is_empty());
         assert_eq!(observed.peers.len(), 2, "the stale peer is gone");
+    }
+
+    /// A random peer of node `n`: one of a few keys, endpoints, AllowedIPs, keepalives
+    /// and PSKs, so that random changes often leave a field as it was.
+    fn random_peer(rng: &mut crate::test_rng::Rng, n: u8) -> PeerSpec {
+        let mut p = spec_peer(
+            &format!("node-{n}"),
+            n * 4 + 1 + rng.below(3) as u8,
+            &format!("198.51.100.{}:5182{}", n, rng.below(2)),
+            &format!("10.244.{n}.0/24"),
+        );
+        if rng.below(2) == 0 {
+            p.allowed_ips
+                .insert(0, format!("fd00:10:244:{n}::/64").parse().unwrap());
+        }
+        p.keepalive = [0, 25][rng.below(2) as usize];
+        p.psk = (rng.below(2) == 0).then(|| PresharedKey::from_bytes([n; 32]));
+        p
+    }
+
+    /// A device that holds plan `old` and is then given plan `new`, which differs from it
+    /// in some nodes' peers: comparing the peers of those nodes alone gives the whole
+    /// diff's answer, in its order, whatever they changed (added, removed, re-keyed, moved).
+    #[test]
+    fn comparing_the_changed_peers_alone_gives_the_whole_diff() {
+        let mut rng = crate::test_rng::Rng(0x5eed_d1ff);
+        for case in 0..500 {
+            let mut old = Vec::new();
+            for n in 1..=12 {
+                if rng.below(4) != 0 {
+                    old.push(random_peer(&mut rng, n));
+                }
+            }
+            let mut device = WgDevice::default();
+            let fill = diff_device(&tunnel(old.clone()), &key(1), &device);
+            apply_to(&mut device, &fill, &key(1));
+            let mut new = old.clone();
+            let mut keys = BTreeSet::new();
+            for _ in 0..rng.below(4) {
+                let n = 1 + rng.below(14) as u8;
+                let name = format!("node-{n}");
+                keys.extend(new.iter().filter(|p| p.node == name).map(|p| p.public_key));
+                new.retain(|p| p.node != name);
+                if rng.below(3) != 0 {
+                    let peer = random_peer(&mut rng, n);
+                    keys.insert(peer.public_key);
+                    // A changed node goes where the planner puts the newest: last.
+                    new.push(peer);
+                }
+            }
+            let spec = tunnel(new);
+            assert_eq!(
+                diff_device_peers(&spec, &key(1), &device, &keys),
+                diff_device(&spec, &key(1), &device),
+                "case {case}: keys {keys:?}"
+            );
+        }
     }
 }

@@ -12,6 +12,7 @@ pub mod kernel_msg;
 pub(crate) mod pass;
 pub mod process;
 pub mod read;
+pub(crate) mod seen;
 pub mod uapi;
 pub mod uapi_socket;
 pub mod userspace;

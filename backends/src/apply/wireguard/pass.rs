@@ -4,7 +4,9 @@
 
 use weft_crypto::PrivateKey;
 
-use super::diff::{diff_device, DeviceChange, PeerChange};
+use std::collections::BTreeSet;
+
+use super::diff::{diff_device, diff_device_peers, DeviceChange, PeerChange};
 use super::WgDevice;
 use crate::apply::DataplaneReport;
 use crate::model::{PeerSpec, TunnelSpec};
@@ -48,15 +50,21 @@ pub(crate) fn prime_handshakes(added: &[PeerSpec]) -> Vec<String> {
 /// The discard port: the datagram only exists to start a handshake.
 const DISCARD_PORT: u16 = 9;
 
-/// What device `t` needs, against `observed`; notes in `report` the peers whose endpoint
-/// it sets.
+/// What device `t` needs, against `observed`, comparing only the peers `keys` when given
+/// (the device holds every other peer as planned: `diff_device_peers`); notes in `report`
+/// the peers whose endpoint it sets.
 pub(crate) fn device_change(
     t: &TunnelSpec,
     key: &PrivateKey,
     observed: &WgDevice,
+    keys: Option<&BTreeSet<weft_crypto::PublicKey>>,
     report: &mut DataplaneReport,
 ) -> DeviceChange {
-    let change = diff_device(t, &key.public_key(), observed);
+    let own = key.public_key();
+    let change = match keys {
+        Some(keys) => diff_device_peers(t, &own, observed, keys),
+        None => diff_device(t, &own, observed),
+    };
     for c in &change.peers {
         match c {
             PeerChange::Add(p) => report.endpoints_set.push((t.device.clone(), p.public_key)),

@@ -54,12 +54,26 @@ pub struct PatchedNode {
     pub after: Vec<(usize, PublicKey)>,
 }
 
+/// Which plan a pass applies, for a consumer that keeps what it applied last: the plan's
+/// generation (its number among one planner's plans; `None` for a plan made elsewhere)
+/// and, for a plan patched from the one before it, that one's generation and the nodes
+/// re-planned. Every peer of a patched plan outside those nodes is as in the plan before.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlanStamp<'a> {
+    pub generation: Option<u64>,
+    pub patched: Option<(u64, &'a [PatchedNode])>,
+}
+
 /// Plans one node across passes. See the module doc.
 #[derive(Default)]
 pub struct Planner {
     memo: Option<Memo>,
     /// The nodes the last pass re-planned, if it was patched.
     patched: Vec<PatchedNode>,
+    /// Plans made so far: the last one's generation.
+    generation: u64,
+    /// Whether the last plan was patched (from generation `generation - 1`).
+    was_patched: bool,
 }
 
 /// The last plan and what it was made from.
@@ -99,6 +113,8 @@ impl Planner {
                 Ok(nodes) => {
                     let kind = PlanKind::Patched(nodes.len());
                     self.patched = nodes;
+                    self.generation += 1;
+                    self.was_patched = true;
                     return Ok((memo.state.clone(), kind));
                 }
                 Err(why) => why,
@@ -106,10 +122,22 @@ impl Planner {
         };
         self.memo = None;
         self.patched.clear();
+        self.was_patched = false;
         let mut claims = Claims::default();
         let state = Arc::new(super::plan_noting(input, Some(&mut claims))?);
         self.memo = Some(Memo::of(input, view, state.clone(), claims));
+        self.generation += 1;
         Ok((state, PlanKind::Full(why)))
+    }
+
+    /// The last plan's stamp (see `PlanStamp`).
+    pub fn stamp(&self) -> PlanStamp<'_> {
+        PlanStamp {
+            generation: Some(self.generation),
+            patched: self
+                .was_patched
+                .then(|| (self.generation - 1, self.patched.as_slice())),
+        }
     }
 
     /// The nodes the last `plan` re-planned when it was `Patched` (each changed node, in
