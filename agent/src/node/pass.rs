@@ -94,6 +94,7 @@ impl Controller<'_> {
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
             self.clock_switches.programmed(&state);
+            self.pq_peers_programmed(&state);
         }
         if !state.esp_watch {
             // Read afresh when evidence is awaited next: an old reading is no evidence.
@@ -212,13 +213,6 @@ impl Controller<'_> {
         }
         self.measure_paths(&state);
         self.inputs.snapshot.post_quantum(&self.inputs.pq.status);
-        self.inputs.pq.peers.send_if_modified(|p| {
-            let changed = *p != state.post_quantum;
-            if changed {
-                p.clone_from(&state.post_quantum);
-            }
-            changed
-        });
         Some((state, planned))
     }
 
@@ -236,6 +230,21 @@ impl Controller<'_> {
         });
         let measured = &self.inputs.path_mtu.measurements;
         self.inputs.snapshot.paths(state, measured);
+    }
+
+    /// Hands the post-quantum manager the pairs of a plan now programmed. Not sooner: a
+    /// round's first message to a peer whose device or route the pass has yet to make
+    /// cannot leave the node, and each unanswered message is repeated after twice the wait
+    /// of the one before (under the VM's emulated CPU, a first pass of 2.4 s cost the
+    /// first two sends, and one more lost put the round past 10 s).
+    fn pq_peers_programmed(&self, state: &DesiredState) {
+        self.inputs.pq.peers.send_if_modified(|p| {
+            let changed = *p != state.post_quantum;
+            if changed {
+                p.clone_from(&state.post_quantum);
+            }
+            changed
+        });
     }
 
     fn write_subnet_file(&mut self, state: &DesiredState) {
