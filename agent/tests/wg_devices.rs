@@ -352,13 +352,19 @@ fn one_reconcile_programs_1000_kernel_peers_in_split_messages_and_the_next_write
         assert_eq!(dp.implementation(), "kernel", "{why}");
         let key = PrivateKey::generate().unwrap();
         let t = Instant::now();
-        let first = dp.reconcile(&state, &key, &Default::default()).await.unwrap();
+        let first = dp
+            .reconcile(&state, &key, &Default::default())
+            .await
+            .unwrap();
         let took = t.elapsed();
         assert!(first.errors.is_empty(), "{:?}", first.errors);
         let messages = dp.wireguard_writes();
         assert!(messages > 1, "1000 peers in {messages} message(s)");
         let writes = dp.writes();
-        let second = dp.reconcile(&state, &key, &Default::default()).await.unwrap();
+        let second = dp
+            .reconcile(&state, &key, &Default::default())
+            .await
+            .unwrap();
         assert!(second.changes.is_empty(), "{:?}", second.changes);
         assert_eq!(dp.writes(), writes, "the second reconcile wrote");
         let shown = sh_async("wg show flannel-wg peers").await;

@@ -43,7 +43,10 @@ fn one_reconcile_programs_vxlan_the_next_writes_nothing_and_a_new_mac_replaces_e
         assert_eq!(dp.implementation(), "none", "{why}");
         let state = desired(3);
         let key = weft_crypto::PrivateKey::generate().unwrap();
-        let first = dp.reconcile(&state, &key, &Default::default()).await.unwrap();
+        let first = dp
+            .reconcile(&state, &key, &Default::default())
+            .await
+            .unwrap();
         assert!(first.errors.is_empty(), "{:?}", first.errors);
 
         let link = sh("ip -d -o link show flannel.1");
@@ -84,13 +87,19 @@ fn one_reconcile_programs_vxlan_the_next_writes_nothing_and_a_new_mac_replaces_e
         );
 
         let writes = dp.writes();
-        let second = dp.reconcile(&state, &key, &Default::default()).await.unwrap();
+        let second = dp
+            .reconcile(&state, &key, &Default::default())
+            .await
+            .unwrap();
         assert!(second.changes.is_empty(), "{:?}", second.changes);
         assert_eq!(dp.writes(), writes, "steady state writes nothing");
 
         // node-c comes back with another VTEP MAC: replaced in one pass.
         let moved = desired(9);
-        let third = dp.reconcile(&moved, &key, &Default::default()).await.unwrap();
+        let third = dp
+            .reconcile(&moved, &key, &Default::default())
+            .await
+            .unwrap();
         assert!(third.errors.is_empty(), "{:?}", third.errors);
         let neigh = sh("ip neigh show dev flannel.1");
         assert!(
@@ -104,7 +113,9 @@ fn one_reconcile_programs_vxlan_the_next_writes_nothing_and_a_new_mac_replaces_e
             "the old MAC's entry stayed: {fdb}"
         );
         let writes = dp.writes();
-        dp.reconcile(&moved, &key, &Default::default()).await.unwrap();
+        dp.reconcile(&moved, &key, &Default::default())
+            .await
+            .unwrap();
         assert_eq!(dp.writes(), writes);
     });
 }

@@ -34,7 +34,8 @@ fn pass(dp: &mut FakePlane, state: &DesiredState, full: bool) -> ([u64; 3], Data
         if full {
             dp.reconcile(state, &key(), &Default::default()).await
         } else {
-            dp.reconcile_incremental(state, &key(), &Default::default()).await
+            dp.reconcile_incremental(state, &key(), &Default::default())
+                .await
         }
     })
     .unwrap();
@@ -348,7 +349,8 @@ fn a_full_pass_trusting_the_tables_reads_the_devices_and_leaves_the_tables() {
     let mut changed = two.clone();
     changed.guard[0].own = Some(net("10.244.9.0/24"));
     let before = counts(&mut dp)[1];
-    let report = block_on(dp.reconcile_trusting_tables(&changed, &key(), &Default::default())).unwrap();
+    let report =
+        block_on(dp.reconcile_trusting_tables(&changed, &key(), &Default::default())).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(counts(&mut dp)[1] - before, 1, "{:?}", report.changes);
 }
@@ -379,11 +381,15 @@ fn a_plan_patched_from_the_one_held_is_compared_on_its_changed_peers_alone() {
         before: vec![],
         after: vec![(0, peer_key(4))],
     }];
-    let endpoint = |dp: &mut FakePlane, seed| wg(dp).devices[WG_DEVICE].peers[&peer_key(seed)].endpoint;
+    let endpoint =
+        |dp: &mut FakePlane, seed| wg(dp).devices[WG_DEVICE].peers[&peer_key(seed)].endpoint;
     let report =
         block_on(dp.reconcile_incremental(&three, &key(), &stamp(2, Some((1, &joined))))).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    assert!(endpoint(&mut dp, 4).is_some(), "the joined node's peer is added");
+    assert!(
+        endpoint(&mut dp, 4).is_some(),
+        "the joined node's peer is added"
+    );
     assert_ne!(endpoint(&mut dp, 2), Some(moved), "n2 was not compared");
     // The device holds plan 2 now: a plan patched from 1 is compared in full.
     block_on(dp.reconcile_incremental(&three, &key(), &stamp(3, Some((1, &joined))))).unwrap();

@@ -123,7 +123,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             _ => (wg.get(&t.device).await?, None),
         };
         // A pass that read the device compares every peer: it may have changed behind us.
-        let keys = (!full).then(|| changed_peers(stamp, holds, index)).flatten();
+        let keys = (!full)
+            .then(|| changed_peers(stamp, holds, index))
+            .flatten();
         let change = device_change(t, key, &observed, keys.as_ref(), report);
         if change.is_empty() {
             self.wg_seen.put(&t.device, observed, stamp.generation);

@@ -5,9 +5,9 @@
 
 mod dataplane;
 mod dataplane_ipsec;
-mod dataplane_wg;
 #[cfg(test)]
 mod dataplane_tests;
+mod dataplane_wg;
 #[cfg(test)]
 mod fake;
 pub mod guard;

@@ -30,8 +30,7 @@ impl Seen {
 
     /// `device` as `name` holds it, with `plan` the generation of the plan it holds.
     pub(crate) fn put(&mut self, name: &str, device: WgDevice, plan: Option<u64>) {
-        self.devices
-            .insert(name.to_string(), Held { device, plan });
+        self.devices.insert(name.to_string(), Held { device, plan });
     }
 
     /// Takes `name` out (it is put back once the pass knows what the device holds), with
