@@ -174,7 +174,7 @@ impl Handle {
 /// pair dead on such an endpoint is repaired onto the published one, which is also what
 /// its cause names.
 fn published(state: &DesiredState) -> Vec<Option<TunnelSpec>> {
-    let mut endpoints = Published::of(state);
+    let endpoints = Published::of(state);
     state
         .tunnels
         .iter()
@@ -194,31 +194,22 @@ fn published(state: &DesiredState) -> Vec<Option<TunnelSpec>> {
         .collect()
 }
 
-/// The registry's endpoints of the plan's peers: each lookup reuses one key, where it
-/// would otherwise copy the device's name (every pass asks for every peer's).
+/// The registry's endpoints of the plan's peers.
 struct Published<'a> {
     planned: &'a std::collections::BTreeMap<weft_backends::model::DevicePeer, SocketAddr>,
-    id: Option<weft_backends::model::DevicePeer>,
 }
 
 impl<'a> Published<'a> {
     fn of(state: &'a DesiredState) -> Self {
         Published {
             planned: &state.planned_endpoints,
-            id: None,
         }
     }
 
     /// The registry's endpoint of `peer` on `device`, or the plan's where it names none.
-    fn endpoint(&mut self, device: &str, peer: &PeerSpec) -> SocketAddr {
-        if self.id.as_ref().is_none_or(|(d, _)| d != device) {
-            self.id = Some((device.to_string(), peer.public_key));
-        }
-        let Some(id) = self.id.as_mut() else {
-            return peer.endpoint;
-        };
-        id.1 = peer.public_key;
-        self.planned.get(&*id).copied().unwrap_or(peer.endpoint)
+    fn endpoint(&self, device: &str, peer: &PeerSpec) -> SocketAddr {
+        let id = (device.into(), peer.public_key);
+        self.planned.get(&id).copied().unwrap_or(peer.endpoint)
     }
 }
 
@@ -228,7 +219,7 @@ fn is_published<'a>(
     tunnels: impl ExactSizeIterator<Item = &'a TunnelSpec>,
     state: &DesiredState,
 ) -> bool {
-    let mut endpoints = Published::of(state);
+    let endpoints = Published::of(state);
     tunnels.len() == state.tunnels.len()
         && tunnels.zip(&state.tunnels).all(|(have, want)| {
             have.device == want.device

@@ -98,7 +98,7 @@ mod tests {
     fn peers_no_longer_planned_are_forgotten() {
         let key = |n: u8| {
             let k = weft_crypto::PrivateKey::from_bytes([n; 32]).public_key();
-            ("flannel-wg".to_string(), k)
+            ("flannel-wg".into(), k)
         };
         let addr: SocketAddr = "198.51.100.1:51820".parse().unwrap();
         let mut roaming = Roaming::default();
@@ -117,7 +117,7 @@ mod tests {
     fn each_device_peer_gets_its_own_memory() {
         let key = |n: u8| {
             let k = weft_crypto::PrivateKey::from_bytes([n; 32]).public_key();
-            ("flannel-wg".to_string(), k)
+            ("flannel-wg".into(), k)
         };
         let addr = |n: u8| SocketAddr::from(([198, 51, 100, n], 51820));
         let (t0, t1) = (SystemTime::UNIX_EPOCH, SystemTime::now());

@@ -122,10 +122,7 @@ fn wireguard_full_then_incremental_passes() {
     let three = desired(3);
     let (writes, report) = pass(&mut dp, &three, false);
     assert_eq!(writes, [1, 0, 1]);
-    assert_eq!(
-        report.endpoints_set,
-        [("flannel-wg".to_string(), peer_key(4))]
-    );
+    assert_eq!(report.endpoints_set, [("flannel-wg".into(), peer_key(4))]);
     assert_eq!(wg(&mut dp).reads, reads);
     assert_eq!(wg(&mut dp).primed, ["n2", "n3", "n4"]);
     assert!(nl(&mut dp).routes.contains_key(&(net("10.244.4.0/24"), 0)));

@@ -48,7 +48,7 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
                         planned_before: None,
                         endpoint_set: None,
                     };
-                    ((name.to_string(), *k), seen)
+                    ((name.into(), *k), seen)
                 }));
             }
         }

@@ -7,6 +7,7 @@ pub mod backend_data;
 mod desired;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod ifname;
 mod lease;
 mod left_out;
 pub mod net;
@@ -21,6 +22,7 @@ pub use desired::{
     PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec, VxlanPeer,
     VxlanSpec, FAIL_CLOSED_METRIC,
 };
+pub use ifname::IfName;
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
 pub use left_out::{LeaveReason, LeftOut};
 pub use net::PodNetwork;

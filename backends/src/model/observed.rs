@@ -41,7 +41,7 @@ pub struct Observed {
 }
 
 /// One peer of one WireGuard device: the device's name and the peer's key.
-pub type DevicePeer = (String, PublicKey);
+pub type DevicePeer = (super::IfName, PublicKey);
 
 /// One peer as the device reports it, with the agent's memory of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

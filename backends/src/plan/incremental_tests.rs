@@ -19,7 +19,7 @@ use super::*;
 use crate::apply::wireguard::diff::{apply_to, diff_device, diff_device_peers};
 use crate::apply::wireguard::seen::changed_peers;
 use crate::apply::wireguard::WgDevice;
-use crate::model::{ClusterView, Lease, NextKey, Observed, PeerObserved};
+use crate::model::{ClusterView, IfName, Lease, NextKey, Observed, PeerObserved};
 use crate::netconf::{parse, NetConf};
 use crate::test_rng::Rng;
 
@@ -160,17 +160,17 @@ impl World {
     }
 
     /// A peer of the last plan, by device and key.
-    fn a_planned_peer(&mut self, state: &DesiredState) -> Option<(String, PublicKey, SocketAddr)> {
+    fn a_planned_peer(&mut self, state: &DesiredState) -> Option<(IfName, PublicKey, SocketAddr)> {
         let all: Vec<_> = state
             .tunnels
             .iter()
             .flat_map(|t| {
                 t.peers
                     .iter()
-                    .map(|p| (t.device.clone(), p.public_key, p.endpoint))
+                    .map(|p| (t.device.as_str().into(), p.public_key, p.endpoint))
             })
             .collect();
-        (!all.is_empty()).then(|| all[self.rng.below(all.len() as u64) as usize].clone())
+        (!all.is_empty()).then(|| all[self.rng.below(all.len() as u64) as usize])
     }
 
     /// One random change; its name, for a failure's message.

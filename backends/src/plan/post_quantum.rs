@@ -74,7 +74,7 @@ pub(super) type PqParts = (PublicKey, IpAddr, IpAddr);
 pub(super) fn wg_part(state: &DesiredState, device: &str, p: &PeerSpec) -> Option<PqParts> {
     let net = p.allowed_ips.iter().min_by_key(|n| n.addr().is_ipv6())?;
     let endpoint = (state.planned_endpoints)
-        .get(&(device.to_string(), p.public_key))
+        .get(&(device.into(), p.public_key))
         .unwrap_or(&p.endpoint);
     Some((p.public_key, net.network(), endpoint.ip()))
 }

@@ -43,8 +43,8 @@ pub(crate) fn keep_roamed(
     planned: &mut BTreeMap<DevicePeer, SocketAddr>,
 ) {
     for p in peers {
-        let id = (device.to_string(), p.public_key);
-        planned.insert(id.clone(), p.endpoint);
+        let id = (device.into(), p.public_key);
+        planned.insert(id, p.endpoint);
         let Some(have) = observed.peers.get(&id) else {
             continue;
         };
@@ -158,17 +158,17 @@ mod tests {
             planned_before: before.parse().ok(),
             endpoint_set: None,
         };
-        let (v4, v6) = ("flannel-wg".to_string(), "flannel-wg-v6".to_string());
+        let (v4, v6) = ("flannel-wg", "flannel-wg-v6");
         let observed = Observed {
             peers: [
                 (
-                    (v4.clone(), key(2)),
+                    (v4.into(), key(2)),
                     roamed("198.51.100.2:40000", "198.51.100.2:51820"),
                 ),
                 // The same node on the IPv6 device (`Mode: separate`, one key): its
                 // endpoint there is no business of the IPv4 device's.
                 (
-                    (v6.clone(), key(3)),
+                    (v6.into(), key(3)),
                     roamed("[fd77::3]:51821", "[fd77::3]:51821"),
                 ),
             ]
@@ -176,10 +176,13 @@ mod tests {
             ..Observed::default()
         };
         let mut planned = BTreeMap::new();
-        keep_roamed(&v4, &mut peers, &observed, now, &mut planned);
+        keep_roamed(v4, &mut peers, &observed, now, &mut planned);
         assert_eq!(peers[0].endpoint.to_string(), "198.51.100.2:40000");
         assert_eq!(peers[1].endpoint.to_string(), "198.51.100.3:51820");
-        assert_eq!(planned[&(v4, key(2))].to_string(), "198.51.100.2:51820");
+        assert_eq!(
+            planned[&(v4.into(), key(2))].to_string(),
+            "198.51.100.2:51820"
+        );
         assert_eq!(planned.len(), 2);
     }
 }

@@ -67,10 +67,12 @@ pub(crate) fn device_change(
     };
     for c in &change.peers {
         match c {
-            PeerChange::Add(p) => report.endpoints_set.push((t.device.clone(), p.public_key)),
+            PeerChange::Add(p) => report
+                .endpoints_set
+                .push((t.device.as_str().into(), p.public_key)),
             PeerChange::Update { spec, fields } if fields.endpoint.is_some() => report
                 .endpoints_set
-                .push((t.device.clone(), spec.public_key)),
+                .push((t.device.as_str().into(), spec.public_key)),
             _ => {}
         }
     }

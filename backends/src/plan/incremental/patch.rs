@@ -177,7 +177,7 @@ impl Patcher<'_, '_> {
             self.keys[d].remove(&p.public_key, node);
             self.state
                 .planned_endpoints
-                .remove(&(dev.name.to_string(), p.public_key));
+                .remove(&(dev.name.into(), p.public_key));
             let peers = &mut self.state.tunnels[d].peers;
             let at = peers.partition_point(|e| entry_place(view, &e.node) < Some(place));
             let end = at + peers[at..].iter().take_while(|e| e.node == node).count();
