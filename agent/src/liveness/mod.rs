@@ -16,68 +16,24 @@
 //! finds goes into the snapshot (`weft status`, `weft doctor`) and `/metrics`.
 
 mod crowd;
+mod plan;
 pub mod probe;
 mod watch;
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
 use weft_backends::apply::wireguard::drift::{drift, Drift};
-use weft_backends::model::{DesiredState, PeerSpec, TunnelSpec};
+use weft_backends::model::DesiredState;
+use weft_backends::plan::PlanStamp;
 use weft_crypto::PublicKey;
 
 use crate::observe::metrics::Metrics;
 
+pub use plan::Plan;
+use plan::{is_published, patched_published, published};
 pub use watch::spawn;
-
-/// What the watcher judges against: the last plan's devices. The plan is shared with the
-/// loop, not copied (at 10,000 peers a copy per pass was a copy of every peer's entry);
-/// only a device with a peer whose endpoint the registry publishes differently (one kept
-/// from roaming) is held as its own copy, with the published endpoints.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Plan {
-    /// Counts the plans handed over: drift is drift only when two reads under the same
-    /// plan show it (a pass under way changes the device before its plan arrives here).
-    pub generation: u64,
-    /// This node's public key, as the devices must carry it.
-    pub own: PublicKey,
-    state: Arc<DesiredState>,
-    /// Per tunnel of `state`: its copy with the published endpoints, where they differ.
-    published: Vec<Option<TunnelSpec>>,
-    /// A key rotation is in its switch window: peers' entries move outside the passes
-    /// (the key-switch watcher), so drift is not looked for.
-    pub switching: bool,
-}
-
-impl Plan {
-    fn new(generation: u64, own: PublicKey, state: &Arc<DesiredState>) -> Plan {
-        Plan {
-            generation,
-            own,
-            state: state.clone(),
-            published: published(state),
-            switching: state.key_watch.is_some(),
-        }
-    }
-
-    /// The planned devices, each with its peers' endpoints as the registry publishes them.
-    pub fn tunnels(&self) -> impl ExactSizeIterator<Item = &TunnelSpec> + '_ {
-        self.state
-            .tunnels
-            .iter()
-            .zip(&self.published)
-            .map(|(planned, published)| published.as_ref().unwrap_or(planned))
-    }
-
-    /// Whether this is the plan `state` makes for a node of key `own`.
-    fn is_of(&self, state: &Arc<DesiredState>, own: PublicKey) -> bool {
-        self.own == own
-            && self.switching == state.key_watch.is_some()
-            && (Arc::ptr_eq(&self.state, state) || is_published(self.tunnels(), state))
-    }
-}
 
 /// Says that `device` drifted from the plan (`found`), in the log and `/metrics`, as the
 /// pass that puts it back; the differences in words.
@@ -104,6 +60,8 @@ pub struct Handle {
     plan: tokio_watch::Sender<Option<Arc<Plan>>>,
     pub events: mpsc::Receiver<Event>,
     generation: u64,
+    /// The planner's generation of the plan held (`PlanStamp::generation`).
+    planned: Option<u64>,
     /// Set while a pass changes the devices: a device busy taking a large change answers a
     /// read late, and is not at fault for it.
     applying: Arc<AtomicBool>,
@@ -152,105 +110,49 @@ impl Handle {
         found
     }
 
-    /// Hands the watcher the plan a pass just applied.
-    pub fn follow(&mut self, state: &Arc<DesiredState>, own: PublicKey) {
-        let same = self
-            .plan
-            .borrow()
-            .as_ref()
-            .is_some_and(|p| p.is_of(state, own));
-        if same {
+    /// Hands the watcher the plan a pass just applied, `stamp` its planner's account of
+    /// it: a plan patched from the one held is new, and only its re-planned nodes' peers
+    /// are looked at (at 10,000 peers, comparing every one with the last plan, and looking
+    /// each up among the registry's endpoints, was a tenth of a patched pass).
+    pub fn follow(&mut self, state: &Arc<DesiredState>, own: PublicKey, stamp: &PlanStamp<'_>) {
+        let held = self.plan.borrow().clone();
+        let held = held
+            .as_deref()
+            .filter(|p| p.own == own && p.switching == state.key_watch.is_some());
+        let patched = stamp
+            .patched
+            .filter(|(from, nodes)| self.planned.is_some_and(|h| h == *from) && !nodes.is_empty());
+        let published = match (held, patched) {
+            (Some(held), _) if Arc::ptr_eq(&held.state, state) => None,
+            (Some(held), Some((_, nodes))) => patched_published(held, state, nodes),
+            (Some(held), None) if is_published(held.tunnels(), state) => None,
+            _ => Some(published(state)),
+        };
+        self.planned = stamp.generation;
+        let Some(published) = published else {
             return; // the device, once this pass is done, is what the same plan wants
-        }
+        };
         self.generation += 1;
-        let plan = Plan::new(self.generation, own, state);
+        let plan = Plan {
+            generation: self.generation,
+            own,
+            state: state.clone(),
+            published,
+            switching: state.key_watch.is_some(),
+        };
         self.plan.send_replace(Some(Arc::new(plan)));
     }
-}
-
-/// Per tunnel of the plan, its copy with each peer's endpoint as the registry publishes
-/// it, where one differs. The plan keeps an endpoint the device learned by roaming (or
-/// that was set by hand: the agent cannot tell them apart) while its session is fresh; a
-/// pair dead on such an endpoint is repaired onto the published one, which is also what
-/// its cause names.
-fn published(state: &DesiredState) -> Vec<Option<TunnelSpec>> {
-    let endpoints = Published::of(state);
-    state
-        .tunnels
-        .iter()
-        .map(|tunnel| {
-            let differs = tunnel
-                .peers
-                .iter()
-                .any(|p| endpoints.endpoint(&tunnel.device, p) != p.endpoint);
-            differs.then(|| {
-                let mut copy = tunnel.clone();
-                for peer in &mut copy.peers {
-                    peer.endpoint = endpoints.endpoint(&tunnel.device, peer);
-                }
-                copy
-            })
-        })
-        .collect()
-}
-
-/// The registry's endpoints of the plan's peers.
-struct Published<'a> {
-    planned: &'a std::collections::BTreeMap<weft_backends::model::DevicePeer, SocketAddr>,
-}
-
-impl<'a> Published<'a> {
-    fn of(state: &'a DesiredState) -> Self {
-        Published {
-            planned: &state.planned_endpoints,
-        }
-    }
-
-    /// The registry's endpoint of `peer` on `device`, or the plan's where it names none.
-    fn endpoint(&self, device: &str, peer: &PeerSpec) -> SocketAddr {
-        let id = (device.into(), peer.public_key);
-        self.planned.get(&id).copied().unwrap_or(peer.endpoint)
-    }
-}
-
-/// Whether `tunnels` is what `published(state)` makes, without copying the plan: each
-/// pass asks, and most passes leave the plan as it was.
-fn is_published<'a>(
-    tunnels: impl ExactSizeIterator<Item = &'a TunnelSpec>,
-    state: &DesiredState,
-) -> bool {
-    let endpoints = Published::of(state);
-    tunnels.len() == state.tunnels.len()
-        && tunnels.zip(&state.tunnels).all(|(have, want)| {
-            have.device == want.device
-                && have.listen_port == want.listen_port
-                && have.mtu == want.mtu
-                && have.addresses == want.addresses
-                && have.peers.len() == want.peers.len()
-                && have.peers.iter().zip(&want.peers).all(|(h, w)| {
-                    // Every field named: one added later is compared too.
-                    let PeerSpec {
-                        node,
-                        public_key,
-                        endpoint: _,
-                        allowed_ips,
-                        keepalive,
-                        psk,
-                    } = w;
-                    h.endpoint == endpoints.endpoint(&want.device, w)
-                        && h.node == *node
-                        && h.public_key == *public_key
-                        && h.allowed_ips == *allowed_ips
-                        && h.keepalive == *keepalive
-                        && h.psk == *psk
-                })
-        })
 }
 
 #[cfg(test)]
 mod tests {
     use weft_backends::apply::wireguard::{WgDevice, WgPeer};
     use weft_crypto::PrivateKey;
+
+    use std::net::SocketAddr;
+
+    use weft_backends::model::{PeerSpec, TunnelSpec};
+    use weft_backends::plan::PatchedNode;
 
     use super::*;
 
@@ -326,17 +228,96 @@ mod tests {
         assert!(!plan.is_of(&Arc::new(moved), key(1)));
     }
 
+    fn handle(
+        plan: tokio_watch::Sender<Option<Arc<Plan>>>,
+        events: mpsc::Receiver<Event>,
+    ) -> Handle {
+        Handle {
+            plan,
+            events,
+            generation: 0,
+            planned: None,
+            applying: Default::default(),
+        }
+    }
+
+    /// The planner's stamp of plan `generation`, patched from the one before on `nodes`.
+    fn patched(generation: u64, nodes: &[PatchedNode]) -> PlanStamp<'_> {
+        PlanStamp {
+            generation: Some(generation),
+            patched: Some((generation - 1, nodes)),
+        }
+    }
+
+    #[test]
+    fn a_patched_plan_is_handed_over_from_its_changed_nodes_as_a_whole_one_would_be() {
+        let (own, b, c) = (key(1), key(2), key(3));
+        let (tx, rx) = tokio_watch::channel(None);
+        let mut handle = handle(tx, mpsc::channel(1).1);
+        let held = || rx.borrow().clone().unwrap();
+        let one = Arc::new(state(vec![peer(b, "node-b", "198.51.100.2:51820")]));
+        let full = PlanStamp {
+            generation: Some(1),
+            patched: None,
+        };
+        handle.follow(&one, own, &full);
+        assert_eq!(
+            (held().generation, held().published.clone()),
+            (1, vec![None])
+        );
+        // Node c joins on an endpoint kept from roaming: its device is held as a copy.
+        let mut two = (*one).clone();
+        two.tunnels[0]
+            .peers
+            .push(peer(c, "node-c", "198.51.100.3:40000"));
+        let published: SocketAddr = "198.51.100.3:51820".parse().unwrap();
+        two.planned_endpoints
+            .insert(("flannel-wg".into(), c), published);
+        let two = Arc::new(two);
+        let joined = [PatchedNode {
+            node: "node-c".into(),
+            before: vec![],
+            after: vec![(0, c)],
+        }];
+        handle.follow(&two, own, &patched(2, &joined));
+        assert_eq!(held().generation, 2);
+        assert_eq!(held().published, super::published(&two));
+        assert!(held().published[0].is_some());
+        // Node c's lease changes, its peer does not: the same plan for the watcher.
+        let three = Arc::new((*two).clone());
+        let renewed = [PatchedNode {
+            node: "node-c".into(),
+            before: vec![(0, c)],
+            after: vec![(0, c)],
+        }];
+        handle.follow(&three, own, &patched(3, &renewed));
+        assert_eq!(held().generation, 2);
+        // Back on its published endpoint, to the watcher the same plan.
+        let mut four = (*three).clone();
+        four.tunnels[0].peers[1].endpoint = published;
+        handle.follow(&Arc::new(four.clone()), own, &patched(4, &renewed));
+        assert_eq!(held().generation, 2);
+        // Its subnet changes there: a new plan, and no device held as a copy.
+        four.tunnels[0].peers[1].allowed_ips = vec!["10.244.3.0/24".parse().unwrap()];
+        let four = Arc::new(four);
+        handle.follow(&four, own, &patched(5, &renewed));
+        assert_eq!(
+            (held().generation, held().published.clone()),
+            (3, vec![None])
+        );
+        // Node b changes too, but the plan is patched from one the watcher never held:
+        // compared in full, and found the same.
+        handle.follow(&Arc::new((*four).clone()), own, &patched(9, &joined));
+        assert!(Arc::ptr_eq(&held().state, &four));
+        assert_eq!(held().generation, 3);
+    }
+
     #[test]
     fn a_full_pass_finds_drift_only_from_the_plan_it_applied_last() {
         let (own, b) = (key(1), key(2));
         let (plan, _) = tokio_watch::channel(None);
         let (_, events) = mpsc::channel(1);
-        let mut handle = Handle {
-            plan,
-            events,
-            generation: 0,
-            applying: Default::default(),
-        };
+        let mut handle = handle(plan, events);
         let applied = Arc::new(state(vec![peer(b, "node-b", "198.51.100.2:51820")]));
         let device = |peers: Vec<PublicKey>| WgDevice {
             public_key: Some(own),
@@ -357,7 +338,7 @@ mod tests {
         assert!(handle
             .drift(&applied, own, "flannel-wg", &device(vec![]))
             .is_empty());
-        handle.follow(&applied, own);
+        handle.follow(&applied, own, &PlanStamp::default());
         assert!(handle
             .drift(&applied, own, "flannel-wg", &device(vec![b]))
             .is_empty());
@@ -389,7 +370,7 @@ mod tests {
             moves: Vec::new(),
         });
         let switching = Arc::new(switching);
-        handle.follow(&switching, own);
+        handle.follow(&switching, own, &PlanStamp::default());
         assert!(handle
             .drift(&switching, own, "flannel-wg", &device(vec![]))
             .is_empty());

@@ -70,6 +70,7 @@ pub fn spawn(
         plan: plan_tx,
         events: events_rx,
         generation: 0,
+        planned: None,
         applying,
     })
 }

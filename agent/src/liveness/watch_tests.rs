@@ -73,13 +73,21 @@ fn a_new_plan_is_handed_over_while_a_round_waits_on_the_device() {
     let wg = WgImpl::Userspace(UserspaceProcess::new(vec!["true".into()]));
     let mut handle = spawn(wg, snapshot::Shared::default(), Metrics::default(), None).unwrap();
     let own = PrivateKey::from_bytes([1; 32]).public_key();
-    handle.follow(&plan_for(&device, "198.51.100.2:51820"), own);
+    handle.follow(
+        &plan_for(&device, "198.51.100.2:51820"),
+        own,
+        &Default::default(),
+    );
     // The first round starts after one poll period and waits on the device.
     asked
         .recv_timeout(Duration::from_secs(5))
         .expect("the watcher reads the planned device");
     let started = Instant::now();
-    handle.follow(&plan_for(&device, "198.51.100.3:51820"), own);
+    handle.follow(
+        &plan_for(&device, "198.51.100.3:51820"),
+        own,
+        &Default::default(),
+    );
     let took = started.elapsed();
     let _ = std::fs::remove_file(path);
     assert!(

@@ -106,7 +106,8 @@ impl Controller<'_> {
             watcher.follow(state.key_watch.as_ref());
         }
         if let Some(watcher) = &mut self.liveness {
-            watcher.follow(&state, self.keys.key.public_key());
+            let stamp = self.planner.stamp();
+            watcher.follow(&state, self.keys.key.public_key(), &stamp);
         }
         self.last = Some(state);
     }
