@@ -70,7 +70,7 @@ impl Roaming {
                         set_at.remove(key);
                     }
                     Side::New(key, _) => {
-                        set_at.entry(key.clone()).or_insert(now);
+                        set_at.entry(*key).or_insert(now);
                     }
                     Side::Both(..) => {}
                 });
@@ -78,12 +78,12 @@ impl Roaming {
             None => {
                 self.set_at.retain(|key, _| planned.contains_key(key));
                 for key in planned.keys() {
-                    self.set_at.entry(key.clone()).or_insert(now);
+                    self.set_at.entry(*key).or_insert(now);
                 }
             }
         }
         for key in set.iter().filter(|key| planned.contains_key(*key)) {
-            self.set_at.insert(key.clone(), now);
+            self.set_at.insert(*key, now);
         }
         self.last = Some(state.clone());
     }

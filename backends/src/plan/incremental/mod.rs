@@ -289,10 +289,10 @@ fn changed_reports(
     use crate::model::sorted::{walk, Side};
     let mut changed = Vec::new();
     walk(old, new, |side| match side {
-        Side::Gone(key, _) | Side::New(key, _) => changed.push(key.clone()),
+        Side::Gone(key, _) | Side::New(key, _) => changed.push(*key),
         Side::Both(key, was, is) => {
             if was != is {
-                changed.push(key.clone());
+                changed.push(*key);
             }
         }
     });
