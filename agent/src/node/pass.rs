@@ -238,14 +238,9 @@ impl Controller<'_> {
     /// cannot leave the node, and each unanswered message is repeated after twice the wait
     /// of the one before (under the VM's emulated CPU, a first pass of 2.4 s cost the
     /// first two sends, and one more lost put the round past 10 s).
-    fn pq_peers_programmed(&self, state: &DesiredState) {
-        self.inputs.pq.peers.send_if_modified(|p| {
-            let changed = *p != state.post_quantum;
-            if changed {
-                p.clone_from(&state.post_quantum);
-            }
-            changed
-        });
+    fn pq_peers_programmed(&self, state: &Arc<DesiredState>) {
+        let stamp = self.planner.stamp();
+        (self.inputs.pq.peers).send_if_modified(|list| list.follow(state, &stamp));
     }
 
     fn write_subnet_file(&mut self, state: &DesiredState) {

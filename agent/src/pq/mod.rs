@@ -15,6 +15,7 @@
 //! different secrets cannot carry anything through its tunnel, and the leader's next round
 //! (at once if the leader is the node that lost its state) mends it.
 
+mod list;
 mod manager;
 pub mod saved;
 
@@ -26,7 +27,7 @@ use std::time::SystemTime;
 
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
-use weft_backends::model::{PairSecret, PqPeer};
+use weft_backends::model::PairSecret;
 use weft_crypto::pq::{KemKeyPair, Own, Timing};
 use weft_crypto::{PrivateKey, PublicKey};
 
@@ -60,11 +61,12 @@ impl Published {
 
 /// One pair, for `weft status`, `weft doctor` and `/metrics`: the snapshot's own row.
 pub use crate::observe::snapshot::PqPairInfo as PairStatus;
+pub use list::PqList;
 
 /// What the control loop holds of the task.
 pub struct Handle {
     /// Each plan's post-quantum peers.
-    pub peers: watch::Sender<Vec<PqPeer>>,
+    pub peers: watch::Sender<PqList>,
     pub published: watch::Receiver<Published>,
     pub status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
     /// A pair that cannot handshake (its peer's node): back to classical, and a new round.
@@ -99,7 +101,7 @@ impl Handle {
     pub fn off() -> Handle {
         let (silent, published) = watch::channel(Published::default());
         Handle {
-            peers: watch::channel(Vec::new()).0,
+            peers: watch::channel(PqList::default()).0,
             published,
             status: Arc::default(),
             fall_back: mpsc::channel(1).0,
@@ -207,7 +209,7 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
         (v4, v6) => (v4.ok(), v6.ok()),
     };
     let (published_tx, published) = watch::channel(Published::default());
-    let (peers, peers_rx) = watch::channel(Vec::new());
+    let (peers, peers_rx) = watch::channel(PqList::default());
     let (fall_back, fall_back_rx) = mpsc::channel(64);
     let (own_key, own_key_rx) = mpsc::channel(4);
     let (own_kem, own_kem_rx) = mpsc::channel(4);

@@ -98,8 +98,8 @@ async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
     let port = free_port();
     let (a, b) = (Node::new(1), Node::new(2));
     let (mut ha, mut hb) = (a.start(port), b.start(port));
-    ha.peers.send_replace(vec![b.as_peer()]);
-    hb.peers.send_replace(vec![a.as_peer()]);
+    ha.peers.send_replace(PqList::of(vec![b.as_peer()]));
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
     let at_a = psk_for(&mut ha, &b.key.public_key()).await;
     let at_b = psk_for(&mut hb, &a.key.public_key()).await;
     assert_eq!(at_a, at_b);
@@ -129,7 +129,7 @@ async fn two_nodes_agree_on_a_psk_and_a_restart_keeps_it() {
         Some(&at_b),
         "in force before the plan lists the peer"
     );
-    ha.peers.send_replace(vec![b.as_peer()]);
+    ha.peers.send_replace(PqList::of(vec![b.as_peer()]));
     assert_eq!(psk_for(&mut ha, &b.key.public_key()).await, at_b);
 }
 
@@ -142,8 +142,8 @@ async fn strangers_junk_and_huge_datagrams_change_nothing() {
         std::mem::swap(&mut a.key, &mut b.key);
     }
     let (mut ha, mut hb) = (a.start(port), b.start(port));
-    ha.peers.send_replace(vec![b.as_peer()]);
-    hb.peers.send_replace(vec![a.as_peer()]);
+    ha.peers.send_replace(PqList::of(vec![b.as_peer()]));
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
     let before = psk_for(&mut ha, &b.key.public_key()).await;
 
     // From a third address: junk, a datagram far larger than any message, and a stranger's
@@ -204,7 +204,7 @@ async fn a_peer_without_a_key_is_classical_with_the_reason() {
     let ha = a.start(port);
     let mut peer = b.as_peer();
     peer.ek = PqKey::None;
-    ha.peers.send_replace(vec![peer]);
+    ha.peers.send_replace(PqList::of(vec![peer]));
     tokio::time::timeout(Duration::from_secs(2), async {
         loop {
             if let Some(s) = ha.status.lock().unwrap().get(&b.key.public_key()) {
@@ -231,14 +231,15 @@ async fn a_peer_dropped_from_the_plan_and_back_keeps_its_psk_and_the_others_thei
     let port = free_port();
     let (a, b, c) = (Node::new(1), Node::new(2), Node::new(3));
     let (mut ha, hb, mut hc) = (a.start(port), b.start(port), c.start(port));
-    ha.peers.send_replace(vec![b.as_peer(), c.as_peer()]);
-    hb.peers.send_replace(vec![a.as_peer()]);
-    hc.peers.send_replace(vec![a.as_peer()]);
+    ha.peers
+        .send_replace(PqList::of(vec![b.as_peer(), c.as_peer()]));
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
+    hc.peers.send_replace(PqList::of(vec![a.as_peer()]));
     let with_b = psk_for(&mut ha, &b.key.public_key()).await;
     let with_c = psk_for(&mut ha, &c.key.public_key()).await;
     assert_eq!(psk_for(&mut hc, &a.key.public_key()).await, with_c);
 
-    ha.peers.send_replace(vec![b.as_peer()]);
+    ha.peers.send_replace(PqList::of(vec![b.as_peer()]));
     tokio::time::timeout(Duration::from_secs(2), async {
         while ha.status.lock().unwrap().contains_key(&c.key.public_key()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -258,7 +259,8 @@ async fn a_peer_dropped_from_the_plan_and_back_keeps_its_psk_and_the_others_thei
         "c's PSK kept for its return"
     );
 
-    ha.peers.send_replace(vec![b.as_peer(), c.as_peer()]);
+    ha.peers
+        .send_replace(PqList::of(vec![b.as_peer(), c.as_peer()]));
     tokio::time::timeout(Duration::from_secs(2), async {
         while !ha.status.lock().unwrap().contains_key(&c.key.public_key()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -276,8 +278,8 @@ async fn a_new_own_key_plans_every_pair_classical_until_the_task_has_it() {
     let port = free_port();
     let (a, b) = (Node::new(1), Node::new(2));
     let (mut ha, hb) = (a.start(port), b.start(port));
-    ha.peers.send_replace(vec![b.as_peer()]);
-    hb.peers.send_replace(vec![a.as_peer()]);
+    ha.peers.send_replace(PqList::of(vec![b.as_peer()]));
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
     psk_for(&mut ha, &b.key.public_key()).await;
     let (old, new) = (a.key.public_key(), PrivateKey::generate().unwrap());
     let published = ha.published.borrow().clone();
@@ -295,5 +297,68 @@ async fn a_new_own_key_plans_every_pair_classical_until_the_task_has_it() {
     .await
     .expect("the task publishes under the new key");
     assert!(ha.published.borrow().psks.is_empty());
+    drop(hb);
+}
+
+/// The loop hands over a plan patched from the last one with the nodes it re-planned: the
+/// task changes those nodes' pairs and leaves every other as it was.
+#[tokio::test]
+async fn a_patched_list_changes_the_pairs_of_its_nodes_alone() {
+    use weft_backends::model::DesiredState;
+    use weft_backends::plan::{PatchedNode, PlanStamp};
+
+    let port = free_port();
+    let (a, b, c) = (Node::new(1), Node::new(2), Node::new(3));
+    let (mut ha, hb, mut hc) = (a.start(port), b.start(port), c.start(port));
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
+    hc.peers.send_replace(PqList::of(vec![a.as_peer()]));
+    let mut list = PqList::default();
+    let mut hand_over = |generation: u64, peers: Vec<PqPeer>, nodes: &[&Node]| {
+        let nodes: Vec<PatchedNode> = (nodes.iter())
+            .map(|n| PatchedNode {
+                node: n.as_peer().node,
+                ..Default::default()
+            })
+            .collect();
+        let stamp = PlanStamp {
+            generation: Some(generation),
+            patched: (!nodes.is_empty()).then_some((generation - 1, nodes.as_slice())),
+        };
+        let plan = Arc::new(DesiredState {
+            post_quantum: peers,
+            ..Default::default()
+        });
+        assert!(list.follow(&plan, &stamp));
+        assert_eq!(list.changed.is_some(), !nodes.is_empty());
+        list.clone()
+    };
+    ha.peers.send_replace(hand_over(1, vec![b.as_peer()], &[]));
+    let with_b = psk_for(&mut ha, &b.key.public_key()).await;
+    // Node c joins.
+    ha.peers
+        .send_replace(hand_over(2, vec![b.as_peer(), c.as_peer()], &[&c]));
+    let with_c = psk_for(&mut ha, &c.key.public_key()).await;
+    assert_eq!(psk_for(&mut hc, &a.key.public_key()).await, with_c);
+    let psk = |h: &Handle, n: &Node| {
+        let published = h.published.borrow();
+        published
+            .psks
+            .get(&n.key.public_key())
+            .map(|s| s.psk.clone())
+    };
+    assert_eq!(psk(&ha, &b), Some(with_b), "b's pair untouched");
+    assert!(ha.status.lock().unwrap().contains_key(&b.key.public_key()));
+    // Node b leaves: its pair goes, c's stays.
+    ha.peers
+        .send_replace(hand_over(3, vec![c.as_peer()], &[&b]));
+    tokio::time::timeout(Duration::from_secs(2), async {
+        while ha.status.lock().unwrap().contains_key(&b.key.public_key()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("b's pair gone from the status");
+    assert!(ha.status.lock().unwrap().contains_key(&c.key.public_key()));
+    assert_eq!(psk(&ha, &c), Some(with_c), "c's pair untouched");
     drop(hb);
 }

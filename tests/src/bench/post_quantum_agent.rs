@@ -120,7 +120,7 @@ pub fn run(peers: usize, period: Duration, periods: u32) -> anyhow::Result<Strin
         rt.block_on(async move {
             let start = thread_cpu();
             let handle = weft::pq::spawn(config)?;
-            handle.peers.send_replace(listed);
+            handle.peers.send_replace(weft::pq::PqList::of(listed));
             tokio::time::sleep(total).await;
             let published: Published = handle.published.borrow().clone();
             Ok((thread_cpu().saturating_sub(start), published.psks.len()))

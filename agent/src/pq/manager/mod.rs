@@ -14,6 +14,7 @@ use weft_backends::model::{PqKey, PqPeer};
 use weft_crypto::pq::{Exchange, KemKeyPair, Message, Own, Timing, MAX_LEN};
 use weft_crypto::{PrivateKey, PublicKey};
 
+use super::list::{run, PqList};
 use super::saved::{Kept, Saved};
 use super::{PairStatus, Published};
 
@@ -80,12 +81,12 @@ pub(super) struct Manager {
     unsaved: bool,
     stored_at: Option<std::time::Instant>,
     /// The plan's last list, to rebuild the pairs under a new own key.
-    listed: Vec<PqPeer>,
+    listed: PqList,
 }
 
 /// What wakes the task besides its sockets and its timers.
 pub(super) struct Inputs {
-    pub(super) peers: watch::Receiver<Vec<PqPeer>>,
+    pub(super) peers: watch::Receiver<PqList>,
     pub(super) fall_back: mpsc::Receiver<String>,
     pub(super) own_key: mpsc::Receiver<PrivateKey>,
     pub(super) own_kem: mpsc::Receiver<KemKeyPair>,
@@ -149,7 +150,7 @@ impl Manager {
             stored_at: None,
             restored,
             left: BTreeMap::new(),
-            listed: Vec::new(),
+            listed: PqList::default(),
         }
     }
 
@@ -186,8 +187,8 @@ impl Manager {
                     if changed.is_err() {
                         return;
                     }
-                    let listed = inputs.peers.borrow_and_update().clone();
-                    self.set_peers(listed);
+                    let list = inputs.peers.borrow_and_update().clone();
+                    self.take_list(list);
                 }
                 Some(node) = inputs.fall_back.recv() => self.fall_back(&node).await,
                 Some(key) = inputs.own_key.recv() => self.set_own_key(key),
@@ -199,18 +200,37 @@ impl Manager {
         }
     }
 
-    /// The plan's peers: a pair for each new one, a new key for one that published
-    /// another, none for one gone or that publishes no key any more. A peer listed as it
-    /// was last time is left as it is: the list changes with every node that joins or
-    /// leaves, and at 10,000 peers redoing every one was a tenth of the agent's time.
-    fn set_peers(&mut self, listed: Vec<PqPeer>) {
-        let now = now_ms();
+    /// The plan's new list: where it names the nodes changed since the list held, their
+    /// entries alone are looked at; otherwise every entry.
+    fn take_list(&mut self, list: PqList) {
         let was = std::mem::take(&mut self.listed);
+        match list.changed.as_ref().filter(|(from, _)| *from == was.seq) {
+            Some((_, nodes)) => {
+                let runs = |l: &PqList| -> Vec<PqPeer> {
+                    (nodes.iter())
+                        .flat_map(|n| run(l.peers(), n))
+                        .cloned()
+                        .collect()
+                };
+                self.set_peers(&runs(&was), &runs(&list), false);
+            }
+            None => self.set_peers(was.peers(), list.peers(), true),
+        }
+        self.listed = list;
+    }
+
+    /// The plan's peers, `listed` replacing `was` (every peer of the lists, `every`, or
+    /// the changed nodes' alone): a pair for each new one, a new key for one that
+    /// published another, none for one gone or that publishes no key any more. A peer
+    /// listed as it was is left as it is: the list changes with every node that joins or
+    /// leaves, and at 10,000 peers redoing every one was a tenth of the agent's time.
+    fn set_peers(&mut self, was: &[PqPeer], listed: &[PqPeer], every: bool) {
+        let now = now_ms();
         let before: HashMap<PublicKey, &PqPeer> = was.iter().map(|p| (p.public_key, p)).collect();
         let unchanged = |peer: &PqPeer| before.get(&peer.public_key).is_some_and(|b| *b == peer);
         let mut keep = HashSet::new();
         let mut changed = Vec::new();
-        for peer in &listed {
+        for peer in listed {
             if unchanged(peer) {
                 if peer.ek != PqKey::None {
                     keep.insert(peer.public_key);
@@ -267,8 +287,9 @@ impl Manager {
                 }
             }
         }
+        // Of the changed nodes' alone, only the pairs of their entries before can go.
         let gone: Vec<PublicKey> = (self.pairs.keys())
-            .filter(|key| !keep.contains(key))
+            .filter(|key| !keep.contains(key) && (every || before.contains_key(key)))
             .copied()
             .collect();
         for key in gone {
@@ -291,7 +312,6 @@ impl Manager {
                 );
             }
         }
-        self.listed = listed;
     }
 
     /// This node's X25519 key changed: every pair is a new pair, classical until its round.
@@ -305,7 +325,8 @@ impl Manager {
         self.restored.clear();
         self.left.clear();
         let listed = std::mem::take(&mut self.listed);
-        self.set_peers(listed);
+        self.set_peers(&[], listed.peers(), true);
+        self.listed = listed;
     }
 
     /// This node has a new ML-KEM key pair: rounds begun under the old one still complete
