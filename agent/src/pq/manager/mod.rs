@@ -10,15 +10,15 @@ use std::time::{Duration, SystemTime};
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
-use weft_backends::model::{PqKey, PqPeer};
 use weft_crypto::pq::{Exchange, KemKeyPair, Message, Own, Timing, MAX_LEN};
 use weft_crypto::{PrivateKey, PublicKey};
 
-use super::list::{run, PqList};
+use super::list::PqList;
 use super::saved::{Kept, Saved};
 use super::{PairStatus, Published};
 
 mod left;
+mod listing;
 mod publish;
 
 use publish::secret;
@@ -197,120 +197,6 @@ impl Manager {
             }
             self.poll_due().await;
             self.publish();
-        }
-    }
-
-    /// The plan's new list: where it names the nodes changed since the list held, their
-    /// entries alone are looked at; otherwise every entry.
-    fn take_list(&mut self, list: PqList) {
-        let was = std::mem::take(&mut self.listed);
-        match list.changed.as_ref().filter(|(from, _)| *from == was.seq) {
-            Some((_, nodes)) => {
-                let runs = |l: &PqList| -> Vec<PqPeer> {
-                    (nodes.iter())
-                        .flat_map(|n| run(l.peers(), n))
-                        .cloned()
-                        .collect()
-                };
-                self.set_peers(&runs(&was), &runs(&list), false);
-            }
-            None => self.set_peers(was.peers(), list.peers(), true),
-        }
-        self.listed = list;
-    }
-
-    /// The plan's peers, `listed` replacing `was` (every peer of the lists, `every`, or
-    /// the changed nodes' alone): a pair for each new one, a new key for one that
-    /// published another, none for one gone or that publishes no key any more. A peer
-    /// listed as it was is left as it is: the list changes with every node that joins or
-    /// leaves, and at 10,000 peers redoing every one was a tenth of the agent's time.
-    fn set_peers(&mut self, was: &[PqPeer], listed: &[PqPeer], every: bool) {
-        let now = now_ms();
-        let before: HashMap<PublicKey, &PqPeer> = was.iter().map(|p| (p.public_key, p)).collect();
-        let unchanged = |peer: &PqPeer| before.get(&peer.public_key).is_some_and(|b| *b == peer);
-        let mut keep = HashSet::new();
-        let mut changed = Vec::new();
-        for peer in listed {
-            if unchanged(peer) {
-                if peer.ek != PqKey::None {
-                    keep.insert(peer.public_key);
-                }
-                continue;
-            }
-            changed.push(peer);
-            let ek = match &peer.ek {
-                PqKey::Published(ek) => ek,
-                PqKey::None => continue,
-                PqKey::Bad(why) => {
-                    // The pair stays as it was: its PSK in force, rounds to the last key of
-                    // the peer's that decoded (none if none ever did).
-                    keep.insert(peer.public_key);
-                    self.note(&peer.public_key, &peer.node, |s| {
-                        s.classical_because = Some(why.clone())
-                    });
-                    continue;
-                }
-            };
-            keep.insert(peer.public_key);
-            if let Some(pair) = self.pairs.get_mut(&peer.public_key) {
-                pair.address = peer.address;
-                pair.underlay = peer.underlay;
-                pair.ex.peer_ek_changed(ek.clone(), now);
-                self.wake(peer.public_key, now);
-                continue;
-            }
-            match Exchange::new(&self.own, peer.public_key, ek.clone(), self.timing, now) {
-                Ok(mut ex) => {
-                    self.left.remove(&peer.public_key);
-                    if let Some(saved) = self.restored.remove(&peer.public_key) {
-                        ex.restore(saved.current, saved.next);
-                    }
-                    debug!(peer = %peer.node, leads = ex.leads(), "post-quantum pair");
-                    self.pairs.insert(
-                        peer.public_key,
-                        Pair {
-                            node: peer.node.clone(),
-                            address: peer.address,
-                            underlay: peer.underlay,
-                            ex,
-                            wake_at: now,
-                            switch_at: None,
-                            rounds: 0,
-                            in_force: None,
-                        },
-                    );
-                    self.timers.insert((now, peer.public_key));
-                    self.dirty.insert(peer.public_key);
-                }
-                Err(e) => {
-                    warn!(peer = %peer.node, error = %e, "no post-quantum pair: it stays classical")
-                }
-            }
-        }
-        // Of the changed nodes' alone, only the pairs of their entries before can go.
-        let gone: Vec<PublicKey> = (self.pairs.keys())
-            .filter(|key| !keep.contains(key) && (every || before.contains_key(key)))
-            .copied()
-            .collect();
-        for key in gone {
-            self.keep_for_return(key, now);
-            self.forget(key);
-        }
-        self.prune_left(now);
-        if let Ok(mut status) = self.status.lock() {
-            let listed_keys: HashSet<PublicKey> = listed.iter().map(|p| p.public_key).collect();
-            for key in before.keys().filter(|key| !listed_keys.contains(*key)) {
-                status.remove(key);
-            }
-            for peer in changed.into_iter().filter(|p| p.ek == PqKey::None) {
-                let s = status.entry(peer.public_key).or_default();
-                s.node = peer.node.clone();
-                s.round_ms = None;
-                s.classical_because = Some(
-                    "it publishes no ML-KEM key (an older weft, flanneld, or PostQuantum off there)"
-                        .into(),
-                );
-            }
         }
     }
 
