@@ -26,9 +26,8 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
     ) -> Result<std::collections::BTreeMap<crate::model::DevicePeer, PeerObserved>, ApplyError>
     {
         self.fresh.clear();
-        let mut peers = std::collections::BTreeMap::new();
         let Some(wg) = self.wg.as_mut() else {
-            return Ok(peers);
+            return Ok(Default::default());
         };
         for name in [WG_DEVICE, WG_DEVICE_V6] {
             if full {
@@ -40,8 +39,15 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
                 self.wg_seen.read(name, device);
                 self.fresh.insert(name.to_string());
             }
-            if let Some(device) = self.wg_seen.get(name) {
-                peers.extend(device.peers.iter().map(|(k, p)| {
+        }
+        // Collected in key order (each device's peers are, and its name sorts before
+        // the next's), so the map is built in one go rather than by a search per peer.
+        let seen = &self.wg_seen;
+        let peers = [WG_DEVICE, WG_DEVICE_V6]
+            .into_iter()
+            .filter_map(|name| Some((name, seen.get(name)?)))
+            .flat_map(|(name, device)| {
+                device.peers.iter().map(move |(k, p)| {
                     let seen = PeerObserved {
                         endpoint: p.endpoint,
                         last_handshake: p.last_handshake,
@@ -49,9 +55,9 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
                         endpoint_set: None,
                     };
                     ((name.into(), *k), seen)
-                }));
-            }
-        }
+                })
+            })
+            .collect();
         Ok(peers)
     }
 
