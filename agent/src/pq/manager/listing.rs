@@ -100,10 +100,16 @@ impl Manager {
             }
         }
         // Of the changed nodes' alone, only the pairs of their entries before can go.
-        let gone: Vec<PublicKey> = (self.pairs.keys())
-            .filter(|key| !keep.contains(key) && (every || before.contains_key(key)))
-            .copied()
-            .collect();
+        let gone: Vec<PublicKey> = match every {
+            true => (self.pairs.keys())
+                .filter(|key| !keep.contains(key))
+                .copied()
+                .collect(),
+            false => (before.keys())
+                .filter(|key| !keep.contains(key) && self.pairs.contains_key(key))
+                .copied()
+                .collect(),
+        };
         for key in gone {
             self.keep_for_return(key, now);
             self.forget(key);
