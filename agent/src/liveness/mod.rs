@@ -133,13 +133,7 @@ impl Handle {
             return; // the device, once this pass is done, is what the same plan wants
         };
         self.generation += 1;
-        let plan = Plan {
-            generation: self.generation,
-            own,
-            state: state.clone(),
-            published,
-            switching: state.key_watch.is_some(),
-        };
+        let plan = Plan::new(self.generation, own, state, published);
         self.plan.send_replace(Some(Arc::new(plan)));
     }
 }
@@ -197,7 +191,7 @@ mod tests {
             "198.51.100.2:51820".parse().unwrap(),
         );
         let state = Arc::new(state);
-        let plan = Plan::new(1, own, &state);
+        let plan = Plan::new(1, own, &state, published(&state));
         let endpoints: Vec<String> = plan
             .tunnels()
             .flat_map(|t| &t.peers)
@@ -216,7 +210,7 @@ mod tests {
     #[test]
     fn a_plan_is_shared_and_copies_only_a_device_whose_endpoints_differ() {
         let state = Arc::new(state(vec![peer(key(2), "node-b", "198.51.100.2:51820")]));
-        let plan = Plan::new(1, key(1), &state);
+        let plan = Plan::new(1, key(1), &state, published(&state));
         assert_eq!(plan.published, [None]);
         assert!(std::ptr::eq(
             plan.tunnels().next().unwrap(),

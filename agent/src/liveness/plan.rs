@@ -28,13 +28,18 @@ pub struct Plan {
 }
 
 impl Plan {
-    #[cfg(test)]
-    pub(super) fn new(generation: u64, own: PublicKey, state: &Arc<DesiredState>) -> Plan {
+    /// Plan `state` as the watcher holds it, `published` its devices' copies (`published`).
+    pub(super) fn new(
+        generation: u64,
+        own: PublicKey,
+        state: &Arc<DesiredState>,
+        published: Vec<Option<TunnelSpec>>,
+    ) -> Plan {
         Plan {
             generation,
             own,
             state: state.clone(),
-            published: published(state),
+            published,
             switching: state.key_watch.is_some(),
         }
     }
@@ -66,18 +71,18 @@ pub(super) fn patched_published(
     nodes: &[PatchedNode],
 ) -> Option<Vec<Option<TunnelSpec>>> {
     let endpoints = Published::of(state);
-    let find = |peers: &[PeerSpec], key: &PublicKey| -> Option<PeerSpec> {
-        peers.iter().find(|p| p.public_key == *key).cloned()
-    };
+    fn find<'p>(peers: &'p [PeerSpec], key: &PublicKey) -> Option<&'p PeerSpec> {
+        peers.iter().find(|p| p.public_key == *key)
+    }
     let unchanged = nodes.iter().all(|n| {
         n.before == n.after
             && n.after.iter().all(|(d, key)| {
                 let have = held.tunnels().nth(*d).and_then(|t| find(&t.peers, key));
                 let want = state.tunnels.get(*d).and_then(|t| {
                     let p = find(&t.peers, key)?;
-                    Some((endpoints.endpoint(&t.device, &p), p))
+                    Some((endpoints.endpoint(&t.device, p), p))
                 });
-                matches!((have, want), (Some(h), Some((e, w))) if same_peer(&h, &w, e))
+                matches!((have, want), (Some(h), Some((e, w))) if same_peer(h, w, e))
             })
     });
     if unchanged {

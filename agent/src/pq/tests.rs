@@ -11,7 +11,8 @@ use weft_crypto::{PresharedKey, PrivateKey};
 
 use super::*;
 
-fn timing() -> Timing {
+/// Short periods and repeats, so rounds complete within a test.
+pub(super) fn timing() -> Timing {
     Timing {
         period: 60_000,
         retry: 100,

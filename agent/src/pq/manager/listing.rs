@@ -141,7 +141,7 @@ mod tests {
     use tokio::sync::watch;
     use weft_backends::model::DesiredState;
     use weft_backends::plan::{PatchedNode, PlanStamp};
-    use weft_crypto::pq::{KemKeyPair, Own, Timing};
+    use weft_crypto::pq::{KemKeyPair, Own};
     use weft_crypto::PrivateKey;
 
     use super::*;
@@ -168,15 +168,7 @@ mod tests {
             bind: IpAddr::from([127, 0, 0, 1]),
             port: 0,
             state_dir: dir.to_path_buf(),
-            timing: Timing {
-                period: 60_000,
-                retry: 100,
-                max_retry: 1_000,
-                round_lifetime: 10_000,
-                switch_delay: 100,
-                freshness: 300_000,
-                min_gap: 500,
-            },
+            timing: crate::pq::tests::timing(),
         };
         let published = watch::channel(Published::default()).0;
         Manager::new(config, (None, None), published, Default::default())
