@@ -97,10 +97,7 @@ pub fn tso_split(data: &[u8]) {
     let mut write = |p: &[u8]| written += p.len();
     let mut scratch = Vec::new();
     let _ = segment::split(&header, &mut pkt, &mut scratch, |seg| {
-        // As the receiving side hands decrypted packets over: with a vnet header.
-        let mut with_header = vec![0u8; vnet::LEN];
-        with_header.extend_from_slice(seg);
-        coalescer.push(&with_header, &mut write);
+        coalescer.push(seg, &mut write);
     });
     coalescer.flush(&mut write);
 }

@@ -109,22 +109,34 @@ impl<O: Outputs> Receiver<O> {
         // other first answer when this came after the delivery.
         let mut roamed = false;
         for datagram in run.chunks(segment) {
-            let result = tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain);
-            let (pkt, src): (&[u8], Option<IpAddr>) = match result {
-                TunnResult::WriteToTunnelV4(pkt, src) => (pkt, Some(src.into())),
-                TunnResult::WriteToTunnelV6(pkt, src) => (pkt, Some(src.into())),
-                TunnResult::Done => (&[], None), // a keepalive
+            // Decrypted straight into the packet being coalesced (no copy per datagram).
+            let dst = self.coalescer.landing(datagram.len(), &mut write);
+            let base = dst.as_ptr() as usize;
+            let result = tunn.decapsulate(Some(from.ip()), datagram, dst);
+            let (pkt, src): (Option<(usize, usize)>, Option<IpAddr>) = match result {
+                TunnResult::WriteToTunnelV4(pkt, src) => (
+                    Some((pkt.as_ptr() as usize - base, pkt.len())),
+                    Some(src.into()),
+                ),
+                TunnResult::WriteToTunnelV6(pkt, src) => (
+                    Some((pkt.as_ptr() as usize - base, pkt.len())),
+                    Some(src.into()),
+                ),
+                TunnResult::Done => (None, None), // a keepalive
                 // A data message is never answered: nothing goes to an unverified source.
-                TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => continue,
+                TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => {
+                    self.coalescer.landed(None, &mut write);
+                    continue;
+                }
             };
             if !roamed {
                 peer.roam(from, local);
                 roamed = true;
             }
             // The inner source must be one of the peer's AllowedIPs.
-            if src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer))) {
-                self.coalescer.push(pkt, &mut write);
-            }
+            let allowed =
+                src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)));
+            self.coalescer.landed(pkt.filter(|_| allowed), &mut write);
         }
         drop(noise);
         self.coalescer.flush(&mut write);

@@ -111,13 +111,18 @@ pub fn complete_checksum(h: &Header, pkt: &mut [u8]) -> Result<(), SplitError> {
     Ok(())
 }
 
-/// Calls `each` with every packet `pkt` stands for, built in `scratch`: the packet itself
-/// (its checksum completed if the device left it partial), or the segments of a GSO
-/// super-packet. Returns how many packets there were.
+/// Calls `each` with every packet `pkt` stands for: the packet itself (its checksum
+/// completed if the device left it partial), or the segments of a GSO super-packet.
+/// Returns how many packets there were.
+///
+/// Segments are built in place, not copied out: segment `i`'s headers are written just
+/// before its payload, over the end of segment `i - 1`'s payload, which `each` is done
+/// with by then. `headers` keeps the super-packet's own headers meanwhile. So `pkt` is
+/// scribbled on: what it holds afterwards is not the packet.
 pub fn split(
     h: &Header,
     pkt: &mut [u8],
-    scratch: &mut Vec<u8>,
+    headers: &mut Vec<u8>,
     mut each: impl FnMut(&[u8]),
 ) -> Result<usize, SplitError> {
     if h.gso_type == vnet::GSO_NONE {
@@ -132,28 +137,35 @@ pub fn split(
     if mss == 0 {
         return Err(SplitError::Malformed("gso_size is 0"));
     }
-    let payload = &pkt[l.payload..];
-    let (headers, _) = pkt.split_at(l.payload);
-    let count = payload.len().div_ceil(mss).max(1);
+    let hl = l.payload;
+    headers.clear();
+    headers.extend_from_slice(&pkt[..hl]);
+    let payload_len = pkt.len() - hl;
+    let count = payload_len.div_ceil(mss).max(1);
     let seq = (l.protocol == TCP).then(|| read_u32(headers, l.l4 + 4));
     let id = (!l.v6).then(|| read_u16(headers, 4));
-    for (i, chunk) in payload.chunks(mss).enumerate() {
-        scratch.clear();
-        scratch.extend_from_slice(headers);
-        scratch.extend_from_slice(chunk);
-        let len = scratch.len();
+    let ip_len = usize::from(headers[0] & 0xf) * 4;
+    for i in 0..count {
+        // Segment i: its headers end where its payload starts.
+        let start = i * mss;
+        let end = (hl + (i + 1) * mss).min(pkt.len());
+        let seg = &mut pkt[start..end];
+        if i > 0 {
+            seg[..hl].copy_from_slice(headers);
+        }
+        let len = seg.len();
         if l.v6 {
-            write_u16(scratch, 4, (len - 40) as u16);
+            write_u16(seg, 4, (len - 40) as u16);
         } else {
-            write_u16(scratch, 2, len as u16);
+            write_u16(seg, 2, len as u16);
             if let Some(id) = id {
-                write_u16(scratch, 4, id.wrapping_add(i as u16));
+                write_u16(seg, 4, id.wrapping_add(i as u16));
             }
-            checksum::ipv4_header(&mut scratch[..usize::from(headers[0] & 0xf) * 4]);
+            checksum::ipv4_header(&mut seg[..ip_len]);
         }
         if let Some(seq) = seq {
-            write_u32(scratch, l.l4 + 4, seq.wrapping_add((i * mss) as u32));
-            let flags = &mut scratch[l.l4 + 13];
+            write_u32(seg, l.l4 + 4, seq.wrapping_add((i * mss) as u32));
+            let flags = &mut seg[l.l4 + 13];
             if i + 1 < count {
                 *flags &= !(TCP_FIN | TCP_PSH);
             }
@@ -161,10 +173,10 @@ pub fn split(
                 *flags &= !TCP_CWR;
             }
         } else {
-            write_u16(scratch, l.l4 + 4, (len - l.l4) as u16);
+            write_u16(seg, l.l4 + 4, (len - l.l4) as u16);
         }
-        finish_transport(scratch, &l);
-        each(scratch);
+        finish_transport(seg, &l);
+        each(seg);
     }
     Ok(count)
 }

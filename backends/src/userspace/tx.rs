@@ -138,7 +138,7 @@ const READ_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
 pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::Beat) {
     let vnet = device.offloads.vnet;
     let mut buf = vec![0u8; vnet::LEN + 65_536];
-    let mut scratch = Vec::with_capacity(65_536);
+    let mut headers = Vec::with_capacity(256);
     let mut batch = Batch::new();
     let mut failures = 0;
     loop {
@@ -192,7 +192,7 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
         let Some(tunn) = state.sending(&mut noise, peer) else {
             continue; // no private key yet
         };
-        let result = segment::split(&header, pkt, &mut scratch, |seg| {
+        let result = segment::split(&header, pkt, &mut headers, |seg| {
             batch.encrypt(tunn, seg, mtu, &udp, &mut to)
         });
         noise.handshake_tx += std::mem::take(&mut batch.handshakes);
