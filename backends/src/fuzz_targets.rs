@@ -84,6 +84,7 @@ pub fn userspace_datagrams(data: &[u8]) {
         usize::from(u16::from_le_bytes(*size)),
         (from, None),
     );
+    rx.flush();
 }
 
 /// A vnet header, then the packet; its segments go through a coalescer.

@@ -138,8 +138,14 @@ impl<O: Outputs> Receiver<O> {
                 src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)));
             self.coalescer.landed(pkt.filter(|_| allowed), &mut write);
         }
-        drop(noise);
-        self.coalescer.flush(&mut write);
+    }
+
+    /// Writes the packet being coalesced, if any: `batch` keeps it open for the next
+    /// batch's segments of the same flow (the sender's super-packets span GSO sends), so
+    /// this must come before the receiver waits for more.
+    pub fn flush(&mut self) {
+        let out = &mut self.out;
+        self.coalescer.flush(&mut |pkt: &[u8]| out.deliver(pkt));
     }
 
     /// A handshake or cookie message: answered (a cookie reply goes back to its source), and
@@ -219,7 +225,8 @@ impl<O: Outputs> Receiver<O> {
 
     /// Handles the datagrams of one receive from `from` (to this host's `local` address,
     /// when known), against the device's `state`: `buf` holds them back to back, each
-    /// `segment` bytes but the last (0: one datagram).
+    /// `segment` bytes but the last (0: one datagram). The last TCP segment delivered
+    /// may be held for the next batch to continue (`flush` writes it).
     pub fn batch(
         &mut self,
         state: &State,
@@ -300,11 +307,28 @@ pub fn run(
     let mut buf = vec![0u8; 65_536];
     let mut cmsg = udp::cmsg_buffer();
     let mut failures = 0;
+    // Whether a packet is being coalesced: then the next receive does not wait, and
+    // what was coalesced goes out when nothing more is there.
+    let mut holding = false;
     loop {
-        let received = udp::receive(fd, &mut buf, &mut cmsg);
+        let received = if holding {
+            udp::receive_now(fd, &mut buf, &mut cmsg)
+        } else {
+            udp::receive(fd, &mut buf, &mut cmsg)
+        };
         beat.beat();
         if device.generation() != generation {
             return;
+        }
+        if holding && received.is_err() {
+            rx.flush();
+            holding = false;
+            if received
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+            {
+                continue;
+            }
         }
         match received {
             Ok(Some(b)) => {
@@ -312,6 +336,7 @@ pub fn run(
                 if b.len > 0 {
                     let from = (b.from, b.local);
                     rx.batch(&device.state(), &buf[..b.len], b.segment, from);
+                    holding = true;
                 }
             }
             Ok(None) => {

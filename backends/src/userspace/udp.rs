@@ -388,8 +388,22 @@ pub fn cmsg_buffer() -> Vec<u8> {
 /// Blocks for the next datagram or GRO batch on `fd`; `None` when the read returned
 /// nothing from nobody: the socket was shut down.
 pub fn receive(fd: RawFd, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<Option<Batch>> {
+    receive_with(fd, buf, cmsg, MsgFlags::empty())
+}
+
+/// As `receive`, without waiting: `WouldBlock` when nothing is there now.
+pub fn receive_now(fd: RawFd, buf: &mut [u8], cmsg: &mut [u8]) -> io::Result<Option<Batch>> {
+    receive_with(fd, buf, cmsg, MsgFlags::MSG_DONTWAIT)
+}
+
+fn receive_with(
+    fd: RawFd,
+    buf: &mut [u8],
+    cmsg: &mut [u8],
+    flags: MsgFlags,
+) -> io::Result<Option<Batch>> {
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(cmsg), MsgFlags::empty())?;
+    let msg = recvmsg::<SockaddrStorage>(fd, &mut iov, Some(cmsg), flags)?;
     let len = msg.bytes;
     let mut segment = len;
     let mut local = None;
