@@ -87,7 +87,7 @@ impl<O: Outputs> Receiver<O> {
     }
 
     /// Decrypts a run of data messages for one session of a peer (back to back,
-    /// `segment` bytes each but the last, all to `receiver`), under one lock of its state.
+    /// `segment` bytes each but the last, all to `receiver`).
     fn data_run(
         &mut self,
         state: &State,
@@ -98,10 +98,6 @@ impl<O: Outputs> Receiver<O> {
     ) {
         let out = &mut self.out;
         let mut write = |pkt: &[u8]| out.deliver(pkt);
-        let mut noise = lock(&peer.noise);
-        let Some(tunn) = noise.for_receiver(receiver) else {
-            return; // no session state for it: nothing of ours to decrypt with
-        };
         // The first message the peer's keys verify moves its endpoint, before anything
         // it carried reaches the TUN device: an answer to it (a ping's reply, a TCP ACK)
         // must go where the peer now is, not where it was (kernel WireGuard moves the
@@ -110,8 +106,17 @@ impl<O: Outputs> Receiver<O> {
         let mut roamed = false;
         for datagram in run.chunks(segment) {
             // Decrypted straight into the packet being coalesced (no copy per datagram).
+            // The session is locked for the decryption alone: never over a TUN write
+            // (which `landing` and `landed` may make), and the sending thread encrypts
+            // for this peer in between.
             let dst = self.coalescer.landing(datagram.len(), &mut write);
             let base = dst.as_ptr() as usize;
+            let mut noise = lock(&peer.noise);
+            let Some(tunn) = noise.for_receiver(receiver) else {
+                drop(noise);
+                self.coalescer.landed(None, &mut write);
+                return; // no session state for it: nothing of ours to decrypt with
+            };
             let result = tunn.decapsulate(Some(from.ip()), datagram, dst);
             let (pkt, src): (Option<(usize, usize)>, Option<IpAddr>) = match result {
                 TunnResult::WriteToTunnelV4(pkt, src) => (
@@ -125,10 +130,12 @@ impl<O: Outputs> Receiver<O> {
                 TunnResult::Done => (None, None), // a keepalive
                 // A data message is never answered: nothing goes to an unverified source.
                 TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => {
+                    drop(noise);
                     self.coalescer.landed(None, &mut write);
                     continue;
                 }
             };
+            drop(noise);
             if !roamed {
                 peer.roam(from, local);
                 roamed = true;
