@@ -148,7 +148,7 @@ impl Coalescer {
             landing: vnet::LEN,
             covered: [0; MAX_HEADERS],
             covered_len: 0,
-            spill: Vec::with_capacity(MAX_PACKET),
+            spill: Vec::new(),
         }
     }
 
