@@ -3,9 +3,10 @@
 //!
 //! The I/O is where the time goes, so it is batched end to end: the TUN device hands
 //! over TCP super-packets of up to 64 KiB (`IFF_VNET_HDR` with `TUNSETOFFLOAD`), which are
-//! split (`segment`), encrypted straight into one buffer and sent with one UDP GSO call
-//! (`udp`); received GRO batches are decrypted and their TCP segments coalesced
-//! (`coalesce`) into one write to the TUN device. Plain threads with blocking loops, one
+//! split in place (`segment`), encrypted straight into one buffer and sent with one UDP
+//! GSO call (`udp`), which back-to-back super-packets share; received GRO batches are
+//! decrypted straight into the packet being coalesced (`coalesce`), which grows across
+//! batches while more are waiting, and written to the TUN device in one write. Plain threads with blocking loops, one
 //! sending, one receiving per socket and one for timers; the state (`peers`) is read once
 //! per batch. Every feature is probed at start and falls back on its own. The UAPI
 //! (`uapi`) is served from the device's own state, so peers change in place.
