@@ -118,15 +118,11 @@ impl<O: Outputs> Receiver<O> {
                 return; // no session state for it: nothing of ours to decrypt with
             };
             let result = tunn.decapsulate(Some(from.ip()), datagram, dst);
+            // Where in `dst` the packet is (boringtun returns it from the start).
+            let within = |pkt: &[u8]| Some(((pkt.as_ptr() as usize).checked_sub(base)?, pkt.len()));
             let (pkt, src): (Option<(usize, usize)>, Option<IpAddr>) = match result {
-                TunnResult::WriteToTunnelV4(pkt, src) => (
-                    Some((pkt.as_ptr() as usize - base, pkt.len())),
-                    Some(src.into()),
-                ),
-                TunnResult::WriteToTunnelV6(pkt, src) => (
-                    Some((pkt.as_ptr() as usize - base, pkt.len())),
-                    Some(src.into()),
-                ),
+                TunnResult::WriteToTunnelV4(pkt, src) => (within(pkt), Some(src.into())),
+                TunnResult::WriteToTunnelV6(pkt, src) => (within(pkt), Some(src.into())),
                 TunnResult::Done => (None, None), // a keepalive
                 // A data message is never answered: nothing goes to an unverified source.
                 TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => {
