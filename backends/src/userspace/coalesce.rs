@@ -273,6 +273,11 @@ impl Coalescer {
         }
     }
 
+    /// Whether a packet is being built (held for more segments).
+    pub fn holds(&self) -> bool {
+        self.open.is_some()
+    }
+
     /// Writes what is being built, if anything.
     pub fn flush(&mut self, write: &mut impl FnMut(&[u8])) {
         let Some(open) = self.open.take() else {

@@ -143,6 +143,11 @@ impl<O: Outputs> Receiver<O> {
         }
     }
 
+    /// Whether a packet is being coalesced, which `flush` would write.
+    pub fn holding(&self) -> bool {
+        self.coalescer.holds()
+    }
+
     /// Writes the packet being coalesced, if any: `batch` keeps it open for the next
     /// batch's segments of the same flow (the sender's super-packets span GSO sends), so
     /// this must come before the receiver waits for more.
@@ -311,7 +316,7 @@ pub fn run(
     let mut cmsg = udp::cmsg_buffer();
     let mut failures = 0;
     // Whether a packet is being coalesced: then the next receive does not wait, and
-    // what was coalesced goes out when nothing more is there.
+    // what was coalesced goes out when nothing more is there (or the receive fails).
     let mut holding = false;
     loop {
         let received = if holding {
@@ -339,7 +344,9 @@ pub fn run(
                 if b.len > 0 {
                     let from = (b.from, b.local);
                     rx.batch(&device.state(), &buf[..b.len], b.segment, from);
-                    holding = true;
+                    // Only a TCP segment being coalesced waits on the next receive: a
+                    // ping, a handshake or anything written at once costs no extra call.
+                    holding = rx.holding();
                 }
             }
             Ok(None) => {
