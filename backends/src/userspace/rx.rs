@@ -110,28 +110,18 @@ impl<O: Outputs> Receiver<O> {
             // (which `landing` and `landed` may make), and the sending thread encrypts
             // for this peer in between.
             let dst = self.coalescer.landing(datagram.len(), &mut write);
-            let base = dst.as_ptr() as usize;
             let mut noise = lock(&peer.noise);
             let Some(tunn) = noise.for_receiver(receiver) else {
                 drop(noise);
                 self.coalescer.landed(None, &mut write);
                 return; // no session state for it: nothing of ours to decrypt with
             };
-            let result = tunn.decapsulate(Some(from.ip()), datagram, dst);
-            // Where in `dst` the packet is (boringtun returns it from the start).
-            let within = |pkt: &[u8]| Some(((pkt.as_ptr() as usize).checked_sub(base)?, pkt.len()));
-            let (pkt, src): (Option<(usize, usize)>, Option<IpAddr>) = match result {
-                TunnResult::WriteToTunnelV4(pkt, src) => (within(pkt), Some(src.into())),
-                TunnResult::WriteToTunnelV6(pkt, src) => (within(pkt), Some(src.into())),
-                TunnResult::Done => (None, None), // a keepalive
-                // A data message is never answered: nothing goes to an unverified source.
-                TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => {
-                    drop(noise);
-                    self.coalescer.landed(None, &mut write);
-                    continue;
-                }
-            };
+            let opened = open(tunn, from.ip(), datagram, dst);
             drop(noise);
+            let Some(Opened { pkt, src }) = opened else {
+                self.coalescer.landed(None, &mut write);
+                continue;
+            };
             if !roamed {
                 peer.roam(from, local);
                 roamed = true;
@@ -270,6 +260,36 @@ impl<O: Outputs> Receiver<O> {
             }
             at = end;
         }
+    }
+}
+
+/// A data message the peer's session opened: where in the landing place its packet is
+/// (offset, length) and the packet's inner source; neither for a keepalive.
+struct Opened {
+    pkt: Option<(usize, usize)>,
+    src: Option<IpAddr>,
+}
+
+/// Decrypts one data message into `dst`; `None` for a message that is not the peer's (it
+/// is never answered: nothing goes to an unverified source).
+fn open(tunn: &mut Tunn, from: IpAddr, datagram: &[u8], dst: &mut [u8]) -> Option<Opened> {
+    let base = dst.as_ptr() as usize;
+    // boringtun returns the packet from the start of `dst`; computed, not assumed.
+    let within = |pkt: &[u8]| Some(((pkt.as_ptr() as usize).checked_sub(base)?, pkt.len()));
+    match tunn.decapsulate(Some(from), datagram, dst) {
+        TunnResult::WriteToTunnelV4(pkt, src) => Some(Opened {
+            pkt: within(pkt),
+            src: Some(src.into()),
+        }),
+        TunnResult::WriteToTunnelV6(pkt, src) => Some(Opened {
+            pkt: within(pkt),
+            src: Some(src.into()),
+        }),
+        TunnResult::Done => Some(Opened {
+            pkt: None,
+            src: None,
+        }),
+        TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => None,
     }
 }
 
