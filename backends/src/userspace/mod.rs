@@ -15,6 +15,7 @@ pub mod checksum;
 pub mod coalesce;
 pub mod device;
 mod noise;
+pub mod wg;
 pub mod peers;
 pub mod rx;
 pub mod segment;

@@ -1,0 +1,346 @@
+//! WireGuard's handshake (whitepaper §5.4.2–5.4.7): Noise IKpsk2 between two static
+//! X25519 keys, the initiation and response messages with their MACs, and the cookie a
+//! peer under load sends back. A completed handshake yields a `Session`.
+//!
+//! The device's rate limiter checks a received message's `mac1` (and `mac2` under load)
+//! before it gets here; this module checks everything inside it.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use x25519_dalek::{PublicKey, StaticSecret};
+use zeroize::Zeroize;
+
+use super::primitives::{hash, kdf, mac, open, seal, tai64n, xopen, TAG};
+use super::session::Session;
+
+pub const INIT_LEN: usize = 148;
+pub const RESPONSE_LEN: usize = 92;
+pub const COOKIE_LEN: usize = 64;
+
+const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
+const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
+const LABEL_MAC1: &[u8] = b"mac1----";
+const LABEL_COOKIE: &[u8] = b"cookie--";
+/// A cookie is used this long after it arrived (the whitepaper's two minutes).
+const COOKIE_LIFE: Duration = Duration::from_secs(120);
+/// Initiations consumed a second, at most, from one peer (kernel WireGuard's figure): a
+/// replayed burst cannot make the responder churn sessions.
+const MIN_INITIATION_GAP: Duration = Duration::from_millis(20);
+
+/// Why a handshake message was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandshakeError {
+    /// Not a message of this type and length.
+    Malformed,
+    /// An AEAD did not open, or a DH gave the all-zero point: not the peer's.
+    Forged,
+    /// An initiation from a key that is not this peer's.
+    WrongKey,
+    /// An initiation whose timestamp is not newer than the last one consumed, or that
+    /// came too soon after it.
+    Replayed,
+    /// A response or cookie for no initiation of ours.
+    Unexpected,
+}
+
+/// The initiation this side sent and awaits the response to.
+struct Sent {
+    index: u32,
+    ephemeral: StaticSecret,
+    hash: [u8; 32],
+    chain: [u8; 32],
+    at: Instant,
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        self.hash.zeroize();
+        self.chain.zeroize();
+    }
+}
+
+pub struct Handshake {
+    secret: StaticSecret,
+    public: PublicKey,
+    peer: PublicKey,
+    psk: [u8; 32],
+    /// DH(our static, the peer's static): fixed for the pair.
+    static_dh: [u8; 32],
+    /// The chaining key and hash every handshake starts from, with the responder's key
+    /// mixed in: the peer's (for initiations we send), ours (for those we receive).
+    start: [u8; 32],
+    to_peer: [u8; 32],
+    to_us: [u8; 32],
+    /// `HASH(LABEL_MAC1 || peer)`: the mac1 key of messages to the peer.
+    mac1_key: [u8; 32],
+    /// `HASH(LABEL_COOKIE || peer)`: what opens the peer's cookie replies.
+    cookie_key: [u8; 32],
+    sent: Option<Sent>,
+    /// The initiation sent before `sent` (a retry's), whose response may still come.
+    previous: Option<Sent>,
+    /// The greatest timestamp of an initiation consumed from the peer, and when.
+    latest: Option<([u8; 12], Instant)>,
+    /// A cookie from the peer (under load), and when it came.
+    cookie: Option<([u8; 16], Instant)>,
+    /// The mac1 of the last handshake message sent: a cookie reply is bound to it.
+    last_mac1: Option<[u8; 16]>,
+    /// The index of the last response sent, which a cookie reply may name.
+    responded: Option<u32>,
+    /// Round-trip time of the last handshake we initiated, in milliseconds.
+    pub rtt: Option<u32>,
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.psk.zeroize();
+        self.static_dh.zeroize();
+    }
+}
+
+/// DH, refusing the all-zero result of a low-order point.
+fn dh(secret: &StaticSecret, public: &[u8; 32]) -> Option<[u8; 32]> {
+    let shared = secret.diffie_hellman(&PublicKey::from(*public));
+    shared.was_contributory().then(|| shared.to_bytes())
+}
+
+fn new_ephemeral() -> StaticSecret {
+    // No randomness from the kernel leaves a fixed key: refuse to handshake on it.
+    let bytes = weft_crypto::random_bytes::<32>().unwrap_or([0; 32]);
+    StaticSecret::from(bytes)
+}
+
+/// The chaining key every handshake starts from, and the hash with `responder` mixed in.
+fn initial(responder: &PublicKey) -> ([u8; 32], [u8; 32]) {
+    let chain = hash(CONSTRUCTION, &[]);
+    (chain, hash(&hash(&chain, IDENTIFIER), responder.as_bytes()))
+}
+
+fn index_at(msg: &[u8], at: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&msg[at..at + 4]);
+    u32::from_le_bytes(b)
+}
+
+/// The transport keys of a finished handshake's chaining key: (initiator's sending key,
+/// responder's sending key).
+fn split(chain: &[u8; 32]) -> ([u8; 32], [u8; 32]) {
+    let [a, b] = kdf::<2>(chain, &[]);
+    (a, b)
+}
+
+/// The static key an initiation was sent from, if it was sent to `secret`'s key (the
+/// device's: which peer it is for). Checks only the first AEAD; the peer's handshake checks
+/// the rest.
+pub fn initiator_of(secret: &StaticSecret, public: &PublicKey, msg: &[u8]) -> Option<[u8; 32]> {
+    if msg.len() != INIT_LEN || msg[0] != 1 {
+        return None;
+    }
+    let (chain, h) = initial(public);
+    let e: [u8; 32] = msg[8..40].try_into().ok()?;
+    let [chain] = kdf::<1>(&chain, &e);
+    let h = hash(&h, &e);
+    let [_, key] = kdf::<2>(&chain, &dh(secret, &e)?);
+    let mut peer = [0u8; 32];
+    open(&key, &msg[40..88], &h, &mut peer)?;
+    Some(peer)
+}
+
+impl Handshake {
+    pub fn new(secret: StaticSecret, peer: PublicKey, psk: Option<[u8; 32]>) -> Handshake {
+        let public = PublicKey::from(&secret);
+        let static_dh = dh(&secret, peer.as_bytes()).unwrap_or([0; 32]);
+        let (start, to_peer) = initial(&peer);
+        let (_, to_us) = initial(&public);
+        Handshake {
+            static_dh,
+            start,
+            to_peer,
+            to_us,
+            mac1_key: hash(LABEL_MAC1, peer.as_bytes()),
+            cookie_key: hash(LABEL_COOKIE, peer.as_bytes()),
+            secret,
+            public,
+            peer,
+            psk: psk.unwrap_or([0; 32]),
+            sent: None,
+            previous: None,
+            latest: None,
+            cookie: None,
+            last_mac1: None,
+            responded: None,
+            rtt: None,
+        }
+    }
+
+    /// When the initiation awaiting its response went out.
+    pub fn in_flight(&self) -> Option<Instant> {
+        self.sent.as_ref().map(|s| s.at)
+    }
+
+    /// Forgets the initiations in flight (the attempt is over).
+    pub fn abandon(&mut self) {
+        self.sent = None;
+        self.previous = None;
+    }
+
+    pub fn has_cookie(&self) -> bool {
+        self.cookie.is_some()
+    }
+
+    /// Drops a cookie past its life.
+    pub fn expire_cookie(&mut self, now: Instant) {
+        if self
+            .cookie
+            .is_some_and(|(_, at)| now.duration_since(at) >= COOKIE_LIFE)
+        {
+            self.cookie = None;
+        }
+    }
+
+    /// Writes mac1 and mac2 into the last 32 bytes of `msg`.
+    fn macs(&mut self, msg: &mut [u8]) {
+        let n = msg.len();
+        let mac1 = mac(&self.mac1_key, &msg[..n - 32]);
+        msg[n - 32..n - 16].copy_from_slice(&mac1);
+        self.last_mac1 = Some(mac1);
+        let mac2 = match self.cookie {
+            Some((cookie, at)) if at.elapsed() < COOKIE_LIFE => mac(&cookie, &msg[..n - 16]),
+            _ => [0; 16],
+        };
+        msg[n - 16..].copy_from_slice(&mac2);
+    }
+
+    /// Writes an initiation from session index `index` into `out` (`INIT_LEN` bytes).
+    pub fn initiate(&mut self, index: u32, out: &mut [u8]) -> Option<usize> {
+        let msg = out.get_mut(..INIT_LEN)?;
+        let ephemeral = new_ephemeral();
+        let e = PublicKey::from(&ephemeral);
+        msg[..4].copy_from_slice(&[1, 0, 0, 0]);
+        msg[4..8].copy_from_slice(&index.to_le_bytes());
+        msg[8..40].copy_from_slice(e.as_bytes());
+        let [chain] = kdf::<1>(&self.start, e.as_bytes());
+        let h = hash(&self.to_peer, e.as_bytes());
+        let [chain, key] = kdf::<2>(&chain, &dh(&ephemeral, self.peer.as_bytes())?);
+        seal(&key, self.public.as_bytes(), &h, &mut msg[40..88]);
+        let h = hash(&h, &msg[40..88]);
+        let [chain, key] = kdf::<2>(&chain, &self.static_dh);
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        seal(&key, &tai64n(now), &h, &mut msg[88..116]);
+        let h = hash(&h, &msg[88..116]);
+        self.macs(msg);
+        self.previous = self.sent.replace(Sent {
+            index,
+            ephemeral,
+            hash: h,
+            chain,
+            at: Instant::now(),
+        });
+        Some(INIT_LEN)
+    }
+
+    /// Consumes the peer's initiation `msg` and writes the response from session index
+    /// `index` into `out` (`RESPONSE_LEN` bytes): the new session (not yet confirmed by
+    /// the peer) and the response's length.
+    pub fn respond(
+        &mut self,
+        msg: &[u8],
+        index: u32,
+        out: &mut [u8],
+    ) -> Result<(Session, usize), HandshakeError> {
+        if msg.len() != INIT_LEN || msg[0] != 1 {
+            return Err(HandshakeError::Malformed);
+        }
+        let forged = HandshakeError::Forged;
+        let peer_index = index_at(msg, 4);
+        let e: [u8; 32] = msg[8..40].try_into().map_err(|_| forged)?;
+        let [chain] = kdf::<1>(&self.start, &e);
+        let h = hash(&self.to_us, &e);
+        let [chain, key] = kdf::<2>(&chain, &dh(&self.secret, &e).ok_or(forged)?);
+        let mut peer = [0u8; 32];
+        open(&key, &msg[40..88], &h, &mut peer).ok_or(forged)?;
+        if peer != *self.peer.as_bytes() {
+            return Err(HandshakeError::WrongKey);
+        }
+        let h = hash(&h, &msg[40..88]);
+        let [chain, key] = kdf::<2>(&chain, &self.static_dh);
+        let mut stamp = [0u8; 12];
+        open(&key, &msg[88..116], &h, &mut stamp).ok_or(forged)?;
+        let h = hash(&h, &msg[88..116]);
+        let now = Instant::now();
+        if let Some((latest, at)) = self.latest {
+            if stamp <= latest || now.duration_since(at) < MIN_INITIATION_GAP {
+                return Err(HandshakeError::Replayed);
+            }
+        }
+        // The response.
+        let out = out.get_mut(..RESPONSE_LEN).ok_or(HandshakeError::Malformed)?;
+        let ephemeral = new_ephemeral();
+        let er = PublicKey::from(&ephemeral);
+        out[..4].copy_from_slice(&[2, 0, 0, 0]);
+        out[4..8].copy_from_slice(&index.to_le_bytes());
+        out[8..12].copy_from_slice(&peer_index.to_le_bytes());
+        out[12..44].copy_from_slice(er.as_bytes());
+        let [chain] = kdf::<1>(&chain, er.as_bytes());
+        let h = hash(&h, er.as_bytes());
+        let [chain] = kdf::<1>(&chain, &dh(&ephemeral, &e).ok_or(forged)?);
+        let [chain] = kdf::<1>(&chain, &dh(&ephemeral, &peer).ok_or(forged)?);
+        let [chain, tau, key] = kdf::<3>(&chain, &self.psk);
+        let h = hash(&h, &tau);
+        seal(&key, &[], &h, &mut out[44..44 + TAG]);
+        self.macs(out);
+        self.latest = Some((stamp, now));
+        self.responded = Some(index);
+        let (recv, send) = split(&chain);
+        Ok((Session::new(index, peer_index, &send, &recv), RESPONSE_LEN))
+    }
+
+    /// Consumes the peer's response to our initiation: the new session.
+    pub fn complete(&mut self, msg: &[u8]) -> Result<Session, HandshakeError> {
+        if msg.len() != RESPONSE_LEN || msg[0] != 2 {
+            return Err(HandshakeError::Malformed);
+        }
+        let forged = HandshakeError::Forged;
+        let receiver = index_at(msg, 8);
+        let sent = [&self.sent, &self.previous]
+            .into_iter()
+            .flatten()
+            .find(|s| s.index == receiver)
+            .ok_or(HandshakeError::Unexpected)?;
+        let er: [u8; 32] = msg[12..44].try_into().map_err(|_| forged)?;
+        let [chain] = kdf::<1>(&sent.chain, &er);
+        let h = hash(&sent.hash, &er);
+        let [chain] = kdf::<1>(&chain, &dh(&sent.ephemeral, &er).ok_or(forged)?);
+        let [chain] = kdf::<1>(&chain, &dh(&self.secret, &er).ok_or(forged)?);
+        let [chain, tau, key] = kdf::<3>(&chain, &self.psk);
+        let h = hash(&h, &tau);
+        open(&key, &msg[44..60], &h, &mut []).ok_or(forged)?;
+        let rtt = sent.at.elapsed().as_millis();
+        let (send, recv) = split(&chain);
+        self.rtt = Some(u32::try_from(rtt).unwrap_or(u32::MAX));
+        self.abandon();
+        Ok(Session::new(receiver, index_at(msg, 4), &send, &recv))
+    }
+
+    /// Consumes a cookie reply to our last initiation or response.
+    pub fn take_cookie(&mut self, msg: &[u8]) -> Result<(), HandshakeError> {
+        if msg.len() != COOKIE_LEN || msg[0] != 3 {
+            return Err(HandshakeError::Malformed);
+        }
+        let receiver = index_at(msg, 4);
+        let ours = self.sent.as_ref().is_some_and(|s| s.index == receiver)
+            || self.responded == Some(receiver);
+        let mac1 = self.last_mac1.filter(|_| ours).ok_or(HandshakeError::Unexpected)?;
+        let nonce: [u8; 24] = msg[8..32].try_into().map_err(|_| HandshakeError::Malformed)?;
+        let sealed: [u8; 32] = msg[32..64].try_into().map_err(|_| HandshakeError::Malformed)?;
+        let cookie =
+            xopen(&self.cookie_key, &nonce, &sealed, &mac1).ok_or(HandshakeError::Forged)?;
+        self.cookie = Some((cookie, Instant::now()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "handshake_tests.rs"]
+mod tests;
