@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use boringtun::noise::TunnResult;
+use super::wg::TunnResult;
 
 use super::peers::{lock, read, write, Peer, State};
 use super::tun::{Offloads, Tun};

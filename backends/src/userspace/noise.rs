@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use boringtun::noise::Tunn;
+use super::wg::Tunnel as Tunn;
 
 /// WireGuard's REJECT_AFTER_TIME: no session is used longer than this after its handshake.
 pub const REJECT_AFTER: Duration = Duration::from_secs(180);
@@ -104,7 +104,7 @@ impl Noise {
 
     /// Adds the bytes of `tunn`, going now, to what this peer carried.
     fn carry(&mut self, tunn: &Tunn) {
-        let (_, tx, rx, _, _) = tunn.stats();
+        let (_, tx, rx) = tunn.stats();
         self.carried = (self.carried.0 + tx, self.carried.1 + rx);
     }
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::Tunn;
+use super::wg::Tunnel;
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::IpNet;
 
@@ -253,7 +253,7 @@ impl State {
 
     /// `peer`'s current `Tunn` in `noise` (its locked Noise state), made now if it has
     /// none yet. None while the device has no private key.
-    pub fn session<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunn> {
+    pub fn session<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunnel> {
         if noise.tunn.is_none() {
             let id = self.identity.as_ref()?;
             noise.initiate = false;
@@ -261,13 +261,13 @@ impl State {
                 let c = lock(&peer.config);
                 (c.psk, c.keepalive)
             };
-            noise.tunn = Some(Box::new(Tunn::new(
+            noise.tunn = Some(Box::new(Tunnel::new(
                 id.secret.clone(),
                 PublicKey::from(peer.key),
                 psk,
                 (keepalive != 0).then_some(keepalive),
                 noise.index,
-                Some(id.limiter.clone()),
+                id.limiter.clone(),
             )));
         }
         noise.tunn.as_deref_mut()
@@ -275,7 +275,7 @@ impl State {
 
     /// The `Tunn` `peer`'s outgoing packets are encrypted with: the retiring one while a
     /// PSK or keepalive change's new one has no session yet, else the current one.
-    pub fn sending<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunn> {
+    pub fn sending<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunnel> {
         if noise.sending_retiring().is_some() {
             return noise.sending_retiring();
         }

@@ -175,7 +175,7 @@ fn node(secret: &StaticSecret, peer: &StaticSecret) -> State {
 
 /// Runs one packet through `to`'s `Tunn` for its peer: what it answers, if anything.
 fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
-    use boringtun::noise::TunnResult;
+    use crate::userspace::wg::TunnResult;
     let peer = to.peers.values().next()?.clone();
     let mut noise = lock(&peer.noise);
     let tunn = to.session(&mut noise, &peer)?;
@@ -191,7 +191,7 @@ fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
 /// that knows it (kernel WireGuard keeps receiving on its sessions too).
 #[test]
 fn a_new_private_key_keeps_the_session_it_had_until_the_new_one_is_made() {
-    use boringtun::noise::TunnResult;
+    use crate::userspace::wg::TunnResult;
     let secret = |n: u8| StaticSecret::from([n; 32]);
     let (a_old, a_new, b) = (secret(1), secret(2), secret(3));
     let mut a = node(&a_old, &b);
@@ -263,7 +263,7 @@ fn a_new_private_key_keeps_the_session_it_had_until_the_new_one_is_made() {
 /// before and after it retires.
 #[test]
 fn a_psk_change_keeps_the_peers_transfer_counts() {
-    use boringtun::noise::TunnResult;
+    use crate::userspace::wg::TunnResult;
     let secret = |n: u8| StaticSecret::from([n; 32]);
     let (a_key, b_key) = (secret(1), secret(2));
     let mut a = node(&a_key, &b_key);
@@ -378,7 +378,7 @@ fn receive(state: &State, datagram: &[u8]) -> Captured {
 /// session and no handshake until its pods sent something).
 #[test]
 fn a_change_just_after_answering_keeps_the_answered_session_and_handshakes_at_once() {
-    use boringtun::noise::TunnResult;
+    use crate::userspace::wg::TunnResult;
     let secret = |n: u8| StaticSecret::from([n; 32]);
     let (a_key, b_key) = (secret(1), secret(2));
     let a = node(&a_key, &b_key);

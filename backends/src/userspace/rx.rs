@@ -9,9 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::{Packet, Tunn, TunnResult};
-use boringtun::x25519::PublicKey;
+use boringtun::noise::Packet;
+
+use super::wg::{handshake::initiator_of, Tunnel as Tunn, TunnResult};
 
 use super::coalesce::Coalescer;
 use super::device::Device;
@@ -168,14 +168,9 @@ impl<O: Outputs> Receiver<O> {
                 .limiter
                 .verify_packet(Some(from.ip()), datagram, &mut cookie)
             {
-                Ok(Packet::HandshakeInit(p)) => parse_handshake_anon(&id.secret, &id.public, &p)
-                    .ok()
-                    .and_then(|h| {
-                        state
-                            .peers
-                            .get(PublicKey::from(h.peer_static_public).as_bytes())
-                    }),
-                Err(TunnResult::WriteToNetwork(c)) => {
+                Ok(Packet::HandshakeInit(_)) => initiator_of(&id.secret, &id.public, datagram)
+                    .and_then(|key| state.peers.get(&key)),
+                Err(boringtun::noise::TunnResult::WriteToNetwork(c)) => {
                     self.out.send(back, c);
                     return;
                 }

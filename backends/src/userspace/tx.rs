@@ -6,7 +6,7 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use boringtun::noise::{Tunn, TunnResult};
+use super::wg::{self, Tunnel as Tunn, TunnResult};
 
 use super::device::Device;
 use super::peers::lock;
@@ -214,7 +214,7 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
         } else {
             (Header::default(), &mut buf[..n])
         };
-        let Some(dst) = Tunn::dst_address(pkt) else {
+        let Some(dst) = wg::dst_address(pkt) else {
             continue;
         };
         let state = device.state();
