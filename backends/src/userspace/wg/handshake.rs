@@ -292,6 +292,11 @@ impl Handshake {
         self.macs(out);
         self.latest = Some((stamp, now));
         self.responded = Some(index);
+        // Answering ends our own attempt (no retries while the peer's session stands), but
+        // a response to our initiation may still come and is still taken.
+        if let Some(sent) = self.sent.take() {
+            self.previous = Some(sent);
+        }
         let (recv, send) = split(&chain);
         Ok((Session::new(index, peer_index, &send, &recv), RESPONSE_LEN))
     }
