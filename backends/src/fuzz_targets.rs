@@ -75,12 +75,13 @@ pub fn userspace_datagrams(data: &[u8]) {
     let Some((size, batch)) = data.split_first_chunk::<2>() else {
         return;
     };
+    let mut batch = batch.to_vec();
     let state = device_state();
     let mut rx = Receiver::new(Sink(0), true);
     let from = SocketAddr::from(([127, 0, 0, 1], 51000));
     rx.batch(
         &state,
-        batch,
+        &mut batch,
         usize::from(u16::from_le_bytes(*size)),
         (from, None),
     );

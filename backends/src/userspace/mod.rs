@@ -15,8 +15,8 @@ pub mod checksum;
 pub mod coalesce;
 pub mod device;
 mod noise;
-pub mod wg;
 pub mod peers;
+mod pool;
 pub mod rx;
 pub mod segment;
 pub mod tun;
@@ -25,6 +25,7 @@ pub mod uapi;
 pub mod udp;
 pub mod vnet;
 pub mod watchdog;
+pub mod wg;
 
 pub use device::Device;
 

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use boringtun::noise::rate_limiter::RateLimiter;
 use super::wg::Tunnel;
+use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::IpNet;
 

@@ -366,7 +366,7 @@ fn receive(state: &State, datagram: &[u8]) -> Captured {
     let mut captured = Captured::default();
     let from: std::net::SocketAddr = "192.0.2.1:51820".parse().unwrap();
     let mut rx = super::super::rx::Receiver::new(&mut captured, false);
-    rx.batch(state, datagram, 0, (from, None));
+    rx.batch(state, &mut datagram.to_vec(), 0, (from, None));
     drop(rx);
     captured
 }

@@ -11,13 +11,18 @@ use std::sync::Arc;
 
 use boringtun::noise::Packet;
 
-use super::wg::{handshake::initiator_of, Tunnel as Tunn, TunnResult};
+use super::wg::{handshake::initiator_of, TunnResult, Tunnel as Tunn};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::coalesce::Coalescer;
 use super::device::Device;
 use super::peers::{lock, Peer, State};
+use super::pool::Pool;
 use super::udp::{self, Endpoint, Local};
 use super::vnet;
+use super::wg::session::{counter_of, HEADER};
 
 /// The message type of a transport data packet (a keepalive is one, empty).
 pub(super) const DATA: u8 = 4;
@@ -68,21 +73,112 @@ impl Outputs for DeviceOutputs {
     }
 }
 
-/// The receiving side of one socket: decryption and coalescing buffers, and its outputs.
+/// The receiving side of one socket: decryption and coalescing buffers, its outputs, and
+/// the crypto helpers a long run of data messages is opened with.
 pub struct Receiver<O> {
     out: O,
     plain: Vec<u8>,
     coalescer: Coalescer,
+    pool: Pool,
 }
+
+/// Runs of data messages at least this long are opened in parts across the crypto pool
+/// (shorter ones cost more to hand over than to open).
+const SPLIT_RUN: usize = 4;
+/// A part's result for a message that did not open.
+const NOT_OPENED: usize = usize::MAX;
 
 impl<O: Outputs> Receiver<O> {
     /// A receiver writing to `out`; `vnet`: the TUN device takes GSO writes (without, no
     /// segments are merged).
     pub fn new(out: O, vnet: bool) -> Self {
+        Self::with_helpers(out, vnet, super::tx::crypto_helpers())
+    }
+
+    /// A receiver whose long runs of data messages are opened by this many helper threads
+    /// beside it.
+    pub fn with_helpers(out: O, vnet: bool, helpers: usize) -> Self {
         Receiver {
             out,
             plain: vec![0u8; 65_536],
             coalescer: Coalescer::new(vnet),
+            pool: Pool::new("wg-open", helpers),
+        }
+    }
+
+    /// Opens a run of data messages for one session in place, in parts across the
+    /// crypto pool, then hands each opened packet on in order (as `data_run` does, with a
+    /// copy into the packet being coalesced instead of opening straight into it).
+    fn data_run_split(
+        &mut self,
+        state: &State,
+        (peer, receiver): (&Arc<Peer>, u32),
+        run: &mut [u8],
+        segment: usize,
+        (from, local): (SocketAddr, Option<Local>),
+    ) {
+        let session = lock(&peer.noise)
+            .for_receiver(receiver)
+            .and_then(|t| t.receiving(receiver).cloned());
+        let Some(session) = session else {
+            return; // no session state for it: nothing of ours to decrypt with
+        };
+        let count = run.len().div_ceil(segment);
+        let width = self.pool.width().min(count);
+        let per = count.div_ceil(width);
+        let opened: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(NOT_OPENED)).collect();
+        let parts: Vec<Mutex<Option<&mut [u8]>>> = run
+            .chunks_mut(per * segment)
+            .map(|p| Mutex::new(Some(p)))
+            .collect();
+        self.pool.run(parts.len(), &|p| {
+            let Some(part) = parts[p].lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                return;
+            };
+            for (i, msg) in part.chunks_mut(segment).enumerate() {
+                if msg.len() < HEADER {
+                    continue;
+                }
+                let n = counter_of(msg);
+                if let Ok(len) = session.open_in_place(n, &mut msg[HEADER..]) {
+                    opened[p * per + i].store(len, Ordering::Relaxed);
+                }
+            }
+        });
+        drop(parts);
+        let out = &mut self.out;
+        let mut write = |pkt: &[u8]| out.deliver(pkt);
+        let mut roamed = false;
+        for (msg, len) in run.chunks_mut(segment).zip(&opened) {
+            let len = len.load(Ordering::Relaxed);
+            if len == NOT_OPENED {
+                continue;
+            }
+            let body = &mut msg[HEADER..];
+            let packet = {
+                let mut noise = lock(&peer.noise);
+                let Some(tunn) = noise.for_receiver(receiver) else {
+                    return;
+                };
+                tunn.received_on(receiver);
+                match tunn.opened(body, len) {
+                    Ok(TunnResult::WriteToTunnelV4(_, src)) => Some((IpAddr::from(src), len)),
+                    Ok(TunnResult::WriteToTunnelV6(_, src)) => Some((IpAddr::from(src), len)),
+                    Ok(_) => None,      // a keepalive
+                    Err(_) => continue, // not IP
+                }
+            };
+            if !roamed {
+                peer.roam(from, local);
+                roamed = true;
+            }
+            let Some((src, _)) = packet else { continue };
+            if !state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)) {
+                continue; // the inner source is not one of the peer's AllowedIPs
+            }
+            if let Some(ip_len) = super::wg::tunnel::ip_len(body) {
+                self.coalescer.push(&body[..ip_len], &mut write);
+            }
         }
     }
 
@@ -223,7 +319,7 @@ impl<O: Outputs> Receiver<O> {
     pub fn batch(
         &mut self,
         state: &State,
-        buf: &[u8],
+        buf: &mut [u8],
         segment: usize,
         from: (SocketAddr, Option<Local>),
     ) {
@@ -232,10 +328,12 @@ impl<O: Outputs> Receiver<O> {
         } else {
             segment
         };
-        let datagram_at = |at: usize| &buf[at..(at + segment).min(buf.len())];
+        let total = buf.len();
+        let end_of = |at: usize| (at + segment).min(total);
         let is_data = |d: &[u8]| d.len() >= 32 && d[0] == DATA;
         let mut at = 0;
         while at < buf.len() {
+            let datagram_at = |at: usize| &buf[at..end_of(at)];
             let d = datagram_at(at);
             if !is_data(d) {
                 if d.len() >= 4 {
@@ -251,7 +349,12 @@ impl<O: Outputs> Receiver<O> {
                 end += datagram_at(end).len();
             }
             if let Some((peer, r)) = r.and_then(|r| Some((state.by_receiver(r)?.clone(), r))) {
-                self.data_run(state, (&peer, r), &buf[at..end], segment, from);
+                let run = &mut buf[at..end];
+                if self.pool.width() > 1 && run.len() >= SPLIT_RUN * segment {
+                    self.data_run_split(state, (&peer, r), run, segment, from);
+                } else {
+                    self.data_run(state, (&peer, r), run, segment, from);
+                }
             }
             at = end;
         }
@@ -358,7 +461,7 @@ pub fn run(
                 failures = 0;
                 if b.len > 0 {
                     let from = (b.from, b.local);
-                    rx.batch(&device.state(), &buf[..b.len], b.segment, from);
+                    rx.batch(&device.state(), &mut buf[..b.len], b.segment, from);
                     // Only a TCP segment being coalesced waits on the next receive: a
                     // ping, a handshake or anything written at once costs no extra call.
                     holding = rx.holding();
@@ -389,3 +492,7 @@ pub fn run(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "rx_tests.rs"]
+mod tests;

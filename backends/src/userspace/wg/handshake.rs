@@ -275,7 +275,9 @@ impl Handshake {
             }
         }
         // The response.
-        let out = out.get_mut(..RESPONSE_LEN).ok_or(HandshakeError::Malformed)?;
+        let out = out
+            .get_mut(..RESPONSE_LEN)
+            .ok_or(HandshakeError::Malformed)?;
         let ephemeral = new_ephemeral();
         let er = PublicKey::from(&ephemeral);
         out[..4].copy_from_slice(&[2, 0, 0, 0]);
@@ -336,9 +338,16 @@ impl Handshake {
         let receiver = index_at(msg, 4);
         let ours = self.sent.as_ref().is_some_and(|s| s.index == receiver)
             || self.responded == Some(receiver);
-        let mac1 = self.last_mac1.filter(|_| ours).ok_or(HandshakeError::Unexpected)?;
-        let nonce: [u8; 24] = msg[8..32].try_into().map_err(|_| HandshakeError::Malformed)?;
-        let sealed: [u8; 32] = msg[32..64].try_into().map_err(|_| HandshakeError::Malformed)?;
+        let mac1 = self
+            .last_mac1
+            .filter(|_| ours)
+            .ok_or(HandshakeError::Unexpected)?;
+        let nonce: [u8; 24] = msg[8..32]
+            .try_into()
+            .map_err(|_| HandshakeError::Malformed)?;
+        let sealed: [u8; 32] = msg[32..64]
+            .try_into()
+            .map_err(|_| HandshakeError::Malformed)?;
         let cookie =
             xopen(&self.cookie_key, &nonce, &sealed, &mac1).ok_or(HandshakeError::Forged)?;
         self.cookie = Some((cookie, Instant::now()));

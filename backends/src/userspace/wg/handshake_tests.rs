@@ -113,10 +113,16 @@ fn wrong_keys_and_psks_and_altered_messages_are_refused() {
     let mut ours = Handshake::new(key(1), PublicKey::from(&key(2)), None);
     let init = written(theirs(3, 1, None).format_handshake_initiation(&mut buf, false));
     let mut out = [0u8; RESPONSE_LEN];
-    assert_eq!(ours.respond(&init, 1, &mut out).err(), Some(HandshakeError::WrongKey));
+    assert_eq!(
+        ours.respond(&init, 1, &mut out).err(),
+        Some(HandshakeError::WrongKey)
+    );
     // An initiation to another key.
     let init = written(theirs(2, 4, None).format_handshake_initiation(&mut buf, false));
-    assert_eq!(ours.respond(&init, 1, &mut out).err(), Some(HandshakeError::Forged));
+    assert_eq!(
+        ours.respond(&init, 1, &mut out).err(),
+        Some(HandshakeError::Forged)
+    );
     // A PSK only one side has: the response does not verify.
     let mut ours = Handshake::new(key(1), PublicKey::from(&key(2)), Some([5; 32]));
     let mut init = [0u8; INIT_LEN];
@@ -131,7 +137,10 @@ fn wrong_keys_and_psks_and_altered_messages_are_refused() {
         bad[at] ^= 0x20;
         assert!(ours.respond(&bad, 1, &mut out).is_err(), "byte {at}");
     }
-    assert!(ours.respond(&init, 1, &mut out).is_ok(), "the untouched one is taken");
+    assert!(
+        ours.respond(&init, 1, &mut out).is_ok(),
+        "the untouched one is taken"
+    );
 }
 
 #[test]
@@ -150,7 +159,10 @@ fn a_cookie_from_a_loaded_peer_is_taken_and_its_mac2_passes_the_load_check() {
     ours.take_cookie(&cookie).unwrap();
     let mut forged = cookie.clone();
     forged[40] ^= 1;
-    assert_eq!(ours.take_cookie(&forged).err(), Some(HandshakeError::Forged));
+    assert_eq!(
+        ours.take_cookie(&forged).err(),
+        Some(HandshakeError::Forged)
+    );
     ours.initiate(8, &mut init).unwrap();
     assert!(
         limiter.verify_packet(Some(FROM), &init, &mut reply).is_ok(),
@@ -158,7 +170,9 @@ fn a_cookie_from_a_loaded_peer_is_taken_and_its_mac2_passes_the_load_check() {
     );
     // From another source address the cookie does not hold.
     let elsewhere = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9));
-    assert!(limiter.verify_packet(Some(elsewhere), &init, &mut reply).is_err());
+    assert!(limiter
+        .verify_packet(Some(elsewhere), &init, &mut reply)
+        .is_err());
 }
 
 #[test]
@@ -168,6 +182,12 @@ fn an_initiation_with_a_low_order_ephemeral_is_refused() {
     let mut init = written(theirs(2, 1, None).format_handshake_initiation(&mut buf, false));
     init[8..40].copy_from_slice(&[0u8; 32]);
     let mut out = [0u8; RESPONSE_LEN];
-    assert_eq!(ours.respond(&init, 1, &mut out).err(), Some(HandshakeError::Forged));
-    assert_eq!(initiator_of(&key(1), &PublicKey::from(&key(1)), &init), None);
+    assert_eq!(
+        ours.respond(&init, 1, &mut out).err(),
+        Some(HandshakeError::Forged)
+    );
+    assert_eq!(
+        initiator_of(&key(1), &PublicKey::from(&key(1)), &init),
+        None
+    );
 }

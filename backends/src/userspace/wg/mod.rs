@@ -9,4 +9,4 @@ pub mod session;
 mod timers;
 pub mod tunnel;
 
-pub use tunnel::{dst_address, Tunnel, TunnResult, TunnelError};
+pub use tunnel::{dst_address, TunnResult, Tunnel, TunnelError};

@@ -2,9 +2,9 @@
 //! HMAC-BLAKE2s and the `KDF` chain over it, ChaCha20-Poly1305 with a 64-bit counter
 //! nonce (`AEAD`), XChaCha20-Poly1305 for cookies (`XAEAD`), and the TAI64N timestamp.
 
+use blake2::digest::KeyInit;
 use blake2::digest::{consts::U16, Mac};
 use blake2::{Blake2s256, Blake2sMac, Digest};
-use blake2::digest::KeyInit;
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::XChaCha20Poly1305;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};

@@ -44,6 +44,12 @@ pub enum TunnResult<'a> {
     WriteToTunnelV6(&'a mut [u8], Ipv6Addr),
 }
 
+impl TunnResult<'_> {
+    pub fn is_done(&self) -> bool {
+        matches!(self, TunnResult::Done)
+    }
+}
+
 pub struct Tunnel {
     handshake: Handshake,
     limiter: Arc<RateLimiter>,
@@ -70,6 +76,11 @@ pub fn dst_address(pkt: &[u8]) -> Option<IpAddr> {
         6 if pkt.len() >= 40 => Some(IpAddr::from(<[u8; 16]>::try_from(&pkt[24..40]).ok()?)),
         _ => None,
     }
+}
+
+/// The IP length of a decrypted packet (None when it is not IP or is shorter than that).
+pub fn ip_len(pkt: &[u8]) -> Option<usize> {
+    inner(pkt).map(|(len, _)| len)
 }
 
 /// The IP length of a decrypted packet and its source: None when it is not IP or is
@@ -143,6 +154,20 @@ impl Tunnel {
             self.queue.push_back(src.to_vec());
         }
         self.format_handshake_initiation(dst, false)
+    }
+
+    /// The session data messages to `receiver` (their index) are opened with.
+    pub fn receiving(&self, receiver: u32) -> Option<&Arc<Session>> {
+        self.sessions[receiver as usize % SLOTS]
+            .as_ref()
+            .filter(|s| s.local == receiver)
+    }
+
+    /// Counts a data message to `receiver` that its session (`receiving`) opened: the
+    /// peer uses that session, so it may carry our traffic from now on.
+    pub fn received_on(&mut self, receiver: u32) {
+        self.choose(receiver as usize % SLOTS);
+        self.timers.received(Instant::now());
     }
 
     /// Counts a packet of `len` bytes sealed with the session `sending` gave.
@@ -241,20 +266,19 @@ impl Tunnel {
             return Err(TunnelError::Data(OpenError::Malformed));
         }
         let receiver = u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
-        let slot = receiver as usize % SLOTS;
-        let session = self.sessions[slot]
-            .as_ref()
-            .filter(|s| s.local == receiver)
-            .ok_or(TunnelError::NoSession)?;
+        let session = self.receiving(receiver).ok_or(TunnelError::NoSession)?;
         let n = session.open(msg, dst).map_err(TunnelError::Data)?;
-        self.choose(slot);
-        self.timers.received(Instant::now());
+        self.received_on(receiver);
         self.opened(dst, n)
     }
 
     /// What a session opened into `dst[..n]`: a keepalive, or an IP packet trimmed to its
     /// length with its source.
-    pub fn opened<'a>(&mut self, dst: &'a mut [u8], n: usize) -> Result<TunnResult<'a>, TunnelError> {
+    pub fn opened<'a>(
+        &mut self,
+        dst: &'a mut [u8],
+        n: usize,
+    ) -> Result<TunnResult<'a>, TunnelError> {
         if n == 0 {
             return Ok(TunnResult::Done);
         }
@@ -416,7 +440,11 @@ impl Tunnel {
 
     /// (time since the last handshake, data bytes sent, data bytes received).
     pub fn stats(&self) -> (Option<Duration>, usize, usize) {
-        (self.time_since_last_handshake(), self.tx_bytes, self.rx_bytes)
+        (
+            self.time_since_last_handshake(),
+            self.tx_bytes,
+            self.rx_bytes,
+        )
     }
 
     /// The round-trip time of the last handshake this side initiated, in milliseconds.

@@ -19,7 +19,14 @@ fn key(n: u8) -> StaticSecret {
 fn ours() -> Tunnel {
     let public = PublicKey::from(&key(1));
     let limiter = Arc::new(RateLimiter::new(&public, 100));
-    Tunnel::new(key(1), PublicKey::from(&key(2)), None, None, 0x0a0b0c, limiter)
+    Tunnel::new(
+        key(1),
+        PublicKey::from(&key(2)),
+        None,
+        None,
+        0x0a0b0c,
+        limiter,
+    )
 }
 
 fn theirs() -> Tunn {
@@ -57,12 +64,18 @@ fn traffic_before_a_session_handshakes_and_the_queue_goes_out_after_it() {
     let first = ip_packet(100, 1);
     let init = net(a.encapsulate(&first, &mut buf));
     assert_eq!(init[0], 1, "an initiation");
-    assert!(matches!(a.encapsulate(&ip_packet(60, 2), &mut buf), TunnResult::Done));
+    assert!(matches!(
+        a.encapsulate(&ip_packet(60, 2), &mut buf),
+        TunnResult::Done
+    ));
     assert!(a.time_since_last_handshake().is_none());
     let response = their_net(b.decapsulate(Some(FROM), &init, &mut bbuf));
     let keepalive = net(a.decapsulate(Some(FROM), &response, &mut buf));
     assert!(a.time_since_last_handshake().is_some());
-    assert!(matches!(b.decapsulate(Some(FROM), &keepalive, &mut bbuf), Theirs::Done));
+    assert!(matches!(
+        b.decapsulate(Some(FROM), &keepalive, &mut bbuf),
+        Theirs::Done
+    ));
     // The two queued packets, in order.
     for want in [ip_packet(100, 1), ip_packet(60, 2)] {
         let d = net(a.decapsulate(None, &[], &mut buf));
@@ -71,7 +84,10 @@ fn traffic_before_a_session_handshakes_and_the_queue_goes_out_after_it() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(matches!(a.decapsulate(None, &[], &mut buf), TunnResult::Done));
+    assert!(matches!(
+        a.decapsulate(None, &[], &mut buf),
+        TunnResult::Done
+    ));
     // And back.
     let back = their_net(b.encapsulate(&ip_packet(80, 3), &mut bbuf));
     match a.decapsulate(Some(FROM), &back, &mut buf) {
@@ -97,10 +113,16 @@ fn a_responder_sends_on_the_new_session_once_the_peer_has_used_it() {
     let init = their_net(b.format_handshake_initiation(&mut bbuf, false));
     let response = net(a.decapsulate(Some(FROM), &init, &mut buf));
     assert_eq!(response[0], 2);
-    assert_eq!(u32::from_le_bytes(response[4..8].try_into().unwrap()) >> 8, 0x0a0b0c);
+    assert_eq!(
+        u32::from_le_bytes(response[4..8].try_into().unwrap()) >> 8,
+        0x0a0b0c
+    );
     assert!(a.time_since_last_handshake().is_none(), "not confirmed yet");
     let keepalive = their_net(b.decapsulate(Some(FROM), &response, &mut bbuf));
-    assert!(matches!(a.decapsulate(Some(FROM), &keepalive, &mut buf), TunnResult::Done));
+    assert!(matches!(
+        a.decapsulate(Some(FROM), &keepalive, &mut buf),
+        TunnResult::Done
+    ));
     let data = net(a.encapsulate(&ip_packet(200, 4), &mut buf));
     assert_eq!(data[0], 4);
     assert!(matches!(
@@ -117,7 +139,10 @@ fn a_forged_data_message_or_a_stranger_initiation_changes_nothing() {
     let init = net(a.format_handshake_initiation(&mut buf, false));
     let response = their_net(b.decapsulate(Some(FROM), &init, &mut bbuf));
     let keepalive = net(a.decapsulate(Some(FROM), &response, &mut buf));
-    assert!(matches!(b.decapsulate(Some(FROM), &keepalive, &mut bbuf), Theirs::Done));
+    assert!(matches!(
+        b.decapsulate(Some(FROM), &keepalive, &mut bbuf),
+        Theirs::Done
+    ));
     let mut data = net(a.encapsulate(&ip_packet(100, 5), &mut buf));
     data[40] ^= 1;
     assert!(matches!(
@@ -131,10 +156,13 @@ fn a_forged_data_message_or_a_stranger_initiation_changes_nothing() {
         a.decapsulate(Some(FROM), &bad, &mut buf),
         TunnResult::Err(TunnelError::Data(OpenError::Forged))
     ));
-    assert!(matches!(
-        a.decapsulate(Some(FROM), &back, &mut buf),
-        TunnResult::WriteToTunnelV4(..)
-    ), "the forgery did not use up the counter");
+    assert!(
+        matches!(
+            a.decapsulate(Some(FROM), &back, &mut buf),
+            TunnResult::WriteToTunnelV4(..)
+        ),
+        "the forgery did not use up the counter"
+    );
     // An initiation from a third key is not answered.
     let mut stranger = Tunn::new(key(3), PublicKey::from(&key(1)), None, None, 9, None);
     let init = their_net(stranger.format_handshake_initiation(&mut bbuf, false));
