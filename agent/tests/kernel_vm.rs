@@ -16,7 +16,7 @@
 //! CI; `WEFT_VM_ONLY=doctor,heal` runs only the steps whose labels contain one of the
 //! words, and `WEFT_VM_WG_DEBUG=1` logs every WireGuard handshake in the kernel and prints
 //! those lines (`wg-debug:`) at the end, to read beside the agents' logs;
-//! `WEFT_LAB_RUST_LOG=info,boringtun=debug` logs the userspace device's handshakes in the
+//! `WEFT_LAB_RUST_LOG=info,weft_backends::userspace::wg=debug` logs the userspace device's handshakes in the
 //! agents' logs (printed when a step fails).
 
 use std::path::{Path, PathBuf};
@@ -207,7 +207,7 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
     // WEFT_VM_ONLY=doctor,heal runs only the steps whose labels contain one of the words.
     let only = std::env::var("WEFT_VM_ONLY").unwrap_or_default();
     let chosen = |label: &str| only.is_empty() || only.split(',').any(|w| label.contains(w));
-    // WEFT_LAB_RUST_LOG=info,boringtun=debug: the agents' log filter inside the VM too.
+    // WEFT_LAB_RUST_LOG=info,weft_backends::userspace::wg=debug: the agents' log filter inside the VM too.
     // WEFT_LAB_TIMELINE=1: each lab's phases and their times.
     let lab_log = ["WEFT_LAB_RUST_LOG", "WEFT_LAB_TIMELINE"]
         .iter()

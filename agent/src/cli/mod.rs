@@ -56,7 +56,7 @@ pub enum Command {
     Cleanup(crate::commands::cleanup::CleanupArgs),
     /// Install the CNI plugin and conflist (the DaemonSet's init container).
     InstallCni(crate::commands::install_cni::InstallCniArgs),
-    /// Run one userspace WireGuard device (weft's packet loop on boringtun's Noise core)
+    /// Run one userspace WireGuard device (weft's packet loop on its own WireGuard core)
     /// until its interface is deleted or SIGTERM arrives. The agent starts it where the
     /// kernel has no WireGuard; it is a process of its own so the device outlives agent
     /// restarts, as a kernel device does.

@@ -1,5 +1,6 @@
-//! weft's userspace WireGuard device: boringtun's Noise core (`noise::Tunn`) under
-//! weft's own packet loop, for kernels without WireGuard.
+//! weft's userspace WireGuard device: weft's own WireGuard core (`wg`) under its own
+//! packet loop, for kernels without WireGuard. Sessions are shared by the packet threads
+//! and the crypto helpers (`pool`), which seal and open parts of a batch beside them.
 //!
 //! The I/O is where the time goes, so it is batched end to end: the TUN device hands
 //! over TCP super-packets of up to 64 KiB (`IFF_VNET_HDR` with `TUNSETOFFLOAD`), which are

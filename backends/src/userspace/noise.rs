@@ -1,6 +1,6 @@
-//! A peer's Noise state: boringtun's `Tunn`, made on first use, and for a while after a
-//! PSK, keepalive or private key change the one before it. boringtun fixes the first two at
-//! a `Tunn`'s creation (and a key change must not drop the sessions the peers still send
+//! A peer's Noise state: its tunnel (`wg::Tunnel`, called `Tunn` here), made on first
+//! use, and for a while after a PSK, keepalive or private key change the one before it. A
+//! tunnel's PSK and keepalive are fixed at its creation (and a key change must not drop the sessions the peers still send
 //! on), so a change makes a new `Tunn` that handshakes with the new values at once, while
 //! the old one keeps carrying traffic in both directions on the session it has, as the
 //! kernel keeps a session across such a change. The old one goes once the peer has used the new
@@ -26,22 +26,22 @@ pub struct Noise {
     /// The session index of `tunn` (`receiver >> 8`), set when the peer is added or its
     /// `Tunn` is replaced.
     pub index: u32,
-    /// Made on first use (`State::session`): boringtun's `Tunn` is 11 KiB inline, and a
-    /// peer that never carries traffic should not cost that.
+    /// Made on first use (`State::session`): a peer that never carries traffic costs no
+    /// handshake state.
     pub tunn: Option<Box<Tunn>>,
     pub retiring: Option<Retiring>,
     /// The index of the last `Tunn` retired, kept in the device's index map until the
     /// next change or the peer's removal (then taken out of it).
     pub retired_index: Option<u32>,
     /// `tunn` answered an initiation: it holds a session the peer sends on as soon as it
-    /// has the response, which boringtun counts as established only once the peer's
+    /// has the response, which counts as established only once the peer's
     /// first packet arrived on it.
     pub answered: bool,
     /// A change replaced a `Tunn` that was in use: the next one handshakes at once (the
     /// timer thread), not only when traffic asks for it.
     pub initiate: bool,
-    /// Bytes of handshake messages sent to the peer (initiations, responses), which
-    /// boringtun does not count: `tx_bytes` includes them as kernel WireGuard's does, so a
+    /// Bytes of handshake messages sent to the peer (initiations, responses), which the
+    /// tunnel does not count: `tx_bytes` includes them as kernel WireGuard's does, so a
     /// pair whose handshakes go unanswered (a wrong endpoint or PSK from the start, no
     /// session ever made) shows as sending, and the liveness watcher finds it dead.
     pub handshake_tx: usize,

@@ -1,5 +1,5 @@
 //! The device's own state: its key and port, and its peers, each with its Noise session
-//! (`boringtun::noise::Tunn`), endpoint and AllowedIPs. The packet threads read it under
+//! (`wg::Tunnel`), endpoint and AllowedIPs. The packet threads read it under
 //! a read lock taken once per batch; the UAPI thread changes it in place.
 
 use std::collections::HashMap;
@@ -283,8 +283,8 @@ impl State {
     }
 
     /// A session index no peer holds, drawn at random: a stranger who cannot guess it
-    /// cannot name a session in a message (indices are 24 bits; boringtun's `Tunn` puts
-    /// its session slot in the low 8 bits of the receiver index).
+    /// cannot name a session in a message (indices are 24 bits; a tunnel puts its session
+    /// slot in the low 8 bits of the receiver index).
     fn new_index(&mut self) -> u32 {
         loop {
             let index = match weft_crypto::random_bytes::<4>() {
@@ -304,7 +304,7 @@ impl State {
     }
 
     /// Adds a peer, or changes one in place. A new PSK or keepalive gets the peer a new
-    /// `Tunn` (boringtun fixes both at creation) while the one it had keeps its session
+    /// tunnel (both are fixed at its creation) while the one it had keeps its session
     /// until the new one's handshake is done (`Noise`). The endpoint and AllowedIPs change
     /// without touching the session.
     pub fn upsert(&mut self, key: Key, mut config: PeerConfig, endpoint: Option<SocketAddr>) {

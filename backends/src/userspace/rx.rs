@@ -372,7 +372,7 @@ struct Opened {
 /// is never answered: nothing goes to an unverified source).
 fn open(tunn: &mut Tunn, from: IpAddr, datagram: &[u8], dst: &mut [u8]) -> Option<Opened> {
     let base = dst.as_ptr() as usize;
-    // boringtun returns the packet from the start of `dst`; computed, not assumed.
+    // The tunnel returns the packet from the start of `dst`; computed, not assumed.
     let within = |pkt: &[u8]| Some(((pkt.as_ptr() as usize).checked_sub(base)?, pkt.len()));
     match tunn.decapsulate(Some(from), datagram, dst) {
         TunnResult::WriteToTunnelV4(pkt, src) => Some(Opened {

@@ -74,8 +74,8 @@ impl Lab {
             None => script,
         };
         let mut command = self.node_shell(i, &script);
-        // WEFT_LAB_RUST_LOG replaces the agents' log filter (boringtun's handshake messages
-        // with `info,boringtun=debug`). The post-quantum exchange's own debug lines (each
+        // WEFT_LAB_RUST_LOG replaces the agents' log filter (the userspace device's
+        // handshake messages with `info,weft_backends::userspace::wg=debug`). The post-quantum exchange's own debug lines (each
         // pair made and who leads it, each datagram or message refused: a few a round) are
         // on, so a lab that waits in vain for a pair's PSK says why.
         command

@@ -236,6 +236,7 @@ impl Tunnel {
         self.timers.received(now);
         self.timers.sent(now);
         self.established(false, now);
+        tracing::debug!(index, "answered a handshake initiation");
         Ok(TunnResult::WriteToNetwork(&mut dst[..n]))
     }
 
@@ -252,6 +253,10 @@ impl Tunnel {
         let slot = self.install(session, now);
         self.timers.received(now);
         self.established(true, now);
+        tracing::debug!(
+            index = self.sessions[slot].as_ref().map(|s| s.local),
+            "handshake completed"
+        );
         self.choose(slot);
         // The confirming keepalive, which makes the peer use the session.
         let n = self.sessions[slot]
@@ -347,12 +352,14 @@ impl Tunnel {
         if !in_flight {
             self.timers.handshake_started = now;
         }
+        tracing::debug!(index, retry = in_flight, "sending a handshake initiation");
         self.timers.sent(now);
         TunnResult::WriteToNetwork(&mut dst[..n])
     }
 
     /// Drops every session and queued packet; no handshake until traffic asks for one.
     fn expire(&mut self, now: Instant) {
+        tracing::debug!(base = self.base >> 8, "no handshake answered in time, or the last session is long gone: sessions and queue dropped");
         self.sessions = Default::default();
         self.queue.clear();
         self.timers.clear(now);
