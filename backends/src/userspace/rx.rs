@@ -22,7 +22,8 @@ use super::peers::{lock, Peer, State};
 use super::pool::Pool;
 use super::udp::{self, Endpoint, Local};
 use super::vnet;
-use super::wg::session::{counter_of, HEADER};
+use super::wg::session::{counter_of, Session, HEADER};
+use super::wg::tunnel::inner;
 
 /// The message type of a transport data packet (a keepalive is one, empty).
 pub(super) const DATA: u8 = 4;
@@ -106,6 +107,26 @@ impl<O: Outputs> Receiver<O> {
         }
     }
 
+    /// The session a run of data messages to `receiver` is opened with: taken under the
+    /// peer's lock once per run, then used without it (sessions open through `&self`), so
+    /// the sending thread is never kept waiting by a decryption.
+    fn session_of(peer: &Peer, receiver: u32) -> Option<Arc<Session>> {
+        lock(&peer.noise)
+            .for_receiver(receiver)
+            .and_then(|t| t.receiving(receiver).cloned())
+    }
+
+    /// Counts what a run opened on the peer's tunnel, once per run: which session the
+    /// peer uses (ours from now on), its timers, its bytes.
+    fn opened_run(peer: &Peer, receiver: u32, got: &Got) {
+        if got.messages == 0 {
+            return;
+        }
+        if let Some(tunn) = lock(&peer.noise).for_receiver(receiver) {
+            tunn.received(receiver, got.bytes);
+        }
+    }
+
     /// Opens a run of data messages for one session in place, in parts across the
     /// crypto pool, then hands each opened packet on in order (as `data_run` does, with a
     /// copy into the packet being coalesced instead of opening straight into it).
@@ -115,12 +136,9 @@ impl<O: Outputs> Receiver<O> {
         (peer, receiver): (&Arc<Peer>, u32),
         run: &mut [u8],
         segment: usize,
-        (from, local): (SocketAddr, Option<Local>),
+        from: (SocketAddr, Option<Local>),
     ) {
-        let session = lock(&peer.noise)
-            .for_receiver(receiver)
-            .and_then(|t| t.receiving(receiver).cloned());
-        let Some(session) = session else {
+        let Some(session) = Self::session_of(peer, receiver) else {
             return; // no session state for it: nothing of ours to decrypt with
         };
         let count = run.len().div_ceil(segment);
@@ -148,85 +166,52 @@ impl<O: Outputs> Receiver<O> {
         drop(parts);
         let out = &mut self.out;
         let mut write = |pkt: &[u8]| out.deliver(pkt);
-        let mut roamed = false;
+        let mut got = Got::default();
         for (msg, len) in run.chunks_mut(segment).zip(&opened) {
             let len = len.load(Ordering::Relaxed);
             if len == NOT_OPENED {
                 continue;
             }
-            let body = &mut msg[HEADER..];
-            let packet = {
-                let mut noise = lock(&peer.noise);
-                let Some(tunn) = noise.for_receiver(receiver) else {
-                    return;
-                };
-                tunn.received_on(receiver);
-                match tunn.opened(body, len) {
-                    Ok(TunnResult::WriteToTunnelV4(_, src)) => Some((IpAddr::from(src), len)),
-                    Ok(TunnResult::WriteToTunnelV6(_, src)) => Some((IpAddr::from(src), len)),
-                    Ok(_) => None,      // a keepalive
-                    Err(_) => continue, // not IP
-                }
+            let body = &msg[HEADER..HEADER + len];
+            let Some(Opened { pkt, src }) = inspect(body) else {
+                continue; // authenticated, but not IP
             };
-            if !roamed {
-                peer.roam(from, local);
-                roamed = true;
-            }
-            let Some((src, _)) = packet else { continue };
-            if !state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)) {
-                continue; // the inner source is not one of the peer's AllowedIPs
-            }
-            if let Some(ip_len) = super::wg::tunnel::ip_len(body) {
-                self.coalescer.push(&body[..ip_len], &mut write);
+            got.count(pkt, peer, from);
+            if let Some((at, n)) = pkt.filter(|_| allowed(state, peer, src)) {
+                self.coalescer.push(&body[at..at + n], &mut write);
             }
         }
+        Self::opened_run(peer, receiver, &got);
     }
 
     /// Decrypts a run of data messages for one session of a peer (back to back,
-    /// `segment` bytes each but the last, all to `receiver`).
+    /// `segment` bytes each but the last, all to `receiver`), each straight into the
+    /// packet being coalesced (no copy per datagram).
     fn data_run(
         &mut self,
         state: &State,
         (peer, receiver): (&Arc<Peer>, u32),
         run: &[u8],
         segment: usize,
-        (from, local): (SocketAddr, Option<Local>),
+        from: (SocketAddr, Option<Local>),
     ) {
+        let Some(session) = Self::session_of(peer, receiver) else {
+            return; // no session state for it: nothing of ours to decrypt with
+        };
         let out = &mut self.out;
         let mut write = |pkt: &[u8]| out.deliver(pkt);
-        // The first message the peer's keys verify moves its endpoint, before anything
-        // it carried reaches the TUN device: an answer to it (a ping's reply, a TCP ACK)
-        // must go where the peer now is, not where it was (kernel WireGuard moves the
-        // endpoint first too). A peer that had just changed its port lost about every
-        // other first answer when this came after the delivery.
-        let mut roamed = false;
+        let mut got = Got::default();
         for datagram in run.chunks(segment) {
-            // Decrypted straight into the packet being coalesced (no copy per datagram).
-            // The session is locked for the decryption alone: never over a TUN write
-            // (which `landing` and `landed` may make), and the sending thread encrypts
-            // for this peer in between.
             let dst = self.coalescer.landing(datagram.len(), &mut write);
-            let mut noise = lock(&peer.noise);
-            let Some(tunn) = noise.for_receiver(receiver) else {
-                drop(noise);
-                self.coalescer.landed(None, &mut write);
-                return; // no session state for it: nothing of ours to decrypt with
-            };
-            let opened = open(tunn, from.ip(), datagram, dst);
-            drop(noise);
-            let Some(Opened { pkt, src }) = opened else {
+            let Some(Opened { pkt, src }) = open(&session, datagram, dst) else {
                 self.coalescer.landed(None, &mut write);
                 continue;
             };
-            if !roamed {
-                peer.roam(from, local);
-                roamed = true;
-            }
-            // The inner source must be one of the peer's AllowedIPs.
-            let allowed =
-                src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)));
-            self.coalescer.landed(pkt.filter(|_| allowed), &mut write);
+            got.count(pkt, peer, from);
+            let pkt = pkt.filter(|_| allowed(state, peer, src));
+            self.coalescer.landed(pkt, &mut write);
         }
+        Self::opened_run(peer, receiver, &got);
     }
 
     /// Whether a packet is being coalesced, which `flush` would write.
@@ -368,26 +353,59 @@ struct Opened {
     src: Option<IpAddr>,
 }
 
-/// Decrypts one data message into `dst`; `None` for a message that is not the peer's (it
-/// is never answered: nothing goes to an unverified source).
-fn open(tunn: &mut Tunn, from: IpAddr, datagram: &[u8], dst: &mut [u8]) -> Option<Opened> {
-    let base = dst.as_ptr() as usize;
-    // The tunnel returns the packet from the start of `dst`; computed, not assumed.
-    let within = |pkt: &[u8]| Some(((pkt.as_ptr() as usize).checked_sub(base)?, pkt.len()));
-    match tunn.decapsulate(Some(from), datagram, dst) {
-        TunnResult::WriteToTunnelV4(pkt, src) => Some(Opened {
-            pkt: within(pkt),
-            src: Some(src.into()),
-        }),
-        TunnResult::WriteToTunnelV6(pkt, src) => Some(Opened {
-            pkt: within(pkt),
-            src: Some(src.into()),
-        }),
-        TunnResult::Done => Some(Opened {
+/// Decrypts one data message into `dst` with `session`; `None` for a message that is not
+/// the peer's (it is never answered: nothing goes to an unverified source), or not IP.
+fn open(session: &Session, datagram: &[u8], dst: &mut [u8]) -> Option<Opened> {
+    let n = session.open(datagram, dst).ok()?;
+    inspect(&dst[..n])
+}
+
+/// What an opened data message holds: nothing (a keepalive), or an IP packet at its
+/// start (trimmed to its IP length) and its source. None when it is not IP.
+fn inspect(plain: &[u8]) -> Option<Opened> {
+    if plain.is_empty() {
+        return Some(Opened {
             pkt: None,
             src: None,
-        }),
-        TunnResult::WriteToNetwork(_) | TunnResult::Err(_) => None,
+        });
+    }
+    let (len, src) = inner(plain)?;
+    Some(Opened {
+        pkt: Some((0, len)),
+        src: Some(src),
+    })
+}
+
+/// Whether `src`, the inner source of a packet from `peer`, is one of its AllowedIPs.
+fn allowed(state: &State, peer: &Arc<Peer>, src: Option<IpAddr>) -> bool {
+    src.is_some_and(|src| state.route(src).is_some_and(|p| Arc::ptr_eq(p, peer)))
+}
+
+/// What a run of data messages opened.
+#[derive(Default)]
+struct Got {
+    messages: usize,
+    /// IP bytes of its packets (keepalives count none).
+    bytes: usize,
+}
+
+impl Got {
+    /// Counts an opened message. The first moves the peer's endpoint, before anything it
+    /// carried reaches the TUN device: an answer to it (a ping's reply, a TCP ACK) must
+    /// go where the peer now is, not where it was (kernel WireGuard moves the endpoint
+    /// first too). A peer that had just changed its port lost about every other first
+    /// answer when this came after the delivery.
+    fn count(
+        &mut self,
+        pkt: Option<(usize, usize)>,
+        peer: &Peer,
+        (from, local): (SocketAddr, Option<Local>),
+    ) {
+        if self.messages == 0 {
+            peer.roam(from, local);
+        }
+        self.messages += 1;
+        self.bytes += pkt.map_or(0, |(_, n)| n);
     }
 }
 

@@ -1,7 +1,8 @@
 //! The sending side: read a packet (or a TSO super-packet) from the TUN device, find its
 //! peer by destination, split it into segments, encrypt each straight into one UDP GSO
-//! buffer, and send that buffer with one call. The peer's session is locked once per
-//! read, not per segment.
+//! buffer, and send that buffer with one call. The peer's session is taken under its
+//! lock once per read and used without it; segments are laid out in place and the whole
+//! batch is sealed just before it goes (`Batch`).
 
 use std::io::Read;
 use std::sync::Arc;
@@ -116,10 +117,9 @@ impl Batch {
         self.session = None;
     }
 
-    /// Pads `segment` (`padded_len`) and puts it in the batch to be sealed with the
-    /// tunnel's session; without a usable session it goes through `encapsulate` (which
-    /// queues it and handshakes).
-    fn encrypt(
+    /// Pads `segment` (`padded_len`) and hands it to `encapsulate`, for a tunnel without
+    /// a usable session (which queues it and handshakes).
+    fn without_session(
         &mut self,
         tunn: &mut Tunn,
         segment: &[u8],
@@ -128,15 +128,6 @@ impl Batch {
         to: &mut Endpoint,
     ) {
         let padded = padded_len(segment.len(), mtu);
-        let usable = tunn
-            .sending()
-            .filter(|s| s.sent() < REJECT_AFTER_MESSAGES - COUNTER_MARGIN)
-            .cloned();
-        if let Some(session) = usable {
-            self.place(session, segment, padded, udp, to);
-            tunn.sealed(segment.len());
-            return;
-        }
         let mut buf = std::mem::take(&mut self.padded);
         buf.clear();
         buf.extend_from_slice(segment);
@@ -149,7 +140,7 @@ impl Batch {
     /// (sending the batch first if it cannot join it).
     fn place(
         &mut self,
-        session: Arc<Session>,
+        session: &Arc<Session>,
         segment: &[u8],
         padded: usize,
         udp: &Udp,
@@ -159,7 +150,7 @@ impl Batch {
         let other_session = self
             .session
             .as_ref()
-            .is_some_and(|s| !Arc::ptr_eq(s, &session));
+            .is_some_and(|s| !Arc::ptr_eq(s, session));
         if self.count > 0
             && (self.closed
                 || other_session
@@ -182,7 +173,9 @@ impl Batch {
         self.closed = n < self.stride;
         self.len = start + n;
         self.count += 1;
-        self.session = Some(session);
+        if self.session.is_none() {
+            self.session = Some(session.clone());
+        }
     }
 
     /// `encapsulate` without a session: it queues `segment` and may write a handshake
@@ -335,15 +328,42 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
             source: route.from,
         });
         let mtu = device.mtu();
-        let mut noise = lock(&peer.noise);
-        let Some(tunn) = state.sending(&mut noise, peer) else {
-            continue; // no private key yet
+        // The session is taken under the peer's lock and used without it: the receiving
+        // thread opens the peer's messages meanwhile.
+        let session = {
+            let mut noise = lock(&peer.noise);
+            let Some(tunn) = state.sending(&mut noise, peer) else {
+                continue; // no private key yet
+            };
+            tunn.sending()
+                .filter(|s| s.sent() < REJECT_AFTER_MESSAGES - COUNTER_MARGIN)
+                .cloned()
         };
-        let result = segment::split(&header, pkt, &mut headers, |seg| {
-            batch.encrypt(tunn, seg, mtu, &p.udp, &mut p.to)
-        });
-        noise.handshake_tx += std::mem::take(&mut batch.handshakes);
-        drop(noise);
+        let result = match session {
+            Some(session) => {
+                let mut bytes = 0;
+                let result = segment::split(&header, pkt, &mut headers, |seg| {
+                    bytes += seg.len();
+                    batch.place(&session, seg, padded_len(seg.len(), mtu), &p.udp, &mut p.to)
+                });
+                let mut noise = lock(&peer.noise);
+                if let Some(tunn) = state.sending(&mut noise, peer) {
+                    tunn.sealed(bytes);
+                }
+                result
+            }
+            None => {
+                let mut noise = lock(&peer.noise);
+                let Some(tunn) = state.sending(&mut noise, peer) else {
+                    continue;
+                };
+                let result = segment::split(&header, pkt, &mut headers, |seg| {
+                    batch.without_session(tunn, seg, mtu, &p.udp, &mut p.to)
+                });
+                noise.handshake_tx += std::mem::take(&mut batch.handshakes);
+                result
+            }
+        };
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");
         }
