@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ring::aead::{Aad, LessSafeKey};
+use ring::aead::Aad;
 
 pub use super::primitives::TAG;
 use super::primitives::{aead_key, nonce};
@@ -62,13 +62,24 @@ impl Replay {
     }
 }
 
+/// A transport key, zeroed when its session goes.
+struct Key([u8; 32]);
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 pub struct Session {
     /// The index the peer puts on messages to us.
     pub local: u32,
     /// The index we put on messages to the peer.
     pub remote: u32,
-    send: LessSafeKey,
-    recv: LessSafeKey,
+    /// The raw keys (64 bytes; ring's key objects are 544 bytes each): a key object is
+    /// made per seal or open, which costs a copy of 32 bytes.
+    send: Key,
+    recv: Key,
     counter: AtomicU64,
     replay: Mutex<Replay>,
     pub made: Instant,
@@ -90,8 +101,8 @@ impl Session {
         Session {
             local,
             remote,
-            send: aead_key(send),
-            recv: aead_key(recv),
+            send: Key(*send),
+            recv: Key(*recv),
             counter: AtomicU64::new(0),
             replay: Mutex::new(Replay {
                 next: 0,
@@ -132,8 +143,7 @@ impl Session {
         header[4..8].copy_from_slice(&self.remote.to_le_bytes());
         header[8..16].copy_from_slice(&n.to_le_bytes());
         let (body, tag_out) = rest.split_at_mut(len - OVERHEAD);
-        let tag = self
-            .send
+        let tag = aead_key(&self.send.0)
             .seal_in_place_separate_tag(nonce(n), Aad::empty(), body)
             .ok()?;
         tag_out.copy_from_slice(tag.as_ref());
@@ -158,8 +168,7 @@ impl Session {
         if n >= REJECT_AFTER_MESSAGES {
             return Err(OpenError::Replayed);
         }
-        let plain = self
-            .recv
+        let plain = aead_key(&self.recv.0)
             .open_in_place(nonce(n), Aad::empty(), body)
             .map_err(|_| OpenError::Forged)?;
         let len = plain.len();
