@@ -117,13 +117,19 @@ impl<O: Outputs> Receiver<O> {
     }
 
     /// Counts what a run opened on the peer's tunnel, once per run: which session the
-    /// peer uses (ours from now on), its timers, its bytes.
-    fn opened_run(peer: &Peer, receiver: u32, got: &Got) {
+    /// peer uses (ours from now on), its timers, its bytes. Packets queued while the
+    /// tunnel had no session to send on go out now: the first message on a session this
+    /// side answered is what lets it send (kernel WireGuard sends its queue then too).
+    fn opened_run(&mut self, peer: &Peer, receiver: u32, got: &Got) {
         if got.messages == 0 {
             return;
         }
-        if let Some(tunn) = lock(&peer.noise).for_receiver(receiver) {
+        let mut noise = lock(&peer.noise);
+        if let Some(tunn) = noise.for_receiver(receiver) {
             tunn.received(receiver, got.bytes);
+            if let Some(to) = peer.route() {
+                flush_queue(tunn, &mut self.plain, &mut self.out, to);
+            }
         }
     }
 
@@ -181,7 +187,7 @@ impl<O: Outputs> Receiver<O> {
                 self.coalescer.push(&body[at..at + n], &mut write);
             }
         }
-        Self::opened_run(peer, receiver, &got);
+        self.opened_run(peer, receiver, &got);
     }
 
     /// Decrypts a run of data messages for one session of a peer (back to back,
@@ -211,7 +217,7 @@ impl<O: Outputs> Receiver<O> {
             let pkt = pkt.filter(|_| allowed(state, peer, src));
             self.coalescer.landed(pkt, &mut write);
         }
-        Self::opened_run(peer, receiver, &got);
+        self.opened_run(peer, receiver, &got);
     }
 
     /// Whether a packet is being coalesced, which `flush` would write.

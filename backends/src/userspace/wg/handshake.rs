@@ -41,6 +41,8 @@ pub enum HandshakeError {
     Replayed,
     /// A response or cookie for no initiation of ours.
     Unexpected,
+    /// The kernel gave no randomness for an ephemeral key.
+    NoRandomness,
 }
 
 /// The initiation this side sent and awaits the response to.
@@ -103,10 +105,25 @@ fn dh(secret: &StaticSecret, public: &[u8; 32]) -> Option<[u8; 32]> {
     shared.was_contributory().then(|| shared.to_bytes())
 }
 
-fn new_ephemeral() -> StaticSecret {
-    // No randomness from the kernel leaves a fixed key: refuse to handshake on it.
-    let bytes = weft_crypto::random_bytes::<32>().unwrap_or([0; 32]);
-    StaticSecret::from(bytes)
+/// A fresh ephemeral key; None when the kernel gives no randomness (no handshake is made
+/// on a guessable key).
+fn new_ephemeral() -> Option<StaticSecret> {
+    weft_crypto::random_bytes::<32>().ok().map(StaticSecret::from)
+}
+
+/// Now as a TAI64N timestamp: the wall clock read once per process, advanced by the
+/// monotonic clock since. A wall clock stepped back later (NTP, an operator) cannot make
+/// this device's initiations older than the ones its peers hold, which they would refuse
+/// as replays until each side made a new tunnel.
+fn timestamp() -> [u8; 12] {
+    static BASE: std::sync::OnceLock<(Duration, Instant)> = std::sync::OnceLock::new();
+    let (wall, at) = BASE.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        (wall, Instant::now())
+    });
+    tai64n(*wall + at.elapsed())
 }
 
 /// The chaining key every handshake starts from, and the hash with `responder` mixed in.
@@ -213,7 +230,7 @@ impl Handshake {
     /// Writes an initiation from session index `index` into `out` (`INIT_LEN` bytes).
     pub fn initiate(&mut self, index: u32, out: &mut [u8]) -> Option<usize> {
         let msg = out.get_mut(..INIT_LEN)?;
-        let ephemeral = new_ephemeral();
+        let ephemeral = new_ephemeral()?;
         let e = PublicKey::from(&ephemeral);
         msg[..4].copy_from_slice(&[1, 0, 0, 0]);
         msg[4..8].copy_from_slice(&index.to_le_bytes());
@@ -224,10 +241,7 @@ impl Handshake {
         seal(&key, self.public.as_bytes(), &h, &mut msg[40..88]);
         let h = hash(&h, &msg[40..88]);
         let [chain, key] = kdf::<2>(&chain, &self.static_dh);
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        seal(&key, &tai64n(now), &h, &mut msg[88..116]);
+        seal(&key, &timestamp(), &h, &mut msg[88..116]);
         let h = hash(&h, &msg[88..116]);
         self.macs(msg);
         self.previous = self.sent.replace(Sent {
@@ -278,7 +292,7 @@ impl Handshake {
         let out = out
             .get_mut(..RESPONSE_LEN)
             .ok_or(HandshakeError::Malformed)?;
-        let ephemeral = new_ephemeral();
+        let ephemeral = new_ephemeral().ok_or(HandshakeError::NoRandomness)?;
         let er = PublicKey::from(&ephemeral);
         out[..4].copy_from_slice(&[2, 0, 0, 0]);
         out[4..8].copy_from_slice(&index.to_le_bytes());

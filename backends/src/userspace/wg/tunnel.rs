@@ -305,9 +305,11 @@ impl Tunnel {
         self.expired = false;
     }
 
-    /// Sends on `slot`'s session from now on, unless the one in use is newer.
+    /// Sends on `slot`'s session from now on, unless the one in use is newer (or the slot
+    /// lost its session meanwhile: a run is counted after it was opened).
     fn choose(&mut self, slot: usize) {
         if slot != self.current
+            && self.sessions[slot].is_some()
             && (self.sessions[self.current].is_none() || self.made[slot] >= self.made[self.current])
         {
             self.current = slot;
