@@ -108,7 +108,9 @@ fn dh(secret: &StaticSecret, public: &[u8; 32]) -> Option<[u8; 32]> {
 /// A fresh ephemeral key; None when the kernel gives no randomness (no handshake is made
 /// on a guessable key).
 fn new_ephemeral() -> Option<StaticSecret> {
-    weft_crypto::random_bytes::<32>().ok().map(StaticSecret::from)
+    weft_crypto::random_bytes::<32>()
+        .ok()
+        .map(StaticSecret::from)
 }
 
 /// Now as a TAI64N timestamp: the wall clock read once per process, advanced by the
