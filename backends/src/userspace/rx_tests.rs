@@ -70,9 +70,10 @@ fn batch(a: &State, b: &State) -> (Vec<u8>, usize, Vec<Vec<u8>>) {
     let init = with_tunnel(b, |t| net(t.format_handshake_initiation(&mut buf, false)));
     let response = with_tunnel(a, |t| net(t.decapsulate(None, &init, &mut buf)));
     let keepalive = with_tunnel(b, |t| net(t.decapsulate(None, &response, &mut buf)));
-    assert!(with_tunnel(a, |t| t
-        .decapsulate(None, &keepalive, &mut buf)
-        .is_done()));
+    assert!(with_tunnel(a, |t| matches!(
+        t.decapsulate(None, &keepalive, &mut buf),
+        TunnResult::Done
+    )));
     let mut packets: Vec<Vec<u8>> = (0..10)
         .map(|i| udp_packet([10, 0, 0, 9], 1000, i))
         .collect();

@@ -248,6 +248,52 @@ pub fn crypto_helpers() -> usize {
     std::thread::available_parallelism().map_or(0, |n| n.get().saturating_sub(2).min(3))
 }
 
+/// Splits one read (`header`, `pkt`) into segments and puts them in `batch` for `p`'s
+/// peer. The session is taken under the peer's lock and used without it (the receiving
+/// thread opens the peer's messages meanwhile); without a usable session the segments go
+/// through `encapsulate` under the lock, which queues them and handshakes. What `split`
+/// says: the segments' count, or why the read was dropped.
+fn encrypt_read(
+    state: &super::peers::State,
+    p: &mut Pending,
+    batch: &mut Batch,
+    (header, pkt): (&Header, &mut [u8]),
+    headers: &mut Vec<u8>,
+    mtu: usize,
+) -> Result<usize, segment::SplitError> {
+    let peer = &p.peer;
+    let session = {
+        let mut noise = lock(&peer.noise);
+        let Some(tunn) = state.sending(&mut noise, peer) else {
+            return Ok(0); // no private key yet
+        };
+        tunn.sending()
+            .filter(|s| s.sent() < REJECT_AFTER_MESSAGES - COUNTER_MARGIN)
+            .cloned()
+    };
+    if let Some(session) = session {
+        let mut bytes = 0;
+        let result = segment::split(header, pkt, headers, |seg| {
+            bytes += seg.len();
+            batch.place(&session, seg, padded_len(seg.len(), mtu), &p.udp, &mut p.to)
+        });
+        let mut noise = lock(&peer.noise);
+        if let Some(tunn) = state.sending(&mut noise, peer) {
+            tunn.sealed(bytes);
+        }
+        return result;
+    }
+    let mut noise = lock(&peer.noise);
+    let Some(tunn) = state.sending(&mut noise, peer) else {
+        return Ok(0);
+    };
+    let result = segment::split(header, pkt, headers, |seg| {
+        batch.without_session(tunn, seg, mtu, &p.udp, &mut p.to)
+    });
+    noise.handshake_tx += std::mem::take(&mut batch.handshakes);
+    result
+}
+
 /// Runs until the TUN device is deleted (or its queue keeps failing): then it ends the
 /// device, with the reason, so the process does not live on without a sending side.
 pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::Beat) {
@@ -327,43 +373,8 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
             to: route,
             source: route.from,
         });
-        let mtu = device.mtu();
-        // The session is taken under the peer's lock and used without it: the receiving
-        // thread opens the peer's messages meanwhile.
-        let session = {
-            let mut noise = lock(&peer.noise);
-            let Some(tunn) = state.sending(&mut noise, peer) else {
-                continue; // no private key yet
-            };
-            tunn.sending()
-                .filter(|s| s.sent() < REJECT_AFTER_MESSAGES - COUNTER_MARGIN)
-                .cloned()
-        };
-        let result = match session {
-            Some(session) => {
-                let mut bytes = 0;
-                let result = segment::split(&header, pkt, &mut headers, |seg| {
-                    bytes += seg.len();
-                    batch.place(&session, seg, padded_len(seg.len(), mtu), &p.udp, &mut p.to)
-                });
-                let mut noise = lock(&peer.noise);
-                if let Some(tunn) = state.sending(&mut noise, peer) {
-                    tunn.sealed(bytes);
-                }
-                result
-            }
-            None => {
-                let mut noise = lock(&peer.noise);
-                let Some(tunn) = state.sending(&mut noise, peer) else {
-                    continue;
-                };
-                let result = segment::split(&header, pkt, &mut headers, |seg| {
-                    batch.without_session(tunn, seg, mtu, &p.udp, &mut p.to)
-                });
-                noise.handshake_tx += std::mem::take(&mut batch.handshakes);
-                result
-            }
-        };
+        let read = (&header, pkt);
+        let result = encrypt_read(&state, p, &mut batch, read, &mut headers, device.mtu());
         if let Err(e) = result {
             tracing::debug!(?e, "dropped a packet the TUN device handed over");
         }

@@ -88,8 +88,6 @@ pub struct Handshake {
     last_mac1: Option<[u8; 16]>,
     /// The index of the last response sent, which a cookie reply may name.
     responded: Option<u32>,
-    /// Round-trip time of the last handshake we initiated, in milliseconds.
-    pub rtt: Option<u32>,
 }
 
 impl Drop for Handshake {
@@ -134,7 +132,8 @@ fn initial(responder: &PublicKey) -> ([u8; 32], [u8; 32]) {
     (chain, hash(&hash(&chain, IDENTIFIER), responder.as_bytes()))
 }
 
-fn index_at(msg: &[u8], at: usize) -> u32 {
+/// The little-endian index at `at` in a message (`msg` at least `at + 4` bytes).
+pub(super) fn index_at(msg: &[u8], at: usize) -> u32 {
     let mut b = [0u8; 4];
     b.copy_from_slice(&msg[at..at + 4]);
     u32::from_le_bytes(b)
@@ -187,7 +186,6 @@ impl Handshake {
             cookie: None,
             last_mac1: None,
             responded: None,
-            rtt: None,
         }
     }
 
@@ -200,10 +198,6 @@ impl Handshake {
     pub fn abandon(&mut self) {
         self.sent = None;
         self.previous = None;
-    }
-
-    pub fn has_cookie(&self) -> bool {
-        self.cookie.is_some()
     }
 
     /// Drops a cookie past its life.
@@ -339,9 +333,7 @@ impl Handshake {
         let [chain, tau, key] = kdf::<3>(&chain, &self.psk);
         let h = hash(&h, &tau);
         open(&key, &msg[44..60], &h, &mut []).ok_or(forged)?;
-        let rtt = sent.at.elapsed().as_millis();
         let (send, recv) = split(&chain);
-        self.rtt = Some(u32::try_from(rtt).unwrap_or(u32::MAX));
         self.abandon();
         Ok(Session::new(receiver, index_at(msg, 4), &send, &recv))
     }

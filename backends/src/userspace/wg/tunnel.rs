@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use boringtun::noise::rate_limiter::RateLimiter;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::handshake::{Handshake, HandshakeError};
+use super::handshake::{index_at, Handshake, HandshakeError};
 use super::session::{OpenError, Session, OVERHEAD, REKEY_AFTER_MESSAGES};
 use super::timers::*;
 
@@ -42,12 +42,6 @@ pub enum TunnResult<'a> {
     WriteToNetwork(&'a mut [u8]),
     WriteToTunnelV4(&'a mut [u8], Ipv4Addr),
     WriteToTunnelV6(&'a mut [u8], Ipv6Addr),
-}
-
-impl TunnResult<'_> {
-    pub fn is_done(&self) -> bool {
-        matches!(self, TunnResult::Done)
-    }
 }
 
 pub struct Tunnel {
@@ -276,7 +270,7 @@ impl Tunnel {
         if msg.len() < OVERHEAD || msg[0] != 4 {
             return Err(TunnelError::Data(OpenError::Malformed));
         }
-        let receiver = u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
+        let receiver = index_at(msg, 4);
         let session = self.receiving(receiver).ok_or(TunnelError::NoSession)?;
         let n = session.open(msg, dst).map_err(TunnelError::Data)?;
         if n == 0 {
@@ -449,11 +443,6 @@ impl Tunnel {
             self.tx_bytes,
             self.rx_bytes,
         )
-    }
-
-    /// The round-trip time of the last handshake this side initiated, in milliseconds.
-    pub fn rtt(&self) -> Option<u32> {
-        self.handshake.rtt
     }
 }
 
