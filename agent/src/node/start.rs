@@ -362,6 +362,16 @@ async fn serve<R: Registry>(
         .ok();
     // The name this node's entry has in the registry: what its key proof is made for.
     let identity = lease.node.clone();
+    let pq_listen = crate::pq::Listen::of(
+        &net.backend,
+        &[lease.subnet, lease.subnet_v6]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
+        &std::iter::once(std::net::IpAddr::V4(public_ip))
+            .chain(lease.public_ipv6.map(std::net::IpAddr::V6))
+            .collect::<Vec<_>>(),
+    );
     let mut handle = registry::spawn(registry, lease, metrics.alerts.clone());
     let options = plan_options(args, &setup, &mut dataplane, public_ip).await?;
     snapshot.update(|s| {
@@ -371,7 +381,7 @@ async fn serve<R: Registry>(
     let registry_rotations =
         std::mem::replace(&mut handle.rotate_requests, tokio::sync::mpsc::channel(1).1);
     let path_mtu = path_mtu_prober(args);
-    let pq = crate::pq::start(kem, &key, args, &state_dir);
+    let pq = crate::pq::start(kem, &key, args, &state_dir, pq_listen);
     let inputs = LoopInputs {
         path_mtu,
         pq,

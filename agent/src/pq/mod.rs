@@ -5,12 +5,14 @@
 //! each pair, which the plan combines with the cluster PSK.
 //!
 //! On WireGuard the rounds travel inside the pair's tunnel, between the two nodes' tunnel
-//! addresses on UDP `--post-quantum-port`: no port of their own on the underlay, and NAT is
-//! crossed as the tunnel crosses it. Should a pair ever hold two different PSKs (one side's
-//! saved state lost), its handshakes fail; the liveness watcher, once re-applying and
-//! re-handshaking the pair did not bring it back, calls `fall_back`, which sends the peer a
-//! `classical` notice (through the tunnel and to its public IP): both sides go classical,
-//! and a new round brings the protection back. On ipsec they go
+//! addresses on UDP `--post-quantum-port`, and the task listens for them on this node's
+//! tunnel addresses alone; NAT is crossed as the tunnel crosses it. Should a pair ever hold
+//! two different PSKs (one side's saved state lost), its handshakes fail; the liveness
+//! watcher, once re-applying and re-handshaking the pair did not bring it back, calls
+//! `fall_back`, which sends the peer a `classical` notice (through the tunnel and to its
+//! public IP): both sides go classical, and a new round brings the protection back. For
+//! that notice alone the task also listens on this node's public IPs (`Listen::notices`):
+//! any other message arriving there is dropped unread. On ipsec they go
 //! between the nodes' public IPs, outside the ESP policies: a pair whose two nodes hold
 //! different secrets cannot carry anything through its tunnel, and the leader's next round
 //! (at once if the leader is the node that lost its state) mends it.
@@ -31,7 +33,8 @@ use weft_backends::model::PairSecret;
 use weft_crypto::pq::{KemKeyPair, Own, Timing};
 use weft_crypto::{PrivateKey, PublicKey};
 
-/// The UDP port the rounds use, on the tunnel addresses (ipsec: the public IPs).
+/// The UDP port the rounds use, on the tunnel addresses (ipsec: the public IPs; WireGuard's
+/// `classical` notices: the public IPs too).
 pub const DEFAULT_PORT: u16 = 51823;
 
 /// What the task tells the control loop.
@@ -113,11 +116,46 @@ impl Handle {
     }
 }
 
+/// Where the task listens, on `--post-quantum-port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listen {
+    /// Where the rounds arrive, at most one address per family: on WireGuard this node's
+    /// tunnel addresses (inside the tunnel), on ipsec every address (unspecified).
+    pub rounds: Vec<IpAddr>,
+    /// Where only a `classical` notice is taken, one per family: on WireGuard this node's
+    /// public IPs (the tunnel may be what is broken); none on ipsec, whose rounds arrive
+    /// there already.
+    pub notices: Vec<IpAddr>,
+}
+
+impl Listen {
+    /// Where a node listens on `backend`, with pod subnets `subnets` (its tunnel
+    /// addresses are their network addresses) and public IPs `public`.
+    pub fn of(
+        backend: &weft_backends::netconf::Backend,
+        subnets: &[ipnet::IpNet],
+        public: &[IpAddr],
+    ) -> Listen {
+        match backend {
+            weft_backends::netconf::Backend::Wireguard(_) => Listen {
+                rounds: subnets.iter().map(|s| s.network()).collect(),
+                notices: public.to_vec(),
+            },
+            _ => Listen {
+                rounds: vec![
+                    IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                ],
+                notices: Vec::new(),
+            },
+        }
+    }
+}
+
 /// What the task needs.
 pub struct Config {
     pub own: Own,
-    /// The address to listen on (unspecified: every address, IPv4 and IPv6).
-    pub bind: IpAddr,
+    pub listen: Listen,
     pub port: u16,
     /// Where the PSKs in force are kept across restarts (`saved`).
     pub state_dir: PathBuf,
@@ -152,14 +190,15 @@ pub fn rotate_key(state_dir: &std::path::Path) -> anyhow::Result<KemKeyPair> {
         .with_context(|| format!("writing a new ML-KEM key to {}", path.display()))
 }
 
-/// The task for `kem` (none without it: every pair classical). A port that cannot be bound
-/// costs the protection, never the mesh.
+/// The task for `kem` (none without it: every pair classical), listening on `listen`. A
+/// port that cannot be bound costs the protection, never the mesh.
 /// `--post-quantum-port` and `--post-quantum-period` from `args`.
 pub fn start(
     kem: Option<KemKeyPair>,
     key: &PrivateKey,
     args: &crate::cli::AgentArgs,
     state_dir: &std::path::Path,
+    listen: Listen,
 ) -> Handle {
     let (port, period) = (args.post_quantum_port, args.post_quantum_period);
     let Some(kem) = kem else {
@@ -171,7 +210,7 @@ pub fn start(
             kem,
             previous_kem: None,
         },
-        bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        listen,
         port,
         state_dir: state_dir.to_path_buf(),
         timing: Timing {
@@ -188,25 +227,20 @@ pub fn start(
     })
 }
 
-/// Binds the port and starts the task. Fails only if no family can bind.
+/// Binds the port and starts the task. Fails only if no address for rounds can bind.
 pub fn spawn(config: Config) -> std::io::Result<Handle> {
-    let (v4, v6) = match config.bind {
-        IpAddr::V4(ip) if ip.is_unspecified() => (
-            bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.port))),
-            bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.port))),
-        ),
-        IpAddr::V4(_) => (
-            bind(SocketAddr::new(config.bind, config.port)),
-            Err(std::io::ErrorKind::AddrNotAvailable.into()),
-        ),
-        IpAddr::V6(_) => (
-            Err(std::io::ErrorKind::AddrNotAvailable.into()),
-            bind(SocketAddr::new(config.bind, config.port)),
-        ),
-    };
-    let (v4, v6) = match (v4, v6) {
-        (Err(e), Err(_)) => return Err(e),
-        (v4, v6) => (v4.ok(), v6.ok()),
+    let (v4, v6) = bind_families(&config.listen.rounds, config.port)?;
+    // No notice socket where the rounds' socket takes every address already.
+    let notices = (config.listen.notices.iter())
+        .filter(|ip| !config.listen.rounds.contains(ip))
+        .copied()
+        .collect::<Vec<_>>();
+    let notices = match bind_families(&notices, config.port) {
+        Ok(sockets) => sockets,
+        Err(e) => {
+            tracing::warn!(port = config.port, addresses = ?notices, error = %e, "post-quantum: no socket for classical notices on the public IPs; a peer's notice arrives only through the tunnel");
+            (None, None)
+        }
     };
     let (published_tx, published) = watch::channel(Published::default());
     let (peers, peers_rx) = watch::channel(PqList::default());
@@ -215,7 +249,13 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
     let (own_kem, own_kem_rx) = mpsc::channel(4);
     let status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>> = Arc::default();
     let state_dir = config.state_dir.clone();
-    let manager = manager::Manager::new(config, (v4, v6), published_tx, status.clone());
+    let sockets = manager::Sockets {
+        v4,
+        v6,
+        notice4: notices.0,
+        notice6: notices.1,
+    };
+    let manager = manager::Manager::new(config, sockets, published_tx, status.clone());
     tokio::spawn(manager.run(manager::Inputs {
         peers: peers_rx,
         fall_back: fall_back_rx,
@@ -234,9 +274,39 @@ pub fn spawn(config: Config) -> std::io::Result<Handle> {
     })
 }
 
-/// A UDP socket on `addr`.
+/// A socket on the first IPv4 and the first IPv6 address of `addrs` that bind, on `port`;
+/// the first error if none does (none at all for no addresses).
+fn bind_families(
+    addrs: &[IpAddr],
+    port: u16,
+) -> std::io::Result<(Option<UdpSocket>, Option<UdpSocket>)> {
+    let mut first_error = None;
+    let mut family = |v6: bool| {
+        (addrs.iter().filter(|a| a.is_ipv6() == v6)).find_map(|ip| {
+            bind(SocketAddr::new(*ip, port))
+                .map_err(|e| first_error.get_or_insert(e).kind())
+                .ok()
+        })
+    };
+    let (v4, v6) = (family(false), family(true));
+    match (v4, v6, first_error) {
+        (None, None, Some(e)) => Err(e),
+        (v4, v6, _) => Ok((v4, v6)),
+    }
+}
+
+/// A UDP socket on `addr`. Bound even before the address is the node's (`IP_FREEBIND`): a
+/// tunnel address appears on the device only in the first pass, and again after the
+/// device is re-created.
 fn bind(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    crate::udp::bind(crate::udp::socket(addr)?, addr)
+    let socket = crate::udp::socket(addr)?;
+    if !addr.ip().is_unspecified() {
+        match addr {
+            SocketAddr::V4(_) => socket.set_freebind_v4(true)?,
+            SocketAddr::V6(_) => socket.set_freebind_v6(true)?,
+        }
+    }
+    crate::udp::bind(socket, addr)
 }
 
 #[cfg(test)]

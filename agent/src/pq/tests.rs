@@ -48,7 +48,10 @@ impl Node {
                 kem: KemKeyPair::from_seed(self.seed),
                 previous_kem: None,
             },
-            bind: self.ip,
+            listen: Listen {
+                rounds: vec![self.ip],
+                notices: Vec::new(),
+            },
             port,
             state_dir: self.dir.path().to_path_buf(),
             timing: timing(),
@@ -362,4 +365,103 @@ async fn a_patched_list_changes_the_pairs_of_its_nodes_alone() {
     assert!(ha.status.lock().unwrap().contains_key(&c.key.public_key()));
     assert_eq!(psk(&ha, &c), Some(with_c), "c's pair untouched");
     drop(hb);
+}
+
+/// The agent's arguments with `--post-quantum-port=port`.
+fn args_with_port(port: u16) -> crate::cli::AgentArgs {
+    let port = format!("--post-quantum-port={port}");
+    let cli = crate::cli::Cli::parse_with_env(
+        ["weft", "agent", port.as_str()].into_iter().map(Into::into),
+        &|_: &str| None,
+    )
+    .unwrap();
+    match cli.command {
+        crate::cli::Command::Agent(a) => *a,
+        other => panic!("not the agent: {other:?}"),
+    }
+}
+
+/// Whether `socket` gets a datagram within `wait`.
+fn answered(socket: &std::net::UdpSocket, wait: Duration) -> bool {
+    socket.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    socket.recv_from(&mut buf).is_ok()
+}
+
+#[tokio::test]
+async fn on_wireguard_the_rounds_listen_on_the_tunnel_address_and_the_underlay_takes_only_notices()
+{
+    let port = free_port();
+    // `b` has tunnel address 127.0.0.2 (its subnet's network address) and public IP
+    // 127.0.0.8; its peer `a` is at 127.0.0.1. `a` leads: the lower key.
+    let (mut a, mut b) = (Node::new(1), Node::new(2));
+    if a.key.public_key() > b.key.public_key() {
+        std::mem::swap(&mut a.key, &mut b.key);
+    }
+    let wireguard = weft_backends::netconf::parse(
+        r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "wireguard"}}"#,
+    )
+    .unwrap();
+    let listen = Listen::of(
+        &wireguard.backend,
+        &["127.0.0.2/32".parse().unwrap()],
+        &[IpAddr::V4(Ipv4Addr::new(127, 0, 0, 8))],
+    );
+    assert_eq!(
+        listen,
+        Listen {
+            rounds: vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))],
+            notices: vec![IpAddr::V4(Ipv4Addr::new(127, 0, 0, 8))],
+        }
+    );
+    let hb = start(
+        Some(KemKeyPair::from_seed(b.seed)),
+        &b.key,
+        &args_with_port(port),
+        b.dir.path(),
+        listen,
+    );
+    hb.peers.send_replace(PqList::of(vec![a.as_peer()]));
+    // Not on every address: the port is free on another of the node's addresses.
+    let elsewhere = std::net::UdpSocket::bind(("127.0.0.9", port));
+    assert!(
+        elsewhere.is_ok(),
+        "the port is taken on 127.0.0.9: {elsewhere:?}"
+    );
+
+    // `a`'s first message of a round, sent from its address for rounds.
+    let at_a = std::net::UdpSocket::bind((a.ip, port)).unwrap();
+    let own_a = Own {
+        key: a.key.clone(),
+        kem: KemKeyPair::from_seed(a.seed),
+        previous_kem: None,
+    };
+    let b_ek = KemKeyPair::from_seed(b.seed).encaps_key();
+    let now = now_ms();
+    let mut ex =
+        weft_crypto::pq::Exchange::new(&own_a, b.key.public_key(), b_ek, timing(), now).unwrap();
+    let init = ex.poll(now).unwrap().send;
+    assert_eq!(init.len(), 1, "a leads: one init");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // To the public IP: refused unread (only a classical notice is taken there).
+    at_a.send_to(&init[0], ("127.0.0.8", port)).unwrap();
+    let underlay = tokio::task::spawn_blocking({
+        let s = at_a.try_clone().unwrap();
+        move || answered(&s, Duration::from_millis(500))
+    });
+    assert!(!underlay.await.unwrap(), "a round answered on the underlay");
+    // To the tunnel address: answered.
+    at_a.send_to(&init[0], ("127.0.0.2", port)).unwrap();
+    let tunnel = tokio::task::spawn_blocking(move || answered(&at_a, Duration::from_secs(3)));
+    assert!(
+        tunnel.await.unwrap(),
+        "no reply to a round on the tunnel address"
+    );
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }

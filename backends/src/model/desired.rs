@@ -66,8 +66,9 @@ pub struct PqPeer {
     /// Its X25519 key in use: the pair is this node's key and this one.
     pub public_key: PublicKey,
     /// Where the exchange goes. WireGuard: its tunnel address (its subnet's network
-    /// address, IPv4 when it has one), inside the pair's tunnel, so it needs no port of its
-    /// own on the underlay and crosses NAT as the tunnel does. ipsec: its public IP (see
+    /// address, IPv4 when it has one), inside the pair's tunnel, so the rounds need no port
+    /// on the underlay (only a fall-back notice goes to `underlay`) and cross NAT as the
+    /// tunnel does. ipsec: its public IP (see
     /// `plan::post_quantum::add`).
     pub address: std::net::IpAddr,
     /// Its public IP (a WireGuard peer's endpoint as the registry publishes it; an ipsec

@@ -88,7 +88,10 @@ pub fn run(peers: usize, period: Duration, periods: u32) -> anyhow::Result<Strin
             kem: agent_kem,
             previous_kem: None,
         },
-        bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        listen: weft::pq::Listen {
+            rounds: vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+            notices: Vec::new(),
+        },
         port,
         state_dir: dir.path().to_path_buf(),
         timing,

@@ -165,13 +165,22 @@ mod tests {
                 kem: KemKeyPair::from_seed([99; 64]),
                 previous_kem: None,
             },
-            bind: IpAddr::from([127, 0, 0, 1]),
+            listen: crate::pq::Listen {
+                rounds: vec![IpAddr::from([127, 0, 0, 1])],
+                notices: Vec::new(),
+            },
             port: 0,
             state_dir: dir.to_path_buf(),
             timing: crate::pq::tests::timing(),
         };
         let published = watch::channel(Published::default()).0;
-        Manager::new(config, (None, None), published, Default::default())
+        let sockets = super::super::Sockets {
+            v4: None,
+            v6: None,
+            notice4: None,
+            notice6: None,
+        };
+        Manager::new(config, sockets, published, Default::default())
     }
 
     /// Random lists, each handed over patched from the one before on its changed nodes or

@@ -53,6 +53,9 @@ pub(super) struct Manager {
     port: u16,
     v4: Option<UdpSocket>,
     v6: Option<UdpSocket>,
+    /// On the public IPs, for `classical` notices alone (none: `v4`/`v6` take them).
+    notice4: Option<UdpSocket>,
+    notice6: Option<UdpSocket>,
     saved: Saved,
     published: watch::Sender<Published>,
     status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
@@ -84,6 +87,14 @@ pub(super) struct Manager {
     listed: PqList,
 }
 
+/// The task's sockets: the rounds' (one per family), and the notices' on the public IPs.
+pub(super) struct Sockets {
+    pub(super) v4: Option<UdpSocket>,
+    pub(super) v6: Option<UdpSocket>,
+    pub(super) notice4: Option<UdpSocket>,
+    pub(super) notice6: Option<UdpSocket>,
+}
+
 /// What wakes the task besides its sockets and its timers.
 pub(super) struct Inputs {
     pub(super) peers: watch::Receiver<PqList>,
@@ -108,7 +119,7 @@ fn now_ms() -> u64 {
 impl Manager {
     pub(super) fn new(
         config: super::Config,
-        sockets: (Option<UdpSocket>, Option<UdpSocket>),
+        sockets: Sockets,
         published: watch::Sender<Published>,
         status: Arc<Mutex<BTreeMap<PublicKey, PairStatus>>>,
     ) -> Manager {
@@ -135,8 +146,10 @@ impl Manager {
             own_public,
             timing: config.timing,
             port: config.port,
-            v4: sockets.0,
-            v6: sockets.1,
+            v4: sockets.v4,
+            v6: sockets.v6,
+            notice4: sockets.notice4,
+            notice6: sockets.notice6,
             saved,
             published,
             status,
@@ -157,6 +170,7 @@ impl Manager {
     pub(super) async fn run(mut self, mut inputs: Inputs) {
         let mut buf4 = vec![0u8; 2 * MAX_LEN];
         let mut buf6 = vec![0u8; 2 * MAX_LEN];
+        let mut notice_buf = vec![0u8; 2 * MAX_LEN];
         loop {
             let wake = self.timers.first().map(|(at, _)| *at);
             let pending = self.published.borrow().next_switch;
@@ -181,6 +195,16 @@ impl Manager {
                     if let Some((n, from)) = got {
                         let bytes = buf6[..n].to_vec();
                         self.datagram(&bytes, from).await;
+                    }
+                }
+                got = recv_either(self.notice4.as_ref(), self.notice6.as_ref(), &mut notice_buf) => {
+                    if let Some((n, from)) = got {
+                        let bytes = notice_buf[..n].to_vec();
+                        if Message::is_classical_notice(&bytes) {
+                            self.datagram(&bytes, from).await;
+                        } else {
+                            debug!(from = %from, "post-quantum datagram refused: on a public IP only a classical notice is taken");
+                        }
                     }
                 }
                 changed = inputs.peers.changed() => {
@@ -270,20 +294,23 @@ impl Manager {
             }
         }
         let notice = pair.ex.fall_back(now_ms());
-        let mut to = vec![pair.address];
-        if pair.underlay != pair.address {
-            to.push(pair.underlay);
-        }
+        let (address, underlay) = (pair.address, pair.underlay);
         let key = *key;
         self.wake(key, 0);
-        for ip in to {
-            send(
-                self.v4.as_ref(),
-                self.v6.as_ref(),
-                &notice,
-                SocketAddr::new(ip, self.port),
-            )
-            .await;
+        let port = self.port;
+        send(
+            self.v4.as_ref(),
+            self.v6.as_ref(),
+            &notice,
+            SocketAddr::new(address, port),
+        )
+        .await;
+        if underlay != address {
+            // From a public IP, where the peer takes it: the rounds' sockets would send
+            // from a tunnel address, which is no source on the underlay.
+            let v4 = self.notice4.as_ref().or(self.v4.as_ref());
+            let v6 = self.notice6.as_ref().or(self.v6.as_ref());
+            send(v4, v6, &notice, SocketAddr::new(underlay, port)).await;
         }
     }
 
@@ -383,6 +410,35 @@ async fn recv(socket: Option<&UdpSocket>, buf: &mut [u8]) -> Option<(usize, Sock
             }
         },
         None => std::future::pending().await,
+    }
+}
+
+/// A datagram from whichever of two sockets has one.
+async fn recv_either(
+    a: Option<&UdpSocket>,
+    b: Option<&UdpSocket>,
+    buf: &mut [u8],
+) -> Option<(usize, SocketAddr)> {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            tokio::select! {
+                _ = a.readable() => {}
+                _ = b.readable() => {}
+            }
+            for s in [a, b] {
+                match s.try_recv_from(buf) {
+                    Ok(got) => return Some(got),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        debug!(error = %e, "post-quantum notice socket: receive failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        return None;
+                    }
+                }
+            }
+            None
+        }
+        (a, b) => recv(a.or(b), buf).await,
     }
 }
 
