@@ -220,9 +220,12 @@ impl Controller<'_> {
     /// Hands the prober this plan's peer addresses, and puts what it measured beside them
     /// in the snapshot.
     fn measure_paths(&mut self, state: &Arc<DesiredState>) {
+        let keys = path_keys(state);
         let targets = crate::pathmtu::Targets {
             addresses: state.paths.iter().map(|p| p.address).collect(),
             max: u16::try_from(self.options.underlay_mtu).unwrap_or(u16::MAX),
+            own: (!keys.is_empty()).then(|| self.keys.key.clone()),
+            keys,
         };
         self.inputs.path_mtu.targets.send_if_modified(|t| {
             let changed = *t != targets;
@@ -257,4 +260,19 @@ impl Controller<'_> {
             }
         }
     }
+}
+
+/// The key of the peer at each measured path's address (its WireGuard entry with
+/// AllowedIPs, or its ipsec peer): the prober's acks from there must bear the pair's tag.
+/// Empty on backends without keys.
+fn path_keys(state: &DesiredState) -> BTreeMap<std::net::IpAddr, PublicKey> {
+    let wireguard = (state.tunnels.iter().flat_map(|t| &t.peers))
+        .filter(|p| !p.allowed_ips.is_empty())
+        .map(|p| (p.node.as_str(), p.public_key));
+    let ipsec =
+        (state.ipsec.iter().flat_map(|s| &s.peers)).map(|p| (p.node.as_str(), p.public_key));
+    let by_node: BTreeMap<&str, PublicKey> = wireguard.chain(ipsec).collect();
+    (state.paths.iter())
+        .filter_map(|p| Some((p.address, *by_node.get(p.node.as_str())?)))
+        .collect()
 }

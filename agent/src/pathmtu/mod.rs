@@ -15,7 +15,14 @@
 //! less and less often (up to `UNANSWERED_RETRY`), its routes keeping the MTU it last
 //! answered at (the pod MTU if it never did) meanwhile. The results go to the plan
 //! (`plan::path_mtu` makes each peer route's MTU of them) through a watch channel.
+//!
+//! Trust: between nodes with keys an ack counts only with the pair's tag (`wire`), so a
+//! host on the path, which sees every probe, can drop probes (a narrower path) but not
+//! answer them (a wider one). Answers are limited per source address (`limit`), so a
+//! flood of probes gets a bounded trickle of acks, each smaller than its probe.
 
+mod auth;
+mod limit;
 pub mod search;
 pub mod wire;
 
@@ -30,6 +37,10 @@ use tokio::net::UdpSocket;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use auth::{Auth, Probing};
+use limit::Limiter;
+use weft_crypto::pq::AuthKey;
+use weft_crypto::{PrivateKey, PublicKey};
 use wire::{Message, Nonce};
 
 /// How long a round waits for its acks.
@@ -49,11 +60,16 @@ const CHECK_PER_PATH: Duration = Duration::from_millis(4);
 const UNANSWERED_RETRY: Duration = Duration::from_secs(30);
 
 /// The addresses to measure, and the largest MTU worth trying (this node's own
-/// interface's).
+/// interface's); with keys, the node's own and each peer's, which tag the acks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Targets {
     pub addresses: BTreeSet<IpAddr>,
     pub max: u16,
+    /// This node's X25519 key (WireGuard, ipsec); `None` on backends without keys.
+    pub own: Option<PrivateKey>,
+    /// The key of the peer at each address: its probes are keyed and its acks must bear
+    /// the pair's tag. An address without one is probed untagged.
+    pub keys: BTreeMap<IpAddr, PublicKey>,
 }
 
 /// One path's latest measurement.
@@ -98,10 +114,12 @@ impl Handle {
     }
 }
 
-/// A probe sent and not yet answered: to whom, and at what size.
+/// A probe sent and not yet answered: to whom, at what size, and the pair key its ack
+/// must be tagged with (none: an untagged probe).
 struct Pending {
     to: IpAddr,
     size: u16,
+    key: Option<Arc<AuthKey>>,
     acked: bool,
 }
 
@@ -109,6 +127,20 @@ struct Prober {
     v4: Option<Arc<UdpSocket>>,
     v6: Option<Arc<UdpSocket>>,
     pending: Mutex<HashMap<Nonce, Pending>>,
+    auth: Mutex<Auth>,
+    limiter: Mutex<Limiter>,
+}
+
+impl Prober {
+    fn new(v4: Option<Arc<UdpSocket>>, v6: Option<Arc<UdpSocket>>) -> Prober {
+        Prober {
+            v4,
+            v6,
+            pending: Mutex::new(HashMap::new()),
+            auth: Mutex::new(Auth::default()),
+            limiter: Mutex::new(Limiter::default()),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -124,11 +156,7 @@ pub fn spawn(port: u16, check: Duration) -> std::io::Result<Handle> {
         (Err(e), Err(_)) => return Err(e),
         (v4, v6) => (v4.ok().map(Arc::new), v6.ok().map(Arc::new)),
     };
-    let prober = Arc::new(Prober {
-        v4,
-        v6,
-        pending: Mutex::new(HashMap::new()),
-    });
+    let prober = Arc::new(Prober::new(v4, v6));
     for socket in [&prober.v4, &prober.v6].into_iter().flatten() {
         tokio::spawn(answer(prober.clone(), socket.clone()));
     }
@@ -212,13 +240,34 @@ async fn answer(prober: Arc<Prober>, socket: Arc<UdpSocket>) {
         };
         let from = SocketAddr::new(from.ip().to_canonical(), from.port());
         match wire::decode(&buf[..n], from.ip()) {
-            Some(Message::Probe { nonce, size }) => {
-                let _ = socket.send_to(&wire::ack(nonce, size), from).await;
+            Some(Message::Probe {
+                nonce,
+                size,
+                from: key,
+            }) => {
+                if !lock(&prober.limiter).allow(from.ip(), Instant::now()) {
+                    continue;
+                }
+                let ack = match key {
+                    None => wire::ack(nonce, size),
+                    // A key that is no peer's here gets no answer.
+                    Some(key) => match lock(&prober.auth).key_of_peer(&key) {
+                        Some(pair) => wire::tagged_ack(nonce, size, &pair),
+                        None => continue,
+                    },
+                };
+                let _ = socket.send_to(&ack, from).await;
             }
-            Some(Message::Ack { nonce, size }) => {
+            Some(Message::Ack { nonce, size, tag }) => {
                 if let Some(p) = lock(&prober.pending).get_mut(&nonce) {
-                    // Only from the address probed, for the size sent.
-                    if p.to == from.ip() && p.size == size {
+                    // Only from the address probed, for the size sent, and tagged by the
+                    // peer when the probe was keyed.
+                    let proven = match (&p.key, tag) {
+                        (None, None) => true,
+                        (Some(key), Some(tag)) => wire::tag_verifies(key, nonce, size, &tag),
+                        _ => false,
+                    };
+                    if p.to == from.ip() && p.size == size && proven {
                         p.acked = true;
                     }
                 }
@@ -236,12 +285,23 @@ impl Prober {
         let Some(socket) = socket else {
             return Vec::new();
         };
+        let probing = lock(&self.auth).probing(to.ip());
+        let (own, key) = match probing {
+            Probing::Untagged => (None, None),
+            Probing::Keyed { own, pair } => (Some(own), Some(pair)),
+            // The peer has a key and this node cannot make the pair's: unmeasured.
+            Probing::Unusable => return Vec::new(),
+        };
         let mut nonces = Vec::new();
         for &size in sizes {
             let Ok(nonce) = weft_crypto::random_bytes::<16>() else {
                 continue;
             };
-            let Some(probe) = wire::probe(nonce, size, to.ip()) else {
+            let probe = match &own {
+                Some(own) => wire::keyed_probe(nonce, size, to.ip(), own),
+                None => wire::probe(nonce, size, to.ip()),
+            };
+            let Some(probe) = probe else {
                 continue;
             };
             lock(&self.pending).insert(
@@ -249,6 +309,7 @@ impl Prober {
                 Pending {
                     to: to.ip(),
                     size,
+                    key: key.clone(),
                     acked: false,
                 },
             );
@@ -394,6 +455,7 @@ async fn manage(
             next_check = Instant::now() + check_period(check, paths.len());
         }
         let want = targets.borrow_and_update().clone();
+        lock(&prober.auth).update(want.own.as_ref(), &want.keys);
         paths.retain(|addr, _| want.addresses.contains(addr));
         let now = Instant::now();
         let work: Vec<_> = want
@@ -468,6 +530,146 @@ mod tests {
         assert_eq!(check_period(check, 1000), Duration::from_secs(4));
         assert_eq!(check_period(check, 5000), Duration::from_secs(20));
         assert_eq!(check_period(check, usize::MAX), CHECK_PER_PATH * u32::MAX);
+    }
+
+    /// A prober on `ip` (port chosen by the kernel), answering probes as the agent does.
+    fn prober_on(ip: [u8; 4]) -> Arc<Prober> {
+        let socket = bind(SocketAddr::from((Ipv4Addr::from(ip), 0))).unwrap();
+        let prober = Arc::new(Prober::new(Some(Arc::new(socket)), None));
+        tokio::spawn(answer(prober.clone(), prober.v4.clone().unwrap()));
+        prober
+    }
+
+    fn addr_of(prober: &Prober) -> SocketAddr {
+        prober.v4.as_ref().unwrap().local_addr().unwrap()
+    }
+
+    /// `prober` with own key `own` and the peer at `peer` holding `key`.
+    fn knows(prober: &Prober, own: &PrivateKey, peer: IpAddr, key: PublicKey) {
+        lock(&prober.auth).update(Some(own), &BTreeMap::from([(peer, key)]));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_probes_from_one_host_gets_at_most_the_limit_answered() {
+        let responder = prober_on([127, 0, 0, 21]);
+        let to = addr_of(&responder);
+        // Blocking, off the runtime's thread: the responder answers meanwhile.
+        let answered = tokio::task::spawn_blocking(move || {
+            let flooder = std::net::UdpSocket::bind("127.0.0.22:0").unwrap();
+            flooder
+                .set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let from = flooder.local_addr().unwrap().ip();
+            for _ in 0..1000 {
+                let probe = wire::probe([9; 16], 1280, from).unwrap();
+                flooder.send_to(&probe, to).unwrap();
+                // Paced, so that the responder's socket buffer holds every probe.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let mut answered = 0;
+            let mut buf = [0u8; 256];
+            while flooder.recv_from(&mut buf).is_ok() {
+                answered += 1;
+            }
+            answered
+        })
+        .await
+        .unwrap();
+        // The burst, and what the bucket refilled while the flood was read (well under
+        // a second here).
+        let limit = limit::BURST + limit::RATE;
+        assert!(
+            (1..=limit as usize).contains(&answered),
+            "{answered} of 1000 probes answered, the limit is {} at once",
+            limit::BURST
+        );
+    }
+
+    #[tokio::test]
+    async fn an_ack_forged_on_the_path_does_not_widen_it() {
+        let prober = prober_on([127, 0, 0, 23]);
+        // On the path: it sees each probe (its nonce and size) where the peer would, and
+        // answers it in the peer's name, untagged and with a tag of its own making,
+        // though no probe ever reaches the peer.
+        let on_path = std::net::UdpSocket::bind("127.0.0.24:0").unwrap();
+        on_path
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let to = on_path.local_addr().unwrap();
+        let (own, peer) = (
+            PrivateKey::generate().unwrap(),
+            PrivateKey::generate().unwrap(),
+        );
+        knows(&prober, &own, to.ip(), peer.public_key());
+        let forger = std::thread::spawn(move || {
+            let its_own = PrivateKey::generate().unwrap();
+            let its_key =
+                AuthKey::for_purpose(&its_own, &peer.public_key(), wire::ACK_LABEL).unwrap();
+            let mut buf = vec![0u8; 65_536];
+            let mut seen = 0;
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                let Ok((n, from)) = on_path.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(Message::Probe { nonce, size, .. }) = wire::decode(&buf[..n], to.ip()) {
+                    seen += 1;
+                    let _ = on_path.send_to(&wire::ack(nonce, size), from);
+                    let _ = on_path.send_to(&wire::tagged_ack(nonce, size, &its_key), from);
+                }
+            }
+            seen
+        });
+        let acked = prober.round(to, &[1500, 1400, 1280]).await;
+        assert_eq!(forger.join().unwrap(), 3, "the probes crossed the path");
+        assert_eq!(acked, Vec::<u16>::new(), "sizes taken as crossing the path");
+    }
+
+    #[tokio::test]
+    async fn the_peers_tagged_acks_count_and_replayed_ones_do_not() {
+        let (a, b) = (prober_on([127, 0, 0, 25]), prober_on([127, 0, 0, 26]));
+        let (ka, kb) = (
+            PrivateKey::generate().unwrap(),
+            PrivateKey::generate().unwrap(),
+        );
+        knows(&a, &ka, addr_of(&b).ip(), kb.public_key());
+        knows(&b, &kb, addr_of(&a).ip(), ka.public_key());
+        assert_eq!(
+            a.round(addr_of(&b), &[1280]).await,
+            vec![1280],
+            "the peer's ack"
+        );
+
+        // Recorded on the path: the peer's tagged ack of a 1280-byte probe, replayed for
+        // every later probe (its nonce is not theirs) and under another size (the tag
+        // covers the size).
+        let recorder = std::net::UdpSocket::bind("127.0.0.27:0").unwrap();
+        recorder
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let to = recorder.local_addr().unwrap();
+        knows(&a, &ka, to.ip(), kb.public_key());
+        let pair = AuthKey::for_purpose(&kb, &ka.public_key(), wire::ACK_LABEL).unwrap();
+        let recorded = wire::tagged_ack([5; 16], 1280, &pair);
+        let replayer = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                let Ok((n, from)) = recorder.recv_from(&mut buf) else {
+                    continue;
+                };
+                if let Some(Message::Probe { nonce, .. }) = wire::decode(&buf[..n], to.ip()) {
+                    let _ = recorder.send_to(&recorded, from);
+                    // The recorded tag with this probe's nonce, claiming a larger size.
+                    let mut moved = recorded.clone();
+                    moved[9..25].copy_from_slice(&nonce);
+                    let _ = recorder.send_to(&moved, from);
+                }
+            }
+        });
+        let acked = a.round(to, &[1500, 1400, 1280]).await;
+        replayer.join().unwrap();
+        assert_eq!(acked, Vec::<u16>::new(), "sizes taken as crossing the path");
     }
 
     #[tokio::test]

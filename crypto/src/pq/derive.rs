@@ -56,6 +56,8 @@ pub enum PairKeyError {
     NonContributory,
     #[error("the peer's public key is this node's own")]
     OwnKey,
+    #[error("the label is the exchange's own; another purpose needs a label of its own")]
+    ReservedLabel,
 }
 
 /// Authenticates one pair's exchange messages: HMAC-SHA256 under a key from the two
@@ -69,13 +71,34 @@ pub struct AuthKey {
 impl AuthKey {
     /// The key `own` shares with `peer`.
     pub fn new(own: &PrivateKey, peer: &PublicKey) -> Result<AuthKey, PairKeyError> {
+        AuthKey::labelled(own, peer, AUTH_LABEL)
+    }
+
+    /// The key `own` shares with `peer` for another purpose than the exchange, named by
+    /// `label` (its own key: a tag made for one purpose is never valid for another).
+    pub fn for_purpose(
+        own: &PrivateKey,
+        peer: &PublicKey,
+        label: &'static [u8],
+    ) -> Result<AuthKey, PairKeyError> {
+        if label == AUTH_LABEL {
+            return Err(PairKeyError::ReservedLabel);
+        }
+        AuthKey::labelled(own, peer, label)
+    }
+
+    fn labelled(
+        own: &PrivateKey,
+        peer: &PublicKey,
+        label: &'static [u8],
+    ) -> Result<AuthKey, PairKeyError> {
         let pair = Pair::new(own.public_key(), *peer).ok_or(PairKeyError::OwnKey)?;
         let secret = x25519_dalek::StaticSecret::from(*own.as_bytes());
         let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(*peer.as_bytes()));
         if !shared.was_contributory() {
             return Err(PairKeyError::NonContributory);
         }
-        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, AUTH_LABEL).extract(shared.as_bytes());
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, label).extract(shared.as_bytes());
         let mut bytes = expand32(&prk, &[&pair.bytes()]);
         let key = hmac::Key::new(hmac::HMAC_SHA256, &bytes);
         bytes.zeroize();
@@ -87,12 +110,12 @@ impl AuthKey {
     }
 
     /// HMAC-SHA256 of `data`, cut to `N` bytes.
-    pub(crate) fn tag<const N: usize>(&self, data: &[u8]) -> [u8; N] {
+    pub fn tag<const N: usize>(&self, data: &[u8]) -> [u8; N] {
         truncated(&self.key, data)
     }
 
     /// Constant-time check of a tag of `tag.len()` bytes over `data`.
-    pub(crate) fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
+    pub fn verify(&self, data: &[u8], tag: &[u8]) -> bool {
         verify_truncated(&self.key, data, tag)
     }
 }
