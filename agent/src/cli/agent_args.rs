@@ -124,12 +124,17 @@ pub struct AgentArgs {
     /// UDP port on which this node answers path MTU probes and sends its own, to the same
     /// port of every peer (0 = no path MTU discovery: every peer route keeps the pod MTU).
     /// Not WireGuard's 51820/51821 (`ListenPort`, `ListenPortV6`): the probes go beside
-    /// the tunnel, so the port must be open between nodes as the tunnel's is.
+    /// the tunnel, so the port must be open between nodes as the tunnel's is. It listens on
+    /// every address; each source gets at most 64 answers at once and 16 a second, and
+    /// between nodes with keys (WireGuard, ipsec) an answer counts only with the pair's tag.
     #[arg(long, default_value = "51822")]
     pub path_mtu_port: u16,
 
-    /// UDP port of the post-quantum rounds (`Backend.PostQuantum`), between the nodes'
-    /// tunnel addresses: the datagrams go inside the tunnel, so no underlay port is opened.
+    /// UDP port of the post-quantum rounds (`Backend.PostQuantum`). WireGuard: the rounds
+    /// go inside the tunnel and are taken on this node's tunnel addresses only; on its
+    /// public IPs the port takes one message alone, the `classical` notice that repairs a
+    /// pair whose tunnel is broken. ipsec: the rounds go between the public IPs, and the
+    /// port listens on every address.
     #[arg(long, default_value = "51823")]
     pub post_quantum_port: u16,
 
