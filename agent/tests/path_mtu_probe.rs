@@ -139,6 +139,8 @@ fn measure_from(ns: &str, targets: Vec<IpAddr>, within: Duration) -> BTreeMap<Ip
             prober.targets.send_replace(Targets {
                 addresses: wanted.clone(),
                 max: 1500,
+                // No keys: untagged probes and acks, as on vxlan or host-gw.
+                ..Targets::default()
             });
             let deadline = tokio::time::Instant::now() + within;
             loop {
