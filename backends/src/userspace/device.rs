@@ -39,6 +39,8 @@ pub struct Device {
     end: tokio::sync::Notify,
     /// The packet threads' beats, which the timers thread checks.
     watchdog: super::watchdog::Watchdog,
+    /// Where the receiving threads put handshake messages for the handshake thread.
+    pub handshakes: super::handshakes::Queue,
 }
 
 impl Device {
@@ -57,6 +59,7 @@ impl Device {
         let udp = Arc::new(Udp::bind(0, 0)?);
         let mut state = State::default();
         state.listen_port = udp.port;
+        let (handshakes, queued) = super::handshakes::queue();
         let device = Arc::new(Device {
             name: name.to_string(),
             index,
@@ -70,6 +73,7 @@ impl Device {
             ended: Mutex::new(None),
             end: tokio::sync::Notify::new(),
             watchdog: Default::default(),
+            handshakes,
         });
         tracing::info!(
             device = name,
@@ -87,6 +91,10 @@ impl Device {
         device.spawn_receivers(&udp, 0)?;
         let d = Arc::downgrade(&device);
         device.spawn(&format!("wg-timers-{name}"), move || timers(d))?;
+        let d = Arc::downgrade(&device);
+        device.spawn(&format!("wg-hs-{name}"), move || {
+            handshake_thread(d, queued)
+        })?;
         Ok(device)
     }
 
@@ -216,10 +224,40 @@ impl Sockets for Arc<Device> {
     }
 }
 
+/// The handshake thread's outputs: answers go out the device's current UDP sockets; it
+/// delivers nothing to the TUN device.
+struct Answers(Arc<Device>);
+
+impl rx::Outputs for Answers {
+    fn send(&mut self, mut to: super::udp::Endpoint, datagram: &[u8]) {
+        let _ = self.0.udp().send(&mut to, datagram);
+    }
+
+    fn deliver(&mut self, _: &[u8]) {}
+}
+
+/// Works through the queued handshake messages until the device is gone.
+fn handshake_thread(
+    device: std::sync::Weak<Device>,
+    queued: std::sync::mpsc::Receiver<super::handshakes::Job>,
+) {
+    let mut plain = vec![0u8; 65_536];
+    loop {
+        let Some(d) = device.upgrade() else { return };
+        let shared = d.handshakes.shared().clone();
+        drop(d);
+        let Some(job) = super::handshakes::next(&queued, &shared, Duration::from_secs(1)) else {
+            continue;
+        };
+        let Some(d) = device.upgrade() else { return };
+        let mut out = Answers(d.clone());
+        super::handshakes::run_job(&d.state(), &job, &shared, &mut plain, &mut out);
+    }
+}
+
 /// Runs every session's timers until the device is gone.
 fn timers(device: std::sync::Weak<Device>) {
     let mut buf = vec![0u8; 256];
-    let mut last_reset = Instant::now();
     // The key of the peer at which the last tick's handshake budget ran out.
     let mut cursor: Option<[u8; 32]> = None;
     loop {
@@ -238,14 +276,9 @@ fn timers(device: std::sync::Weak<Device>) {
         }
         let mut peers: Vec<Arc<Peer>> = {
             let state = device.state();
-            if last_reset.elapsed() >= Duration::from_secs(1) {
-                if let Some(id) = &state.identity {
-                    id.limiter.reset_count();
-                }
-                last_reset = Instant::now();
-            }
             state.peers.values().cloned().collect()
         };
+
         in_turn(&mut peers, |p| p.key, cursor);
         let udp = device.udp();
         // A handshake costs three X25519 operations, and 10,000 unanswered peers retry
@@ -310,28 +343,28 @@ const HANDSHAKES_PER_TICK: usize = 200;
 /// One peer's timers: a handshake or keepalive due goes out; with `held`, only if the peer
 /// has a session. Whether a handshake went out.
 fn peer_timers(state: &State, peer: &Peer, udp: &Udp, buf: &mut [u8], held: bool) -> bool {
+    let now = Instant::now();
     let mut noise = lock(&peer.noise);
-    let session = (noise.tunn.as_deref()).is_some_and(|t| t.time_since_last_handshake().is_some());
+    let session = noise.tunn.as_deref().is_some_and(|t| t.established());
     if held && !session {
         return false;
     }
-    noise.retire();
-    // Looked at only for a peer without a `Tunn` (none of an active mesh's).
+    // Looked at only for a peer without a tunnel (none of an active mesh's).
     let keepalive = || lock(&peer.config).keepalive != 0 && peer.route().is_some();
-    let replaced = noise.retiring.is_some() || noise.initiate;
-    let out = if noise.tunn.is_none() && (replaced || keepalive()) {
-        // A PSK, keepalive or private key change replaced it: the new state handshakes at
-        // once. So does a peer with a persistent keepalive and nothing sent yet: kernel
-        // WireGuard sends its first keepalive as soon as the interval is set, which is how
-        // a node behind NAT opens its mapping.
+    let initiate = std::mem::take(&mut noise.initiate);
+    let out = if initiate || (noise.tunn.is_none() && keepalive()) {
+        // A PSK or private key change: a handshake at once, whatever the timers say. So
+        // does a peer with a persistent keepalive and nothing sent yet: kernel WireGuard
+        // sends its first keepalive as soon as the interval is set, which is how a node
+        // behind NAT opens its mapping.
         state
             .session(&mut noise, peer)
-            .map(|tunn| tunn.format_handshake_initiation(buf, false))
+            .map(|tunn| tunn.format_handshake_initiation(now, buf, initiate))
     } else {
         noise
             .tunn
             .as_deref_mut()
-            .map(|tunn| tunn.update_timers(buf))
+            .map(|tunn| tunn.update_timers(now, buf))
     };
     let Some(TunnResult::WriteToNetwork(out)) = out else {
         return false; // no session state yet, or nothing due

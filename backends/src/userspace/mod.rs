@@ -15,6 +15,7 @@
 pub mod checksum;
 pub mod coalesce;
 pub mod device;
+pub mod handshakes;
 mod noise;
 pub mod peers;
 mod pool;

@@ -6,17 +6,21 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::wg::Tunnel;
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::x25519::{PublicKey, StaticSecret};
+use std::time::Instant;
+
 use ipnet::IpNet;
+use x25519_dalek::{PublicKey, StaticSecret};
 
 use super::noise::Noise;
 use super::udp::{Endpoint, Local};
+use super::wg::cookie::Checker;
+use super::wg::handshake::Latest;
+use super::wg::index::Indices;
+use super::wg::Tunnel;
 
-/// Handshakes a second before the device answers with cookies (boringtun's device's own
-/// figure).
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Removed peers whose newest initiation timestamp the device remembers (about 60 bytes
+/// each): past this many, the oldest removal is forgotten first.
+const REMEMBERED: usize = 65_536;
 
 pub type Key = [u8; 32];
 
@@ -105,7 +109,8 @@ impl Peer {
 pub struct Identity {
     pub secret: StaticSecret,
     pub public: PublicKey,
-    pub limiter: Arc<RateLimiter>,
+    /// Checks the MACs of the handshake messages sent to this key, and makes cookies.
+    pub cookies: Checker,
 }
 
 /// AllowedIPs as a longest-prefix match: one hash map per prefix length in use, longest
@@ -200,7 +205,12 @@ pub struct State {
     pub listen_port: u16,
     pub fwmark: u32,
     pub peers: HashMap<Key, Arc<Peer>>,
-    by_index: HashMap<u32, Arc<Peer>>,
+    /// Which peer holds each session index.
+    pub indices: Arc<Indices>,
+    /// The newest initiation timestamp of each peer removed since the device started: a
+    /// peer added again takes it back, so a recorded initiation cannot be replayed after
+    /// a removal (the liveness watcher's re-handshake removes and adds).
+    remembered: HashMap<Key, Latest>,
     routes: Routes,
     /// Which peer holds each AllowedIP (truncated to its network, as the routes are).
     owners: HashMap<IpNet, Key>,
@@ -208,13 +218,12 @@ pub struct State {
     /// routes are looked at again, so a request that changes one peer of 10,000 costs
     /// what that peer has, not the whole table.
     touched: Vec<IpNet>,
-    next_index: u32,
 }
 
 impl State {
     /// The peer whose session index `receiver` (from a packet's header) belongs to.
     pub fn by_receiver(&self, receiver: u32) -> Option<&Arc<Peer>> {
-        self.by_index.get(&(receiver >> 8))
+        self.peers.get(&self.indices.owner(receiver)?)
     }
 
     /// The peer whose AllowedIPs hold `ip` (longest prefix).
@@ -222,11 +231,11 @@ impl State {
         self.routes.lookup(ip)
     }
 
-    /// A new private key: every peer gets a new `Tunn` under it, made and handshaking at
-    /// once (the timer thread), while the session each had keeps carrying traffic in both
-    /// directions until the new one is in use, as a PSK change does (`Noise::replace`).
-    /// During a key rotation the peers still route this node's subnet to the entry of its
-    /// old key until they see the new key's handshake, so nothing is lost meanwhile.
+    /// A new private key: every peer's tunnel takes it in place and handshakes at once
+    /// (the timer thread), while the session each had keeps carrying traffic in both
+    /// directions until the new one is in use. During a key rotation the peers still
+    /// route this node's subnet to the entry of its old key until they see the new key's
+    /// handshake, so nothing is lost meanwhile.
     pub fn set_private_key(&mut self, secret: Option<StaticSecret>) {
         let Some(secret) = secret else {
             self.identity = None;
@@ -236,77 +245,49 @@ impl State {
         if self.identity.as_ref().is_some_and(|i| i.public == public) {
             return;
         }
-        let peers: Vec<Arc<Peer>> = self.peers.values().cloned().collect();
-        for peer in peers {
-            let index = self.new_index();
-            self.by_index.insert(index, peer.clone());
-            for freed in lock(&peer.noise).replace(index) {
-                self.by_index.remove(&freed);
+        for peer in self.peers.values() {
+            let mut noise = lock(&peer.noise);
+            if let Some(tunn) = noise.tunn.as_deref_mut() {
+                tunn.set_secret(secret.clone());
+                noise.initiate = true;
             }
         }
         self.identity = Some(Identity {
+            cookies: Checker::new(&public),
             secret,
-            limiter: Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT)),
             public,
         });
     }
 
-    /// `peer`'s current `Tunn` in `noise` (its locked Noise state), made now if it has
-    /// none yet. None while the device has no private key.
+    /// `peer`'s tunnel in `noise` (its locked Noise state), made now if it has none yet.
+    /// None while the device has no private key.
     pub fn session<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunnel> {
         if noise.tunn.is_none() {
             let id = self.identity.as_ref()?;
-            noise.initiate = false;
             let (psk, keepalive) = {
                 let c = lock(&peer.config);
                 (c.psk, c.keepalive)
             };
-            noise.tunn = Some(Box::new(Tunnel::new(
+            let mut tunn = Tunnel::new(
                 id.secret.clone(),
                 PublicKey::from(peer.key),
                 psk,
                 (keepalive != 0).then_some(keepalive),
-                noise.index,
-                id.limiter.clone(),
-            )));
+                self.indices.clone(),
+                Instant::now(),
+            );
+            if let Some(latest) = self.remembered.get(&peer.key) {
+                tunn.remember(*latest);
+            }
+            noise.tunn = Some(Box::new(tunn));
         }
         noise.tunn.as_deref_mut()
     }
 
-    /// The `Tunn` `peer`'s outgoing packets are encrypted with: the retiring one while a
-    /// PSK or keepalive change's new one has no session yet, else the current one.
-    pub fn sending<'a>(&self, noise: &'a mut Noise, peer: &Peer) -> Option<&'a mut Tunnel> {
-        if noise.sending_retiring().is_some() {
-            return noise.sending_retiring();
-        }
-        self.session(noise, peer)
-    }
-
-    /// A session index no peer holds, drawn at random: a stranger who cannot guess it
-    /// cannot name a session in a message (indices are 24 bits; a tunnel puts its session
-    /// slot in the low 8 bits of the receiver index).
-    fn new_index(&mut self) -> u32 {
-        loop {
-            let index = match weft_crypto::random_bytes::<4>() {
-                Ok(b) => u32::from_le_bytes(b) & 0x00ff_ffff,
-                // No randomness from the kernel: still unique, only guessable.
-                Err(_) => self.fallback_index(),
-            };
-            if index != 0 && !self.by_index.contains_key(&index) {
-                return index;
-            }
-        }
-    }
-
-    fn fallback_index(&mut self) -> u32 {
-        self.next_index = (self.next_index + 1) & 0x00ff_ffff;
-        self.next_index
-    }
-
-    /// Adds a peer, or changes one in place. A new PSK or keepalive gets the peer a new
-    /// tunnel (both are fixed at its creation) while the one it had keeps its session
-    /// until the new one's handshake is done (`Noise`). The endpoint and AllowedIPs change
-    /// without touching the session.
+    /// Adds a peer, or changes one in place. A new PSK goes into the peer's tunnel for
+    /// the next handshake, which starts at once (the session in use carries traffic until
+    /// the new one replaces it); a new keepalive applies at once. The endpoint and
+    /// AllowedIPs change without touching the session.
     pub fn upsert(&mut self, key: Key, mut config: PeerConfig, endpoint: Option<SocketAddr>) {
         // Held as networks, as kernel WireGuard holds them (`uapi::set` truncates too).
         for net in &mut config.allowed_ips {
@@ -316,13 +297,15 @@ impl State {
         config.allowed_ips.retain(|n| seen.insert(*n));
         if let Some(peer) = self.peers.get(&key).cloned() {
             let old = lock(&peer.config).clone();
-            if old.psk != config.psk || old.keepalive != config.keepalive {
-                let index = self.new_index();
-                self.by_index.insert(index, peer.clone());
-                for freed in lock(&peer.noise).replace(index) {
-                    self.by_index.remove(&freed);
+            let mut noise = lock(&peer.noise);
+            if let Some(tunn) = noise.tunn.as_deref_mut() {
+                tunn.set_keepalive(config.keepalive);
+                if old.psk != config.psk {
+                    tunn.set_psk(config.psk);
+                    noise.initiate = true;
                 }
             }
+            drop(noise);
             // A configured endpoint is sent to from the route's choice until the peer
             // answers (kernel WireGuard forgets the source address it had, too).
             if let Some(to) = endpoint {
@@ -335,15 +318,13 @@ impl State {
             }
             return;
         }
-        let index = self.new_index();
         let peer = Arc::new(Peer {
             key,
-            noise: Mutex::new(Noise::new(index)),
+            noise: Mutex::new(Noise::new()),
             endpoint: Mutex::new(endpoint.map(Endpoint::to)),
             config: Mutex::new(config),
         });
-        self.peers.insert(key, peer.clone());
-        self.by_index.insert(index, peer);
+        self.peers.insert(key, peer);
         self.claim(&key, &[]);
     }
 
@@ -370,11 +351,31 @@ impl State {
         }
     }
 
+    /// Keeps a removed peer's newest initiation timestamp past its removal.
+    /// Its tunnel goes now (its indices with it), whoever still holds the peer.
+    fn remember(&mut self, peer: &Peer) {
+        let tunn = lock(&peer.noise).tunn.take();
+        let latest = tunn.as_deref().and_then(Tunnel::latest);
+        let Some(latest) = latest else { return };
+        if self.remembered.len() >= REMEMBERED && !self.remembered.contains_key(&peer.key) {
+            let oldest = self
+                .remembered
+                .iter()
+                .min_by_key(|(_, l)| l.at)
+                .map(|(k, _)| *k);
+            if let Some(oldest) = oldest {
+                self.remembered.remove(&oldest);
+            }
+        }
+        let kept = self.remembered.entry(peer.key).or_insert(latest);
+        if kept.stamp < latest.stamp {
+            *kept = latest;
+        }
+    }
+
     pub fn remove(&mut self, key: &Key) {
         if let Some(peer) = self.peers.remove(key) {
-            for index in lock(&peer.noise).indices() {
-                self.by_index.remove(&index);
-            }
+            self.remember(&peer);
             for net in &lock(&peer.config).allowed_ips {
                 self.owners.remove(net);
                 self.touched.push(*net);
@@ -383,8 +384,9 @@ impl State {
     }
 
     pub fn remove_all(&mut self) {
-        self.peers.clear();
-        self.by_index.clear();
+        for (_, peer) in std::mem::take(&mut self.peers) {
+            self.remember(&peer);
+        }
         self.owners.clear();
         self.touched.clear();
         self.routes = Routes::default();

@@ -3,28 +3,36 @@
 
 use super::*;
 
-/// A stranger who saw one peer's session index cannot guess the next one: indices
-/// are distinct, never 0, fit 24 bits, and do not follow one another.
+/// Every session index a peer's tunnel holds finds the peer, and a removed peer's are
+/// given back.
 #[test]
-fn session_indices_are_unique_and_unpredictable() {
-    let mut state = State::default();
+fn a_peers_session_indices_find_it_until_it_is_removed() {
+    use crate::userspace::wg::TunnResult;
+    let secret = StaticSecret::from([1; 32]);
+    let peer = StaticSecret::from([2; 32]);
+    let state = &mut node(&secret, &peer);
+    let p = state.peers.values().next().cloned().unwrap();
+    let mut buf = vec![0u8; 256];
     let mut indices = Vec::new();
-    for i in 0..2000u32 {
-        let mut key = [0u8; 32];
-        key[..4].copy_from_slice(&i.to_le_bytes());
-        state.upsert(key, PeerConfig::default(), None);
-        indices.push(lock(&state.peers[&key].noise).index);
+    for _ in 0..3 {
+        let mut noise = lock(&p.noise);
+        let tunn = state.session(&mut noise, &p).unwrap();
+        match tunn.format_handshake_initiation(Instant::now(), &mut buf, true) {
+            TunnResult::WriteToNetwork(m) => {
+                indices.push(u32::from_le_bytes([m[4], m[5], m[6], m[7]]))
+            }
+            _ => panic!("no initiation"),
+        }
     }
-    let in_order = indices.clone();
-    assert!(indices.iter().all(|i| *i != 0 && *i <= 0x00ff_ffff));
-    let consecutive = in_order.windows(2).filter(|w| w[1] == w[0] + 1).count();
-    assert!(
-        consecutive < 5,
-        "{consecutive} indices follow their predecessor"
-    );
-    indices.sort_unstable();
-    indices.dedup();
-    assert_eq!(indices.len(), 2000, "every peer has its own index");
+    // The last two attempts are pending (a retry's response may still come); the first
+    // was given back.
+    assert!(state.by_receiver(indices[0]).is_none());
+    for i in &indices[1..] {
+        assert!(Arc::ptr_eq(state.by_receiver(*i).unwrap(), &p));
+    }
+    state.remove(&PublicKey::from(&peer).to_bytes());
+    assert!(indices.iter().all(|i| state.by_receiver(*i).is_none()));
+    assert!(state.indices.is_empty(), "nothing held after the removal");
 }
 
 fn key(n: u8) -> Key {
@@ -132,58 +140,78 @@ fn routes_kept_up_per_request_equal_routes_built_afresh() {
     }
 }
 
-/// A peer changed in place keeps its session index for an endpoint or AllowedIPs
-/// change; a PSK or keepalive change gives it a new one (the old stays until the new
-/// session's handshake); removing it frees its indices.
-#[test]
-fn a_peer_keeps_its_session_unless_its_psk_or_keepalive_changes() {
-    let mut state = State::default();
-    state.upsert(key(1), with(&["10.0.1.0/24"]), None);
-    let index = lock(&state.peers[&key(1)].noise).index;
-    let found = |state: &State, i: u32| state.by_receiver(i << 8).map(|p| p.key);
-    assert_eq!(found(&state, index), Some(key(1)));
-    let moved = "192.0.2.7:51820".parse().ok();
-    state.upsert(key(1), with(&["10.0.9.0/24"]), moved);
-    assert_eq!(lock(&state.peers[&key(1)].noise).index, index);
-    assert_eq!(state.peers[&key(1)].endpoint(), moved);
-    let psk = PeerConfig {
-        psk: Some([7; 32]),
-        ..with(&["10.0.9.0/24"])
-    };
-    state.upsert(key(1), psk, None);
-    let fresh = lock(&state.peers[&key(1)].noise).index;
-    assert_ne!(fresh, index);
-    assert_eq!(found(&state, fresh), Some(key(1)));
-    assert_eq!(
-        state.peers[&key(1)].endpoint(),
-        moved,
-        "kept without a new one"
-    );
-    state.remove(&key(1));
-    assert_eq!(found(&state, fresh), None);
-    assert!(state.peers.is_empty());
-}
-
 /// A node with `secret` and one peer, `peer`.
 fn node(secret: &StaticSecret, peer: &StaticSecret) -> State {
     let mut state = State::default();
     state.set_private_key(Some(secret.clone()));
     let key = PublicKey::from(peer).to_bytes();
     state.upsert(key, with(&["10.0.0.0/24"]), None);
+    state.commit();
     state
 }
 
-/// Runs one packet through `to`'s `Tunn` for its peer: what it answers, if anything.
+fn secret(n: u8) -> StaticSecret {
+    StaticSecret::from([n; 32])
+}
+
+/// Runs one message through `to`'s tunnel for its only peer (MACs unchecked): what it
+/// answers, if anything.
 fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
     use crate::userspace::wg::TunnResult;
     let peer = to.peers.values().next()?.clone();
     let mut noise = lock(&peer.noise);
     let tunn = to.session(&mut noise, &peer)?;
     let mut out = vec![0u8; 2048];
-    match tunn.decapsulate(None, packet, &mut out) {
+    match tunn.decapsulate(packet, Instant::now(), &mut out) {
         TunnResult::WriteToNetwork(b) => Some(b.to_vec()),
         _ => None,
     }
+}
+
+/// An initiation from `state`'s tunnel to its only peer.
+fn initiation(state: &State) -> Vec<u8> {
+    use crate::userspace::wg::TunnResult;
+    let peer = state.peers.values().next().cloned().unwrap();
+    let mut noise = lock(&peer.noise);
+    let mut buf = vec![0u8; 256];
+    match state
+        .session(&mut noise, &peer)
+        .unwrap()
+        .format_handshake_initiation(Instant::now(), &mut buf, true)
+    {
+        TunnResult::WriteToNetwork(p) => p.to_vec(),
+        _ => panic!("no initiation"),
+    }
+}
+
+/// A pod packet from `from` to its only peer, sealed on the session in use.
+fn pod_packet(from: &State) -> Vec<u8> {
+    use crate::userspace::wg::TunnResult;
+    let peer = from.peers.values().next().cloned().unwrap();
+    let mut p = vec![0u8; 40];
+    p[0] = 0x45;
+    p[3] = 40;
+    p[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    p[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    let mut buf = vec![0u8; 2048];
+    let mut noise = lock(&peer.noise);
+    match from
+        .session(&mut noise, &peer)
+        .unwrap()
+        .encapsulate(&p, Instant::now(), &mut buf)
+    {
+        TunnResult::WriteToNetwork(m) if m[0] == 4 => m.to_vec(),
+        _ => panic!("no data message"),
+    }
+}
+
+/// A full handshake initiated by `a`, confirmed by a's keepalive: the datagrams.
+fn handshake(a: &State, b: &State) -> (Vec<u8>, Vec<u8>) {
+    let init = initiation(a);
+    let response = deliver(b, &init).expect("b answers");
+    let confirm = deliver(a, &response).expect("a confirms");
+    assert!(deliver(b, &confirm).is_none());
+    (init, response)
 }
 
 /// A rotation's new private key keeps the session the node has, in both directions,
@@ -191,157 +219,128 @@ fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
 /// that knows it (kernel WireGuard keeps receiving on its sessions too).
 #[test]
 fn a_new_private_key_keeps_the_session_it_had_until_the_new_one_is_made() {
-    use crate::userspace::wg::TunnResult;
-    let secret = |n: u8| StaticSecret::from([n; 32]);
     let (a_old, a_new, b) = (secret(1), secret(2), secret(3));
     let mut a = node(&a_old, &b);
     let b_state = node(&b, &a_old);
-    let peer_b = a.peers.values().next().cloned().unwrap();
-    let mut buf = vec![0u8; 2048];
-    // A handshake between a (old key) and b, and a first packet that confirms it.
-    let init = {
-        let mut noise = lock(&peer_b.noise);
-        let tunn = a.session(&mut noise, &peer_b).unwrap();
-        match tunn.format_handshake_initiation(&mut buf, false) {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("no initiation"),
-        }
-    };
-    let response = deliver(&b_state, &init).expect("b answers the initiation");
-    let keepalive = deliver(&a, &response).expect("a confirms the session");
-    assert!(deliver(&b_state, &keepalive).is_none());
-    let old_index = lock(&peer_b.noise).index;
-
+    handshake(&a, &b_state);
     a.set_private_key(Some(a_new.clone()));
-    // The session made under the old key still carries traffic: its index still finds
-    // b, and what a sends goes out on it, and b takes it.
-    assert!(Arc::ptr_eq(a.by_receiver(old_index << 8).unwrap(), &peer_b));
-    let ip_packet = {
-        let mut p = vec![0u8; 40];
-        p[0] = 0x45;
-        p[3] = 40;
-        p[12..16].copy_from_slice(&[10, 0, 0, 1]);
-        p[16..20].copy_from_slice(&[10, 0, 0, 2]);
-        p
-    };
-    let sent = {
-        let mut noise = lock(&peer_b.noise);
-        let tunn = a.sending(&mut noise, &peer_b).unwrap();
-        match tunn.encapsulate(&ip_packet, &mut buf) {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("the session it had does not send"),
-        }
-    };
-    {
-        let peer_a = b_state.peers.values().next().cloned().unwrap();
-        let mut noise = lock(&peer_a.noise);
-        let tunn = b_state.session(&mut noise, &peer_a).unwrap();
-        let mut out = vec![0u8; 2048];
-        assert!(matches!(
-            tunn.decapsulate(None, &sent, &mut out),
-            TunnResult::WriteToTunnelV4(..)
-        ));
-    }
-    // The new key's handshake: a peer that knows only the old key cannot answer it;
-    // b with a's next key staged can.
-    let init = {
-        let mut noise = lock(&peer_b.noise);
-        assert_ne!(noise.index, old_index);
-        let tunn = a.session(&mut noise, &peer_b).unwrap();
-        match tunn.format_handshake_initiation(&mut buf, false) {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("no initiation under the new key"),
-        }
-    };
+    assert!(lock(&a.peers.values().next().unwrap().noise).initiate);
+    // The session made under the old key still carries traffic both ways.
+    assert!(deliver(&b_state, &pod_packet(&a)).is_none());
+    let from_b = pod_packet(&b_state);
+    let peer_b = a.peers.values().next().cloned().unwrap();
+    assert!(a
+        .by_receiver(u32::from_le_bytes([
+            from_b[4], from_b[5], from_b[6], from_b[7]
+        ]))
+        .is_some_and(|p| Arc::ptr_eq(p, &peer_b)));
+    // The new key's handshake: a peer that knows only the old key cannot answer it; b
+    // with a's next key staged can.
+    let init = initiation(&a);
     assert!(deliver(&b_state, &init).is_none());
     let b_staged = node(&b, &a_new);
     assert!(deliver(&b_staged, &init).is_some());
 }
 
-/// The transfer counts `wg show` reports never go back: a PSK change's new `Tunn`
-/// starts at zero, and the peer's counts still hold what the one before carried,
-/// before and after it retires.
+/// A PSK, keepalive or private key change, or a removal and return, keeps what the peer
+/// must keep: the newest initiation timestamp (a recorded initiation is refused after
+/// every one of them), the session in use, and the transfer counts. A PSK change applies
+/// to the next handshake, which is due at once.
 #[test]
-fn a_psk_change_keeps_the_peers_transfer_counts() {
-    use crate::userspace::wg::TunnResult;
-    let secret = |n: u8| StaticSecret::from([n; 32]);
+fn every_change_keeps_the_replay_memory_the_session_and_the_counts() {
     let (a_key, b_key) = (secret(1), secret(2));
-    let mut a = node(&a_key, &b_key);
+    let a = node(&a_key, &b_key);
     let mut b = node(&b_key, &a_key);
-    let peer_b = a.peers.values().next().cloned().unwrap();
-    let peer_a = b.peers.values().next().cloned().unwrap();
-    let mut buf = vec![0u8; 2048];
-    let initiation = |state: &State, peer: &Arc<Peer>, buf: &mut [u8]| {
-        let mut noise = lock(&peer.noise);
-        let tunn = state.session(&mut noise, peer).unwrap();
-        match tunn.format_handshake_initiation(buf, false) {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("no initiation"),
-        }
-    };
-    let handshake = |a: &State, b: &State, buf: &mut [u8]| {
-        let response = deliver(b, &initiation(a, &peer_b, buf)).expect("b answers");
-        let confirm = deliver(a, &response).expect("a confirms");
-        assert!(deliver(b, &confirm).is_none());
-    };
-    // `from` sends a pod packet to its peer `via` on the session in use; the other side,
-    // whose peer is `to`, takes it.
-    let send = |from: &State, via: &Arc<Peer>, to: &Arc<Peer>, buf: &mut [u8]| {
-        let mut p = vec![0u8; 40];
-        p[0] = 0x45;
-        p[3] = 40;
-        let sent = {
-            let mut noise = lock(&via.noise);
-            match from.sending(&mut noise, via).unwrap().encapsulate(&p, buf) {
-                TunnResult::WriteToNetwork(p) => p.to_vec(),
-                _ => panic!("no packet sent"),
-            }
-        };
-        let mut noise = lock(&to.noise);
-        let mut out = vec![0u8; 2048];
-        let receiver = u32::from_le_bytes([sent[4], sent[5], sent[6], sent[7]]);
-        assert!(matches!(
-            noise
-                .for_receiver(receiver)
-                .unwrap()
-                .decapsulate(None, &sent, &mut out),
-            TunnResult::WriteToTunnelV4(..)
-        ));
-    };
-    handshake(&a, &b, &mut buf);
-    send(&a, &peer_b, &peer_a, &mut buf);
-    send(&b, &peer_a, &peer_b, &mut buf);
+    let a_pub = PublicKey::from(&a_key).to_bytes();
+    let (recorded, _) = handshake(&a, &b);
+    assert!(deliver(&b, &pod_packet(&a)).is_none());
     let counts = |state: &State| {
-        let (_, tx, rx) = lock(&state.peers.values().next().unwrap().noise).stats();
+        let (_, tx, rx) = lock(&state.peers.values().next().unwrap().noise).stats(Instant::now());
         (tx, rx)
     };
-    let before = counts(&a);
-    assert!(before.0 > 0 && before.1 > 0, "{before:?}");
+    let before = counts(&b);
+    assert!(before.1 > 0, "{before:?}");
+    let changes: [(&str, PeerConfig); 3] = [
+        (
+            "keepalive",
+            PeerConfig {
+                keepalive: 25,
+                ..with(&["10.0.0.0/24"])
+            },
+        ),
+        (
+            "psk",
+            PeerConfig {
+                keepalive: 25,
+                psk: Some([7; 32]),
+                ..with(&["10.0.0.0/24"])
+            },
+        ),
+        (
+            "allowed-ips",
+            PeerConfig {
+                keepalive: 25,
+                psk: Some([7; 32]),
+                ..with(&["10.0.0.0/16"])
+            },
+        ),
+    ];
+    for (what, config) in changes {
+        b.upsert(a_pub, config, None);
+        b.commit();
+        assert_eq!(
+            deliver(&b, &recorded),
+            None,
+            "{what}: the recorded initiation is refused"
+        );
+        assert!(
+            deliver(&b, &pod_packet(&a)).is_none(),
+            "{what}: the session in use still opens"
+        );
+        assert!(counts(&b).1 > before.1, "{what}: counts go on");
+    }
+    assert!(
+        lock(&b.peers[&a_pub].noise).initiate,
+        "a PSK change handshakes at once"
+    );
+    b.set_private_key(Some(secret(9)));
+    b.set_private_key(Some(b_key.clone()));
+    assert_eq!(deliver(&b, &recorded), None, "key change: refused");
+    // Removed and added again (the liveness watcher's re-handshake): refused too.
+    let config = lock(&b.peers[&a_pub].config).clone();
+    b.remove(&a_pub);
+    b.upsert(a_pub, config, None);
+    b.commit();
+    assert_eq!(deliver(&b, &recorded), None, "remove and add: refused");
+    // While a fresh initiation from the peer is answered.
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    assert!(
+        deliver(&b, &initiation(&a)).is_some(),
+        "a new initiation is answered"
+    );
+}
 
-    let psk = PeerConfig {
-        psk: Some([7; 32]),
-        ..with(&["10.0.0.0/24"])
-    };
-    a.upsert(PublicKey::from(&b_key).to_bytes(), psk.clone(), None);
-    b.upsert(PublicKey::from(&a_key).to_bytes(), psk, None);
+/// An answered initiation's session waits in `next`: the session in use keeps carrying
+/// traffic both ways until the peer's first data message on the new one confirms it, so
+/// an initiation that is never followed by data (a replay, or a peer that lost the
+/// response) cuts nothing.
+#[test]
+fn an_answered_session_is_used_only_once_the_peer_confirms_it() {
+    let (a_key, b_key) = (secret(1), secret(2));
+    let a = node(&a_key, &b_key);
+    let b = node(&b_key, &a_key);
+    handshake(&a, &b);
+    let first = pod_packet(&b);
+    // a initiates again; b answers, but the response is lost.
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    assert!(deliver(&b, &initiation(&a)).is_some());
+    let still = pod_packet(&b);
     assert_eq!(
-        counts(&a),
-        before,
-        "the new Tunn starts at zero; the peer does not"
+        first[4..8],
+        still[4..8],
+        "b still sends on the confirmed session"
     );
-    handshake(&a, &b, &mut buf);
-    send(&a, &peer_b, &peer_a, &mut buf);
-    send(&b, &peer_a, &peer_b, &mut buf);
-    lock(&peer_b.noise).retire();
-    assert!(
-        lock(&peer_b.noise).retiring.is_none(),
-        "b sent on the new session"
-    );
-    let after = counts(&a);
-    assert!(
-        after.0 > before.0 && after.1 > before.1,
-        "{before:?} then {after:?}"
-    );
+    assert!(deliver(&a, &still).is_none(), "and a opens it");
 }
 
 /// What a `Receiver` under test sent and delivered.
@@ -371,65 +370,30 @@ fn receive(state: &State, datagram: &[u8]) -> Captured {
     captured
 }
 
-/// A PSK (or key) change that comes just after the device answered an initiation keeps
-/// the session that answer made: the initiator sends on it as soon as it has the
-/// response, and its first packets still arrive. The new `Tunn` then handshakes at once,
-/// not only when traffic asks (in the VM, a pair whose PSKs both changed this way had no
-/// session and no handshake until its pods sent something).
+/// A PSK change that comes just after the device answered an initiation keeps the
+/// session that answer made: the initiator sends on it as soon as it has the response,
+/// and its first packets still arrive. The tunnel then handshakes at once, not only when
+/// traffic asks (in the VM, a pair whose PSKs both changed this way had no session and no
+/// handshake until its pods sent something).
 #[test]
 fn a_change_just_after_answering_keeps_the_answered_session_and_handshakes_at_once() {
-    use crate::userspace::wg::TunnResult;
-    let secret = |n: u8| StaticSecret::from([n; 32]);
     let (a_key, b_key) = (secret(1), secret(2));
     let a = node(&a_key, &b_key);
     let mut b = node(&b_key, &a_key);
-    let peer_b = a.peers.values().next().cloned().unwrap();
     let peer_a = b.peers.values().next().cloned().unwrap();
-    let mut buf = vec![0u8; 2048];
-    let init = {
-        let mut noise = lock(&peer_b.noise);
-        match a
-            .session(&mut noise, &peer_b)
-            .unwrap()
-            .format_handshake_initiation(&mut buf, false)
-        {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("no initiation"),
-        }
-    };
-    let answered = receive(&b, &init);
+    let answered = receive(&b, &initiation(&a));
     assert_eq!(answered.sent.len(), 1, "b answers the initiation");
     let keepalive = deliver(&a, &answered.sent[0]).expect("a takes the response");
-
-    // b's PSK changes before a's first packet on the new session has arrived.
     let psk = PeerConfig {
         psk: Some([7; 32]),
         ..with(&["10.0.0.0/24"])
     };
     b.upsert(PublicKey::from(&a_key).to_bytes(), psk, None);
     b.commit();
-    assert!(
-        lock(&peer_a.noise).initiate,
-        "the new Tunn is due to handshake at once"
-    );
+    assert!(lock(&peer_a.noise).initiate, "due to handshake at once");
     assert!(receive(&b, &keepalive).sent.is_empty());
-    let mut pkt = vec![0u8; 40];
-    pkt[0] = 0x45;
-    pkt[3] = 40;
-    pkt[12..16].copy_from_slice(&[10, 0, 0, 1]);
-    let data = {
-        let mut noise = lock(&peer_b.noise);
-        match a
-            .sending(&mut noise, &peer_b)
-            .unwrap()
-            .encapsulate(&pkt, &mut buf)
-        {
-            TunnResult::WriteToNetwork(p) => p.to_vec(),
-            _ => panic!("a does not send on its new session"),
-        }
-    };
     assert_eq!(
-        receive(&b, &data).delivered,
+        receive(&b, &pod_packet(&a)).delivered,
         1,
         "a's packet on the answered session reaches b's pods"
     );

@@ -1,41 +1,28 @@
-//! The receiving side: read a GRO batch of datagrams from a UDP socket, find each one's
-//! peer (data by the receiver index in its header, a handshake initiation by the key in
-//! it), decrypt, check the inner source against the peer's AllowedIPs, and write the
-//! packets to the TUN device, TCP segments of one flow coalesced into one write. A run of
-//! data messages for one session takes the session once (`rx_data`).
+//! The receiving side: read a GRO batch of datagrams from a UDP socket, find each data
+//! message's peer by the receiver index in its header, decrypt, check the inner source
+//! against the peer's AllowedIPs, and write the packets to the TUN device, TCP segments of
+//! one flow coalesced into one write. A run of data messages for one session takes the
+//! session once (`rx_data`). Handshake messages go to the handshake thread's queue
+//! (`handshakes`): no Diffie-Hellman runs here.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use boringtun::noise::Packet;
-
-use super::wg::{handshake::initiator_of, TunnResult, Tunnel as Tunn};
-
 use super::coalesce::Coalescer;
 use super::device::Device;
-use super::peers::{lock, State};
+use super::handshakes::{self, is_handshake, Queue};
+use super::peers::State;
 use super::pool::Pool;
 use super::udp::{self, Endpoint, Local};
 use super::vnet;
+use super::wg::ratelimit::Limiter;
+use super::wg::session::{index_of, is_data};
 
-/// The message type of a transport data packet (a keepalive is one, empty).
+/// The message types a thread outside this module tells apart by their first byte.
 pub(super) const DATA: u8 = 4;
 pub(super) const HANDSHAKE_INIT: u8 = 1;
-const HANDSHAKE_RESPONSE: u8 = 2;
-
-/// The receiver index of a data, response or cookie message (a response carries its
-/// sender's index first).
-fn receiver(datagram: &[u8]) -> Option<u32> {
-    let at = if datagram.first() == Some(&HANDSHAKE_RESPONSE) {
-        8
-    } else {
-        4
-    };
-    let b = datagram.get(at..at + 4)?;
-    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
 
 /// Where the receiving side's output goes: datagrams back to the network (handshake
 /// answers, cookie replies, queued packets) and packets to the TUN device (as the device
@@ -76,6 +63,10 @@ pub struct Receiver<O> {
     plain: Vec<u8>,
     coalescer: Coalescer,
     pool: Pool,
+    /// Where handshake messages go: the device's handshake thread; without one (the
+    /// tests, the fuzz targets), they are handled here, never under load.
+    handshakes: Option<Queue>,
+    limiter: Limiter,
 }
 
 impl<O: Outputs> Receiver<O> {
@@ -83,6 +74,12 @@ impl<O: Outputs> Receiver<O> {
     /// segments are merged).
     pub fn new(out: O, vnet: bool) -> Self {
         Self::with_helpers(out, vnet, super::tx::crypto_helpers())
+    }
+
+    /// Sends handshake messages to the handshake thread's queue.
+    pub fn with_queue(mut self, queue: Queue) -> Self {
+        self.handshakes = Some(queue);
+        self
     }
 
     /// A receiver whose long runs of data messages are opened by this many helper threads
@@ -93,6 +90,8 @@ impl<O: Outputs> Receiver<O> {
             plain: vec![0u8; 65_536],
             coalescer: Coalescer::new(vnet),
             pool: Pool::new("wg-open", helpers),
+            handshakes: None,
+            limiter: Limiter::default(),
         }
     }
 
@@ -109,74 +108,22 @@ impl<O: Outputs> Receiver<O> {
         self.coalescer.flush(&mut |pkt: &[u8]| out.deliver(pkt));
     }
 
-    /// A handshake or cookie message: answered (a cookie reply goes back to its source), and
-    /// only a message the peer's keys verified moves its endpoint and sends it what was
-    /// queued.
-    fn control(
-        &mut self,
-        state: &State,
-        datagram: &[u8],
-        (from, local): (SocketAddr, Option<Local>),
-    ) {
-        // Answers go back from the address the message came to.
-        let back = Endpoint {
-            to: from,
-            from: local,
-        };
-        let kind = datagram[0];
-        let peer = if kind == HANDSHAKE_INIT {
-            let Some(id) = &state.identity else { return };
-            let mut cookie = [0u8; 64];
-            match id
-                .limiter
-                .verify_packet(Some(from.ip()), datagram, &mut cookie)
-            {
-                Ok(Packet::HandshakeInit(_)) => initiator_of(&id.secret, &id.public, datagram)
-                    .and_then(|key| state.peers.get(&key)),
-                Err(boringtun::noise::TunnResult::WriteToNetwork(c)) => {
-                    self.out.send(back, c);
-                    return;
-                }
-                _ => None,
-            }
-        } else {
-            receiver(datagram).and_then(|r| state.by_receiver(r))
-        };
-        let Some(peer) = peer else { return };
-        let mut noise = lock(&peer.noise);
-        // An initiation is for the peer's current state (made now if need be); a response
-        // or cookie for the state whose index it names.
-        let tunn = match receiver(datagram) {
-            _ if kind == HANDSHAKE_INIT => state.session(&mut noise, peer),
-            Some(r) => noise.for_receiver(r),
-            None => None,
-        };
-        let Some(tunn) = tunn else {
+    /// A handshake or cookie message: queued for the handshake thread.
+    fn control(&mut self, state: &State, datagram: &[u8], from: (SocketAddr, Option<Local>)) {
+        if !is_handshake(datagram) {
             return;
-        };
-        let (verified, answered) =
-            match tunn.decapsulate(Some(from.ip()), datagram, &mut self.plain) {
-                TunnResult::WriteToNetwork(answer) => {
-                    let verified = consumed(kind, answer);
-                    let answered = if kind == HANDSHAKE_INIT {
-                        answer.len()
-                    } else {
-                        0
-                    };
-                    self.out.send(back, answer);
-                    (verified, answered)
-                }
-                // A cookie reply (or anything else) proves nothing: anyone who knows the
-                // public keys can make one.
-                _ => (false, 0),
-            };
-        if verified {
-            peer.roam(from, local);
-            flush_queue(tunn, &mut self.plain, &mut self.out, back);
         }
-        noise.handshake_tx += answered;
-        // The current state answered: it holds a session the peer may send on at once.
-        noise.answered |= answered > 0 && verified;
+        match &self.handshakes {
+            Some(queue) => queue.push(datagram, from),
+            None => handshakes::handle(
+                state,
+                datagram,
+                from,
+                (false, &self.limiter),
+                &mut self.plain,
+                &mut self.out,
+            ),
+        }
     }
 
     /// Handles the datagrams of one receive from `from` (to this host's `local` address,
@@ -197,25 +144,22 @@ impl<O: Outputs> Receiver<O> {
         };
         let total = buf.len();
         let end_of = |at: usize| (at + segment).min(total);
-        let is_data = |d: &[u8]| d.len() >= 32 && d[0] == DATA;
         let mut at = 0;
         while at < buf.len() {
             let datagram_at = |at: usize| &buf[at..end_of(at)];
             let d = datagram_at(at);
             if !is_data(d) {
-                if d.len() >= 4 {
-                    self.control(state, d, from);
-                }
+                self.control(state, d, from);
                 at += d.len();
                 continue;
             }
             // The run of data messages for the same session.
-            let r = receiver(d);
+            let r = index_of(d);
             let mut end = at + d.len();
-            while end < buf.len() && is_data(datagram_at(end)) && receiver(datagram_at(end)) == r {
+            while end < buf.len() && is_data(datagram_at(end)) && index_of(datagram_at(end)) == r {
                 end += datagram_at(end).len();
             }
-            if let Some((peer, r)) = r.and_then(|r| Some((state.by_receiver(r)?.clone(), r))) {
+            if let Some(peer) = state.by_receiver(r).cloned() {
                 let run = &mut buf[at..end];
                 if self.pool.width() > 1 && run.len() >= data::SPLIT_RUN * segment {
                     self.data_run_split(state, (&peer, r), run, segment, from);
@@ -226,25 +170,6 @@ impl<O: Outputs> Receiver<O> {
             at = end;
         }
     }
-}
-
-/// Sends the packets a session queued while it had no keys.
-fn flush_queue(tunn: &mut Tunn, buf: &mut [u8], out: &mut impl Outputs, to: Endpoint) {
-    while let TunnResult::WriteToNetwork(datagram) = tunn.decapsulate(None, &[], buf) {
-        out.send(to, datagram);
-    }
-}
-
-/// Whether `answer`, what the Noise state wrote for a message of type `kind`, shows that
-/// the message was verified and consumed: an initiation answered with a response, a
-/// response answered with the confirming keepalive. A cookie reply (the answer under load)
-/// shows only that the message had a valid mac1, which anyone who knows the device's
-/// public key can compute.
-fn consumed(kind: u8, answer: &[u8]) -> bool {
-    matches!(
-        (kind, answer.first()),
-        (HANDSHAKE_INIT, Some(&HANDSHAKE_RESPONSE)) | (HANDSHAKE_RESPONSE, Some(&DATA))
-    )
 }
 
 /// How many receives in a row may fail before the device ends (each failure past the
@@ -266,7 +191,7 @@ pub fn run(
         device: device.clone(),
         tun,
     };
-    let mut rx = Receiver::new(out, vnet);
+    let mut rx = Receiver::new(out, vnet).with_queue(device.handshakes.clone());
     let mut buf = vec![0u8; 65_536];
     let mut cmsg = udp::cmsg_buffer();
     let mut failures = 0;

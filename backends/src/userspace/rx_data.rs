@@ -7,11 +7,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::super::handshakes::flush_queue;
 use super::super::peers::{lock, Peer, State};
 use super::super::udp::Local;
 use super::super::wg::session::{counter_of, Session, HEADER};
 use super::super::wg::tunnel::inner;
-use super::{flush_queue, Outputs, Receiver};
+use super::{Outputs, Receiver};
 
 /// Runs of data messages at least this long are opened in parts across the crypto pool
 /// (shorter ones cost more to hand over than to open).
@@ -25,7 +26,8 @@ impl<O: Outputs> Receiver<O> {
     /// the sending thread is never kept waiting by a decryption.
     fn session_of(peer: &Peer, receiver: u32) -> Option<Arc<Session>> {
         lock(&peer.noise)
-            .for_receiver(receiver)
+            .tunn
+            .as_deref()
             .and_then(|t| t.receiving(receiver).cloned())
     }
 
@@ -38,8 +40,8 @@ impl<O: Outputs> Receiver<O> {
             return;
         }
         let mut noise = lock(&peer.noise);
-        if let Some(tunn) = noise.for_receiver(receiver) {
-            tunn.received(receiver, got.bytes);
+        if let Some(tunn) = noise.tunn.as_deref_mut() {
+            tunn.received(receiver, got.bytes, std::time::Instant::now());
             if let Some(to) = peer.route() {
                 flush_queue(tunn, &mut self.plain, &mut self.out, to);
             }

@@ -9,6 +9,7 @@ use super::super::peers::{lock, PeerConfig, State};
 use super::super::udp::Endpoint;
 use super::super::wg::TunnResult;
 use super::{Outputs, Receiver};
+use std::time::Instant;
 
 #[derive(Default)]
 struct Kept {
@@ -37,7 +38,7 @@ fn node(secret: u8, peer: u8, allowed: &str) -> State {
 }
 
 /// Runs `f` on `state`'s one peer's current tunnel.
-fn with_tunnel<T>(state: &State, f: impl FnOnce(&mut super::Tunn) -> T) -> T {
+fn with_tunnel<T>(state: &State, f: impl FnOnce(&mut super::super::wg::Tunnel) -> T) -> T {
     let peer = state.peers.values().next().unwrap().clone();
     let mut noise = lock(&peer.noise);
     f(state.session(&mut noise, &peer).unwrap())
@@ -67,11 +68,15 @@ fn udp_packet(src: [u8; 4], len: usize, tag: u8) -> Vec<u8> {
 /// again (a replay), and a shorter last one. With the packets a must deliver, in order.
 fn batch(a: &State, b: &State) -> (Vec<u8>, usize, Vec<Vec<u8>>) {
     let mut buf = vec![0u8; 2048];
-    let init = with_tunnel(b, |t| net(t.format_handshake_initiation(&mut buf, false)));
-    let response = with_tunnel(a, |t| net(t.decapsulate(None, &init, &mut buf)));
-    let keepalive = with_tunnel(b, |t| net(t.decapsulate(None, &response, &mut buf)));
+    let init = with_tunnel(b, |t| {
+        net(t.format_handshake_initiation(Instant::now(), &mut buf, false))
+    });
+    let response = with_tunnel(a, |t| net(t.decapsulate(&init, Instant::now(), &mut buf)));
+    let keepalive = with_tunnel(b, |t| {
+        net(t.decapsulate(&response, Instant::now(), &mut buf))
+    });
     assert!(with_tunnel(a, |t| matches!(
-        t.decapsulate(None, &keepalive, &mut buf),
+        t.decapsulate(&keepalive, Instant::now(), &mut buf),
         TunnResult::Done
     )));
     let mut packets: Vec<Vec<u8>> = (0..10)
@@ -80,12 +85,14 @@ fn batch(a: &State, b: &State) -> (Vec<u8>, usize, Vec<Vec<u8>>) {
     packets.insert(6, udp_packet([10, 9, 9, 9], 1000, 66));
     let mut sealed: Vec<Vec<u8>> = packets
         .iter()
-        .map(|p| with_tunnel(b, |t| net(t.encapsulate(p, &mut buf))))
+        .map(|p| with_tunnel(b, |t| net(t.encapsulate(p, Instant::now(), &mut buf))))
         .collect();
     sealed[3][100] ^= 1;
     sealed.push(sealed[0].clone());
     let last = udp_packet([10, 0, 0, 9], 300, 99);
-    sealed.push(with_tunnel(b, |t| net(t.encapsulate(&last, &mut buf))));
+    sealed.push(with_tunnel(b, |t| {
+        net(t.encapsulate(&last, Instant::now(), &mut buf))
+    }));
     let segment = sealed[0].len();
     let mut want: Vec<Vec<u8>> = (packets.into_iter().enumerate())
         .filter(|(i, _)| *i != 3 && *i != 6)
@@ -115,7 +122,7 @@ fn a_run_opened_in_parts_delivers_what_one_opened_in_place_delivers() {
             Some(from),
             "the verified messages moved the endpoint"
         );
-        let (_, _, rx_bytes) = lock(&peer.noise).stats();
+        let (_, _, rx_bytes) = lock(&peer.noise).stats(std::time::Instant::now());
         // Ten opened (one forged of eleven; the one from outside the AllowedIPs counts,
         // as kernel WireGuard counts it), and the short last one.
         assert_eq!(

@@ -183,7 +183,7 @@ impl Batch {
     fn handshake_path(&mut self, tunn: &mut Tunn, segment: &[u8], udp: &Udp, to: &mut Endpoint) {
         let room = (segment.len() + OVERHEAD).max(HANDSHAKE_INIT);
         let mut out = vec![0u8; room];
-        match tunn.encapsulate(segment, &mut out) {
+        match tunn.encapsulate(segment, std::time::Instant::now(), &mut out) {
             TunnResult::WriteToNetwork(out) if out.first() == Some(&4) => {
                 // A session after all (an exhausted one was retired): on its own.
                 let _ = udp.send(to, out);
@@ -264,7 +264,7 @@ fn encrypt_read(
     let peer = &p.peer;
     let session = {
         let mut noise = lock(&peer.noise);
-        let Some(tunn) = state.sending(&mut noise, peer) else {
+        let Some(tunn) = state.session(&mut noise, peer) else {
             return Ok(0); // no private key yet
         };
         tunn.sending()
@@ -278,13 +278,13 @@ fn encrypt_read(
             batch.place(&session, seg, padded_len(seg.len(), mtu), &p.udp, &mut p.to)
         });
         let mut noise = lock(&peer.noise);
-        if let Some(tunn) = state.sending(&mut noise, peer) {
-            tunn.sealed(bytes);
+        if let Some(tunn) = state.session(&mut noise, peer) {
+            tunn.sealed(bytes, std::time::Instant::now());
         }
         return result;
     }
     let mut noise = lock(&peer.noise);
-    let Some(tunn) = state.sending(&mut noise, peer) else {
+    let Some(tunn) = state.session(&mut noise, peer) else {
         return Ok(0);
     };
     let result = segment::split(header, pkt, headers, |seg| {

@@ -43,7 +43,7 @@ pub fn get(state: &State) -> String {
     let now = SystemTime::now();
     for peer in state.peers.values() {
         let config = lock(&peer.config).clone();
-        let (since, tx, rx) = lock(&peer.noise).stats();
+        let (since, tx, rx) = lock(&peer.noise).stats(std::time::Instant::now());
         let _ = writeln!(out, "public_key={}", hex(&peer.key));
         if let Some(psk) = &config.psk {
             let _ = writeln!(out, "preshared_key={}", hex(psk));

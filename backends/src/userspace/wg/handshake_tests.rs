@@ -3,6 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Tunn, TunnResult};
@@ -60,10 +61,11 @@ fn our_initiation_completes_with_boringtun_and_carries_data() {
     let mut ours = Handshake::new(key(1), PublicKey::from(&key(2)), None);
     let mut tunn = theirs(2, 1, None);
     let mut init = [0u8; INIT_LEN];
-    ours.initiate(0x1234_5601, &mut init).unwrap();
+    ours.initiate(0x1234_5601, Instant::now(), &mut init)
+        .unwrap();
     let mut buf = vec![0u8; 2048];
     let response = written(tunn.decapsulate(Some(FROM), &init, &mut buf));
-    let session = ours.complete(&response).unwrap();
+    let session = ours.complete(&response, Instant::now()).unwrap();
     assert_eq!(session.local, 0x1234_5601);
     assert!(ours.in_flight().is_none(), "the attempt is over");
     // boringtun sends on it once it has our first message (the keepalive).
@@ -75,7 +77,7 @@ fn our_initiation_completes_with_boringtun_and_carries_data() {
     ));
     carries(&session, &mut tunn);
     assert_eq!(
-        ours.complete(&response).err(),
+        ours.complete(&response, Instant::now()).err(),
         Some(HandshakeError::Unexpected),
         "a response is taken once"
     );
@@ -93,7 +95,9 @@ fn boringtuns_initiation_is_answered_and_the_session_carries_data() {
         Some(*PublicKey::from(&key(2)).as_bytes())
     );
     let mut response = [0u8; RESPONSE_LEN];
-    let (session, n) = ours.respond(&init, 0x42_07, &mut response).unwrap();
+    let (session, n) = ours
+        .respond(&init, Instant::now(), || Some(0x42_07), &mut response)
+        .unwrap();
     assert_eq!(n, RESPONSE_LEN);
     let keepalive = written(tunn.decapsulate(Some(FROM), &response, &mut buf));
     let mut out = [0u8; 64];
@@ -101,7 +105,8 @@ fn boringtuns_initiation_is_answered_and_the_session_carries_data() {
     carries(&session, &mut tunn);
     // The same initiation again is a replay.
     assert_eq!(
-        ours.respond(&init, 0x42_08, &mut response).err(),
+        ours.respond(&init, Instant::now(), || Some(0x42_08), &mut response)
+            .err(),
         Some(HandshakeError::Replayed)
     );
 }
@@ -114,31 +119,41 @@ fn wrong_keys_and_psks_and_altered_messages_are_refused() {
     let init = written(theirs(3, 1, None).format_handshake_initiation(&mut buf, false));
     let mut out = [0u8; RESPONSE_LEN];
     assert_eq!(
-        ours.respond(&init, 1, &mut out).err(),
+        ours.respond(&init, Instant::now(), || Some(1), &mut out)
+            .err(),
         Some(HandshakeError::WrongKey)
     );
     // An initiation to another key.
     let init = written(theirs(2, 4, None).format_handshake_initiation(&mut buf, false));
     assert_eq!(
-        ours.respond(&init, 1, &mut out).err(),
+        ours.respond(&init, Instant::now(), || Some(1), &mut out)
+            .err(),
         Some(HandshakeError::Forged)
     );
     // A PSK only one side has: the response does not verify.
     let mut ours = Handshake::new(key(1), PublicKey::from(&key(2)), Some([5; 32]));
     let mut init = [0u8; INIT_LEN];
-    ours.initiate(7, &mut init).unwrap();
+    ours.initiate(7, Instant::now(), &mut init).unwrap();
     let response = written(theirs(2, 1, None).decapsulate(Some(FROM), &init, &mut buf));
-    assert_eq!(ours.complete(&response).err(), Some(HandshakeError::Forged));
+    assert_eq!(
+        ours.complete(&response, Instant::now()).err(),
+        Some(HandshakeError::Forged)
+    );
     // Any changed byte of an initiation is refused.
     let mut ours = Handshake::new(key(1), PublicKey::from(&key(2)), None);
     let init = written(theirs(2, 1, None).format_handshake_initiation(&mut buf, false));
     for at in 8..116 {
         let mut bad = init.clone();
         bad[at] ^= 0x20;
-        assert!(ours.respond(&bad, 1, &mut out).is_err(), "byte {at}");
+        assert!(
+            ours.respond(&bad, Instant::now(), || Some(1), &mut out)
+                .is_err(),
+            "byte {at}"
+        );
     }
     assert!(
-        ours.respond(&init, 1, &mut out).is_ok(),
+        ours.respond(&init, Instant::now(), || Some(1), &mut out)
+            .is_ok(),
         "the untouched one is taken"
     );
 }
@@ -150,20 +165,20 @@ fn a_cookie_from_a_loaded_peer_is_taken_and_its_mac2_passes_the_load_check() {
     let limiter = Arc::new(RateLimiter::new(&peer_public, 0));
     let mut ours = Handshake::new(key(1), peer_public, None);
     let mut init = [0u8; INIT_LEN];
-    ours.initiate(7, &mut init).unwrap();
+    ours.initiate(7, Instant::now(), &mut init).unwrap();
     let mut reply = [0u8; COOKIE_LEN];
     let cookie = match limiter.verify_packet(Some(FROM), &init, &mut reply) {
         Err(TunnResult::WriteToNetwork(c)) => c.to_vec(),
         other => panic!("expected a cookie reply, got {other:?}"),
     };
-    ours.take_cookie(&cookie).unwrap();
+    ours.take_cookie(&cookie, Instant::now()).unwrap();
     let mut forged = cookie.clone();
     forged[40] ^= 1;
     assert_eq!(
-        ours.take_cookie(&forged).err(),
+        ours.take_cookie(&forged, Instant::now()).err(),
         Some(HandshakeError::Forged)
     );
-    ours.initiate(8, &mut init).unwrap();
+    ours.initiate(8, Instant::now(), &mut init).unwrap();
     assert!(
         limiter.verify_packet(Some(FROM), &init, &mut reply).is_ok(),
         "mac2 made with the cookie is accepted under load"
@@ -183,7 +198,8 @@ fn an_initiation_with_a_low_order_ephemeral_is_refused() {
     init[8..40].copy_from_slice(&[0u8; 32]);
     let mut out = [0u8; RESPONSE_LEN];
     assert_eq!(
-        ours.respond(&init, 1, &mut out).err(),
+        ours.respond(&init, Instant::now(), || Some(1), &mut out)
+            .err(),
         Some(HandshakeError::Forged)
     );
     assert_eq!(

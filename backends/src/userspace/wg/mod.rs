@@ -3,8 +3,11 @@
 //! of packets waiting for a session, and which session carries what. Sessions seal and
 //! open through `&self`, so the packet threads can share one peer's session.
 
+pub mod cookie;
 pub mod handshake;
+pub mod index;
 mod primitives;
+pub mod ratelimit;
 pub mod session;
 mod timers;
 pub mod tunnel;

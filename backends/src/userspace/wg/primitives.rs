@@ -8,6 +8,7 @@ use blake2::{Blake2s256, Blake2sMac, Digest};
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::XChaCha20Poly1305;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
+use zeroize::{Zeroize, Zeroizing};
 
 pub const TAG: usize = 16;
 
@@ -40,27 +41,45 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     h.finalize().into_bytes().into()
 }
 
-/// `KDF_n(key, input)`: the first `N` outputs of WireGuard's HKDF chain.
-pub fn kdf<const N: usize>(key: &[u8; 32], input: &[u8]) -> [[u8; 32]; N] {
-    let prk = hmac(key, &[input]);
-    let mut out = [[0u8; 32]; N];
-    let mut prev: Option<[u8; 32]> = None;
-    for (i, slot) in out.iter_mut().enumerate() {
+/// `KDF_n(key, input)`: the first `N` outputs of WireGuard's HKDF chain, zeroed when
+/// dropped (they are chaining and AEAD keys), as is the chain's own key.
+pub fn kdf<const N: usize>(key: &[u8; 32], input: &[u8]) -> Zeroizing<[[u8; 32]; N]> {
+    let prk = Zeroizing::new(hmac(key, &[input]));
+    let mut out = Zeroizing::new([[0u8; 32]; N]);
+    for i in 0..N {
         let counter = [i as u8 + 1];
-        let t = match &prev {
-            None => hmac(&prk, &[&counter]),
-            Some(p) => hmac(&prk, &[p, &counter]),
+        out[i] = match i {
+            0 => hmac(&*prk, &[&counter]),
+            _ => hmac(&*prk, &[&out[i - 1], &counter]),
         };
-        *slot = t;
-        prev = Some(t);
     }
     out
 }
 
-/// A ChaCha20-Poly1305 key (ring's, which has assembly for this CPU).
-pub fn aead_key(key: &[u8; 32]) -> LessSafeKey {
+/// A ChaCha20-Poly1305 key (ring's, which has assembly for this CPU), its bytes zeroed
+/// when it is dropped: ring's key objects hold the expanded key and do not zero it.
+pub struct AeadKey(std::mem::ManuallyDrop<LessSafeKey>);
+
+impl std::ops::Deref for AeadKey {
+    type Target = LessSafeKey;
+    fn deref(&self) -> &LessSafeKey {
+        &self.0
+    }
+}
+
+impl Drop for AeadKey {
+    fn drop(&mut self) {
+        let size = std::mem::size_of::<LessSafeKey>();
+        let at = (&mut *self.0 as *mut LessSafeKey).cast::<u8>();
+        // SAFETY: ring's key is plain data held inline (no heap, nothing to drop), it is
+        // never read or dropped after this, and `at` covers exactly its own bytes.
+        unsafe { std::slice::from_raw_parts_mut(at, size) }.zeroize();
+    }
+}
+
+pub fn aead_key(key: &[u8; 32]) -> AeadKey {
     match UnboundKey::new(&CHACHA20_POLY1305, key) {
-        Ok(k) => LessSafeKey::new(k),
+        Ok(k) => AeadKey(std::mem::ManuallyDrop::new(LessSafeKey::new(k))),
         Err(_) => unreachable!("ChaCha20-Poly1305 takes 32-byte keys"),
     }
 }
@@ -83,7 +102,7 @@ pub fn seal(key: &[u8; 32], plain: &[u8], aad: &[u8], out: &mut [u8]) {
 
 /// Opens `AEAD(key, 0, ·, aad)` of `sealed` into `out` (`sealed.len() - TAG` bytes).
 pub fn open(key: &[u8; 32], sealed: &[u8], aad: &[u8], out: &mut [u8]) -> Option<()> {
-    let mut buf = [0u8; 64];
+    let mut buf = Zeroizing::new([0u8; 64]);
     let buf = buf.get_mut(..sealed.len())?;
     buf.copy_from_slice(sealed);
     let plain = aead_key(key)
@@ -91,6 +110,17 @@ pub fn open(key: &[u8; 32], sealed: &[u8], aad: &[u8], out: &mut [u8]) -> Option
         .ok()?;
     out.get_mut(..plain.len())?.copy_from_slice(plain);
     Some(())
+}
+
+/// `XAEAD(key, nonce, cookie, aad)`: a cookie reply's sealed cookie (16 bytes and a tag).
+pub fn xseal(key: &[u8; 32], nonce: &[u8; 24], cookie: &[u8; 16], aad: &[u8]) -> [u8; 32] {
+    let cipher = XChaCha20Poly1305::new(key.into());
+    let mut out = [0u8; 32];
+    out[..16].copy_from_slice(cookie);
+    if let Ok(tag) = cipher.encrypt_in_place_detached(nonce.into(), aad, &mut out[..16]) {
+        out[16..].copy_from_slice(&tag);
+    }
+    out
 }
 
 /// Opens an `XAEAD(key, nonce, cookie, aad)`: the 16-byte cookie of a cookie reply.
@@ -124,8 +154,8 @@ mod tests {
         let t1 = hmac(&prk, &[&[1]]);
         let t2 = hmac(&prk, &[&t1, &[2]]);
         let t3 = hmac(&prk, &[&t2, &[3]]);
-        assert_eq!(kdf::<3>(&key, b"input"), [t1, t2, t3]);
-        assert_eq!(kdf::<1>(&key, b"input"), [t1]);
+        assert_eq!(*kdf::<3>(&key, b"input"), [t1, t2, t3]);
+        assert_eq!(*kdf::<1>(&key, b"input"), [t1]);
     }
 
     #[test]

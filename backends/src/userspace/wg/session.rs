@@ -97,7 +97,14 @@ pub enum OpenError {
 }
 
 impl Session {
-    pub fn new(local: u32, remote: u32, send: &[u8; 32], recv: &[u8; 32]) -> Session {
+    /// A session made at `made`, keyed `send` and `recv`.
+    pub fn new(
+        local: u32,
+        remote: u32,
+        send: &[u8; 32],
+        recv: &[u8; 32],
+        made: Instant,
+    ) -> Session {
         Session {
             local,
             remote,
@@ -108,7 +115,7 @@ impl Session {
                 next: 0,
                 bits: [0; WORDS],
             }),
-            made: Instant::now(),
+            made,
         }
     }
 
@@ -152,7 +159,7 @@ impl Session {
 
     /// Opens data message `msg` (header included) into `dst`: the plaintext's length.
     pub fn open(&self, msg: &[u8], dst: &mut [u8]) -> Result<usize, OpenError> {
-        if msg.len() < OVERHEAD {
+        if !is_data(msg) || index_of(msg) != self.local {
             return Err(OpenError::Malformed);
         }
         let out = dst
@@ -181,6 +188,17 @@ impl Session {
     }
 }
 
+/// Whether `msg` is a data message: type 4 with its three reserved bytes zero (kernel
+/// WireGuard and wireguard-go read the type as one 32-bit word), and long enough.
+pub fn is_data(msg: &[u8]) -> bool {
+    msg.len() >= OVERHEAD && msg[..4] == [4, 0, 0, 0]
+}
+
+/// The receiver index in a data message's header (`msg` at least `HEADER` bytes).
+pub fn index_of(msg: &[u8]) -> u32 {
+    u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]])
+}
+
 /// The counter in a data message's header (`msg` at least `HEADER` bytes).
 pub fn counter_of(msg: &[u8]) -> u64 {
     let mut b = [0u8; 8];
@@ -194,7 +212,11 @@ mod tests {
 
     fn pair() -> (Session, Session) {
         let (a, b) = ([1u8; 32], [2u8; 32]);
-        (Session::new(10, 20, &a, &b), Session::new(20, 10, &b, &a))
+        let now = Instant::now();
+        (
+            Session::new(10, 20, &a, &b, now),
+            Session::new(20, 10, &b, &a, now),
+        )
     }
 
     #[test]
@@ -212,8 +234,22 @@ mod tests {
         assert_eq!(r.open(&bad, &mut out), Err(OpenError::Forged));
         assert_eq!(
             s.open(&msg, &mut out),
+            Err(OpenError::Malformed),
+            "a message is opened only by the session its index names"
+        );
+        let mut renamed = msg;
+        renamed[4..8].copy_from_slice(&10u32.to_le_bytes());
+        assert_eq!(
+            s.open(&renamed, &mut out),
             Err(OpenError::Forged),
             "keys per direction"
+        );
+        let mut reserved = msg;
+        reserved[2] = 1;
+        assert_eq!(
+            r.open(&reserved, &mut out),
+            Err(OpenError::Malformed),
+            "reserved bytes must be zero"
         );
     }
 

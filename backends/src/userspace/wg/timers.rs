@@ -14,7 +14,14 @@ pub struct Timers {
     /// We initiated the session in use.
     pub initiator: bool,
     pub session_established: Instant,
+    /// When the last session's keys were derived (its key material is zeroed
+    /// REJECT_AFTER_TIME × 3 later if no other comes).
+    pub derived: Instant,
     pub handshake_started: Instant,
+    /// When we last sent a handshake message (initiation or response): a new initiation
+    /// waits REKEY_TIMEOUT after it unless it is a retry (kernel WireGuard's
+    /// `last_sent_handshake`), so answering the peer does not start a race of our own.
+    pub handshake_sent: Option<Instant>,
     pub packet_received: Instant,
     pub packet_sent: Instant,
     pub data_received: Instant,
@@ -33,7 +40,9 @@ impl Timers {
         Timers {
             initiator: false,
             session_established: now,
+            derived: now,
             handshake_started: now,
+            handshake_sent: None,
             packet_received: now,
             packet_sent: now,
             data_received: now,

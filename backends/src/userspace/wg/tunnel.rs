@@ -1,22 +1,27 @@
-//! One peer's tunnel: its handshake, the sessions it made (eight slots by the low bits of
-//! their index), the packets queued while no session exists, and the timers that rekey,
-//! retry and keep the path alive (whitepaper §6), with the behaviour the device relies on:
-//! a responder's session carries traffic once the peer has sent on it, a handshake retries
-//! every REKEY_TIMEOUT for REKEY_ATTEMPT_TIME and then gives up with the queue dropped.
+//! One peer's tunnel: its handshake, the sessions it made, the packets queued while no
+//! session exists, and the timers that rekey, retry and keep the path alive (whitepaper
+//! §6), shaped as kernel WireGuard's peer: three session slots (`current`, the one we
+//! send on; `previous`, still opened while the peer moves over; `next`, a session we
+//! answered, used only once the peer's first data message on it confirms it), so a new
+//! handshake never replaces the session in use before the peer has it. The tunnel lives
+//! as long as the peer: a PSK, keepalive or private key change is applied in place, and
+//! the newest initiation timestamp (the handshake's) survives every change.
+//!
+//! Time is an input: every call that acts takes `now`; nothing here reads a clock.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boringtun::noise::rate_limiter::RateLimiter;
 use x25519_dalek::{PublicKey, StaticSecret};
+use zeroize::Zeroizing;
 
-use super::handshake::{index_at, Handshake, HandshakeError};
-use super::session::{OpenError, Session, OVERHEAD, REKEY_AFTER_MESSAGES};
+use super::handshake::{index_at, Handshake, HandshakeError, Latest};
+use super::index::{Indices, Owner};
+use super::session::{is_data, OpenError, Session, REKEY_AFTER_MESSAGES};
 use super::timers::*;
 
-const SLOTS: usize = 8;
 /// Packets held for a peer while its handshake runs (past it, new ones are dropped).
 const MAX_QUEUE: usize = 256;
 
@@ -31,7 +36,7 @@ pub enum TunnelError {
     /// The handshake gave up (REKEY_ATTEMPT_TIME) or the last session is long gone: no
     /// handshake runs until traffic asks for one.
     Expired,
-    /// The rate limiter refused the message (bad mac1, or no mac2 under load).
+    /// No handshake could be made (no randomness for a key or an index).
     Refused,
 }
 
@@ -46,18 +51,20 @@ pub enum TunnResult<'a> {
 
 pub struct Tunnel {
     handshake: Handshake,
-    limiter: Arc<RateLimiter>,
-    /// The session index's upper 24 bits (the peer's, in the device) and the low 8 bits
-    /// of the next handshake's.
-    base: u32,
-    next: u8,
-    sessions: [Option<Arc<Session>>; SLOTS],
-    /// When each slot's session was made.
-    made: [Instant; SLOTS],
-    current: usize,
-    queue: VecDeque<Vec<u8>>,
+    /// The device's session indices, and the peer's key they are held under.
+    indices: Arc<Indices>,
+    owner: Owner,
+    /// The indices this tunnel holds (sessions and handshakes in flight).
+    held: Vec<u32>,
+    current: Option<Arc<Session>>,
+    previous: Option<Arc<Session>>,
+    next: Option<Arc<Session>>,
+    /// Plaintext waiting for a session, zeroed as it goes.
+    queue: VecDeque<Zeroizing<Vec<u8>>>,
     timers: Timers,
     keepalive: u16,
+    /// A persistent keepalive is due at the next timer run (its interval was just set).
+    keepalive_now: bool,
     expired: bool,
     tx_bytes: usize,
     rx_bytes: usize,
@@ -72,14 +79,18 @@ pub fn dst_address(pkt: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// The IP length of a decrypted packet and its source: None when it is not IP or is
-/// shorter than it says (padding past the IP length is dropped).
+/// The IP length of a decrypted packet and its source: None when it is not IP, is
+/// shorter than it says, or says it is shorter than its header (padding past the IP
+/// length is dropped).
 pub fn inner(pkt: &[u8]) -> Option<(usize, IpAddr)> {
     match pkt.first()? >> 4 {
         4 if pkt.len() >= 20 => {
             let len = usize::from(u16::from_be_bytes([pkt[2], pkt[3]]));
             let src = <[u8; 4]>::try_from(&pkt[12..16]).ok()?;
-            (len <= pkt.len()).then_some((len, IpAddr::from(src)))
+            // An IPv4 header is at least 20 bytes: a shorter total length is not IP.
+            (20..=pkt.len())
+                .contains(&len)
+                .then_some((len, IpAddr::from(src)))
         }
         6 if pkt.len() >= 40 => {
             let len = usize::from(u16::from_be_bytes([pkt[4], pkt[5]])) + 40;
@@ -91,73 +102,139 @@ pub fn inner(pkt: &[u8]) -> Option<(usize, IpAddr)> {
 }
 
 impl Tunnel {
-    /// A tunnel to `peer`, its sessions indexed `index << 8 | n`.
+    /// A tunnel to `peer`, its session indices taken from `indices`.
     pub fn new(
         secret: StaticSecret,
         peer: PublicKey,
         psk: Option<[u8; 32]>,
         keepalive: Option<u16>,
-        index: u32,
-        limiter: Arc<RateLimiter>,
+        indices: Arc<Indices>,
+        now: Instant,
     ) -> Tunnel {
-        let now = Instant::now();
+        let keepalive = keepalive.unwrap_or(0);
         Tunnel {
+            owner: *peer.as_bytes(),
             handshake: Handshake::new(secret, peer, psk),
-            limiter,
-            base: index << 8,
-            next: 0,
-            sessions: Default::default(),
-            made: [now; SLOTS],
-            current: 0,
+            indices,
+            held: Vec::new(),
+            current: None,
+            previous: None,
+            next: None,
             queue: VecDeque::new(),
             timers: Timers::new(now),
-            keepalive: keepalive.unwrap_or(0),
+            keepalive,
+            keepalive_now: keepalive > 0,
             expired: false,
             tx_bytes: 0,
             rx_bytes: 0,
         }
     }
 
-    fn next_index(&mut self) -> u32 {
-        self.next = self.next.wrapping_add(1);
-        self.base | u32::from(self.next)
+    /// A new PSK: mixed into the next handshake, which starts now (the sessions made
+    /// with the old one carry traffic until the new one is in use).
+    pub fn set_psk(&mut self, psk: Option<[u8; 32]>) {
+        self.handshake.set_psk(psk);
+    }
+
+    /// A new persistent keepalive interval (0: none): a keepalive goes out at the next
+    /// timer run when one is set, as kernel WireGuard sends one when it is configured.
+    pub fn set_keepalive(&mut self, keepalive: u16) {
+        if keepalive != self.keepalive {
+            self.keepalive = keepalive;
+            self.keepalive_now = keepalive > 0;
+        }
+    }
+
+    /// A new private key of ours: handshakes in flight are abandoned; the sessions keep
+    /// carrying traffic until a handshake under the new key replaces them.
+    pub fn set_secret(&mut self, secret: StaticSecret) {
+        self.handshake.set_secret(secret);
+        self.release_unused();
+    }
+
+    /// The newest initiation consumed from the peer (`Handshake::latest`).
+    pub fn latest(&self) -> Option<Latest> {
+        self.handshake.latest()
+    }
+
+    /// See `Handshake::remember`.
+    pub fn remember(&mut self, latest: Latest) {
+        self.handshake.remember(latest);
+    }
+
+    /// Gives back the indices no session or pending handshake holds any more.
+    fn release_unused(&mut self) {
+        let live: Vec<u32> = [&self.current, &self.previous, &self.next]
+            .into_iter()
+            .flatten()
+            .map(|s| s.local)
+            .chain(self.handshake.pending())
+            .collect();
+        let (indices, owner) = (&self.indices, &self.owner);
+        self.held.retain(|i| {
+            let keep = live.contains(i);
+            if !keep {
+                indices.release(*i, owner);
+            }
+            keep
+        });
+    }
+
+    /// A fresh index for a handshake or session of this tunnel.
+    fn claim(indices: &Indices, owner: Owner, held: &mut Vec<u32>) -> Option<u32> {
+        let index = indices.claim(owner)?;
+        held.push(index);
+        Some(index)
     }
 
     /// The session outgoing packets are sealed with, if any.
     pub fn sending(&self) -> Option<&Arc<Session>> {
-        self.sessions[self.current].as_ref()
+        self.current.as_ref()
     }
 
     /// Seals `src` into `dst` (`src.len() + 32` bytes, at least 148): a data message, or,
     /// without a session, a handshake initiation (`src` is queued until the session).
-    pub fn encapsulate<'a>(&mut self, src: &[u8], dst: &'a mut [u8]) -> TunnResult<'a> {
-        if let Some(session) = self.sending().cloned() {
+    pub fn encapsulate<'a>(
+        &mut self,
+        src: &[u8],
+        now: Instant,
+        dst: &'a mut [u8],
+    ) -> TunnResult<'a> {
+        if let Some(session) = self.current.clone() {
             if let Some(n) = session.seal(src, dst) {
-                self.sealed(src.len());
+                self.sealed(src.len(), now);
                 return TunnResult::WriteToNetwork(&mut dst[..n]);
             }
             // Past REJECT_AFTER_MESSAGES: the session is done.
-            self.sessions[self.current] = None;
+            self.current = None;
+            self.release_unused();
         }
         if self.queue.len() < MAX_QUEUE {
-            self.queue.push_back(src.to_vec());
+            self.queue.push_back(Zeroizing::new(src.to_vec()));
         }
-        self.format_handshake_initiation(dst, false)
+        self.format_handshake_initiation(now, dst, false)
     }
 
-    /// The session data messages to `receiver` (their index) are opened with.
+    /// The session data messages to `receiver` (their index) are opened with: the slot
+    /// whose session has exactly that index.
     pub fn receiving(&self, receiver: u32) -> Option<&Arc<Session>> {
-        self.sessions[receiver as usize % SLOTS]
-            .as_ref()
-            .filter(|s| s.local == receiver)
+        [&self.current, &self.next, &self.previous]
+            .into_iter()
+            .flatten()
+            .find(|s| s.local == receiver)
     }
 
     /// Counts data messages to `receiver` that its session (`receiving`) opened, carrying
-    /// `bytes` of packets (0: keepalives only): the peer uses that session, so it carries
-    /// our traffic from now on.
-    pub fn received(&mut self, receiver: u32, bytes: usize) {
-        let now = Instant::now();
-        self.choose(receiver as usize % SLOTS);
+    /// `bytes` of packets (0: keepalives only). A first message on the `next` session
+    /// confirms it: it becomes the one we send on, the one in use before it `previous`.
+    pub fn received(&mut self, receiver: u32, bytes: usize, now: Instant) {
+        if self.next.as_ref().is_some_and(|s| s.local == receiver) {
+            self.previous = self.current.take();
+            self.current = self.next.take();
+            self.timers.session_established = now;
+            self.timers.initiator = false;
+            self.release_unused();
+        }
         self.timers.received(now);
         if bytes > 0 {
             self.timers.data_received = now;
@@ -167,8 +244,7 @@ impl Tunnel {
 
     /// Counts packets of `bytes` bytes in all (0: keepalives only) sealed with the
     /// session `sending` gave.
-    pub fn sealed(&mut self, bytes: usize) {
-        let now = Instant::now();
+    pub fn sealed(&mut self, bytes: usize, now: Instant) {
         self.timers.sent(now);
         if bytes > 0 {
             self.timers.data_sent = now;
@@ -176,47 +252,28 @@ impl Tunnel {
         self.tx_bytes += bytes;
     }
 
-    /// Handles a datagram from the network (from `from`): a data message opens into
-    /// `dst`; a handshake message is answered into `dst`. An empty `datagram` takes the
-    /// next queued packet instead (call again until `Done` after a handshake completes).
+    /// Handles a datagram from the network whose MACs the device checked: a data message
+    /// opens into `dst`; a handshake message is answered into `dst`. An empty `datagram`
+    /// takes the next queued packet instead (call again until `Done` once a session can
+    /// send).
     pub fn decapsulate<'a>(
         &mut self,
-        from: Option<IpAddr>,
         datagram: &[u8],
+        now: Instant,
         dst: &'a mut [u8],
     ) -> TunnResult<'a> {
         if datagram.is_empty() {
-            return self.send_queued(dst);
+            return self.send_queued(now, dst);
         }
-        if datagram[0] == 4 {
-            // Data carries no MACs: the limiter would only parse it.
-            return self.data(datagram, dst).unwrap_or_else(TunnResult::Err);
-        }
-        let mut cookie = [0u8; super::handshake::COOKIE_LEN];
-        match self.limiter.verify_packet(from, datagram, &mut cookie) {
-            Ok(_) => {}
-            Err(boringtun::noise::TunnResult::WriteToNetwork(reply)) => {
-                let n = reply.len();
-                let Some(out) = dst.get_mut(..n) else {
-                    return TunnResult::Err(TunnelError::Refused);
-                };
-                out.copy_from_slice(reply);
-                return TunnResult::WriteToNetwork(out);
-            }
-            Err(_) => return TunnResult::Err(TunnelError::Refused),
-        }
-        let result = match datagram[0] {
-            1 => self.initiation(datagram, dst),
-            2 => self.response(datagram, dst),
-            3 => self
+        let result = match datagram.get(..4) {
+            Some([1, 0, 0, 0]) => self.initiation(datagram, now, dst),
+            Some([2, 0, 0, 0]) => self.response(datagram, now, dst),
+            Some([3, 0, 0, 0]) => self
                 .handshake
-                .take_cookie(datagram)
-                .map(|()| {
-                    self.timers.received(Instant::now());
-                    TunnResult::Done
-                })
+                .take_cookie(datagram, now)
+                .map(|()| TunnResult::Done)
                 .map_err(TunnelError::Handshake),
-            _ => self.data(datagram, dst),
+            _ => self.data(datagram, now, dst),
         };
         result.unwrap_or_else(TunnResult::Err)
     }
@@ -224,18 +281,24 @@ impl Tunnel {
     fn initiation<'a>(
         &mut self,
         msg: &[u8],
+        now: Instant,
         dst: &'a mut [u8],
     ) -> Result<TunnResult<'a>, TunnelError> {
-        let index = self.next_index();
+        let (indices, owner, held) = (&self.indices, self.owner, &mut self.held);
         let (session, n) = self
             .handshake
-            .respond(msg, index, dst)
+            .respond(msg, now, || Self::claim(indices, owner, held), dst)
             .map_err(TunnelError::Handshake)?;
-        let now = Instant::now();
-        self.install(session, now);
+        let index = session.local;
+        // Used only once the peer's first data message on it confirms it; a `next` not
+        // confirmed is replaced, and the session in use stays.
+        self.next = Some(Arc::new(session));
         self.timers.received(now);
         self.timers.sent(now);
-        self.established(false, now);
+        self.timers.derived = now;
+        self.timers.handshake_sent = Some(now);
+        self.expired = false;
+        self.release_unused();
         tracing::debug!(index, "answered a handshake initiation");
         Ok(TunnResult::WriteToNetwork(&mut dst[..n]))
     }
@@ -243,79 +306,63 @@ impl Tunnel {
     fn response<'a>(
         &mut self,
         msg: &[u8],
+        now: Instant,
         dst: &'a mut [u8],
     ) -> Result<TunnResult<'a>, TunnelError> {
-        let session = self
-            .handshake
-            .complete(msg)
-            .map_err(TunnelError::Handshake)?;
-        let now = Instant::now();
-        let slot = self.install(session, now);
-        self.timers.received(now);
-        self.established(true, now);
-        tracing::debug!(
-            index = self.sessions[slot].as_ref().map(|s| s.local),
-            "handshake completed"
+        let session = Arc::new(
+            self.handshake
+                .complete(msg, now)
+                .map_err(TunnelError::Handshake)?,
         );
-        self.choose(slot);
+        tracing::debug!(index = session.local, "handshake completed");
+        // Ours is confirmed by the response itself: it is the one we send on now.
+        match self.next.take() {
+            Some(next) => self.previous = Some(next),
+            None => self.previous = self.current.take(),
+        }
+        self.current = Some(session.clone());
+        self.timers.received(now);
+        self.timers.session_established = now;
+        self.timers.derived = now;
+        self.timers.initiator = true;
+        self.expired = false;
+        self.release_unused();
         // The confirming keepalive, which makes the peer use the session.
-        let n = self.sessions[slot]
-            .as_ref()
-            .and_then(|s| s.seal(&[], dst))
-            .ok_or(TunnelError::NoSession)?;
+        let n = session.seal(&[], dst).ok_or(TunnelError::NoSession)?;
+        self.sealed(0, now);
         Ok(TunnResult::WriteToNetwork(&mut dst[..n]))
     }
 
-    fn data<'a>(&mut self, msg: &[u8], dst: &'a mut [u8]) -> Result<TunnResult<'a>, TunnelError> {
-        if msg.len() < OVERHEAD || msg[0] != 4 {
+    fn data<'a>(
+        &mut self,
+        msg: &[u8],
+        now: Instant,
+        dst: &'a mut [u8],
+    ) -> Result<TunnResult<'a>, TunnelError> {
+        if !is_data(msg) {
             return Err(TunnelError::Data(OpenError::Malformed));
         }
         let receiver = index_at(msg, 4);
         let session = self.receiving(receiver).ok_or(TunnelError::NoSession)?;
         let n = session.open(msg, dst).map_err(TunnelError::Data)?;
         if n == 0 {
-            self.received(receiver, 0);
+            self.received(receiver, 0, now);
             return Ok(TunnResult::Done);
         }
         let (len, src) = inner(&dst[..n]).ok_or(TunnelError::NotIp)?;
-        self.received(receiver, len);
+        self.received(receiver, len, now);
         Ok(match src {
             IpAddr::V4(a) => TunnResult::WriteToTunnelV4(&mut dst[..len], a),
             IpAddr::V6(a) => TunnResult::WriteToTunnelV6(&mut dst[..len], a),
         })
     }
 
-    /// Puts a new session in its slot: the slot it took.
-    fn install(&mut self, session: Session, now: Instant) -> usize {
-        let slot = session.local as usize % SLOTS;
-        self.sessions[slot] = Some(Arc::new(session));
-        self.made[slot] = now;
-        slot
-    }
-
-    fn established(&mut self, initiator: bool, now: Instant) {
-        self.timers.session_established = now;
-        self.timers.initiator = initiator;
-        self.expired = false;
-    }
-
-    /// Sends on `slot`'s session from now on, unless the one in use is newer (or the slot
-    /// lost its session meanwhile: a run is counted after it was opened).
-    fn choose(&mut self, slot: usize) {
-        if slot != self.current
-            && self.sessions[slot].is_some()
-            && (self.sessions[self.current].is_none() || self.made[slot] >= self.made[self.current])
-        {
-            self.current = slot;
-        }
-    }
-
-    fn send_queued<'a>(&mut self, dst: &'a mut [u8]) -> TunnResult<'a> {
-        if self.sending().is_none() {
+    fn send_queued<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> TunnResult<'a> {
+        if self.current.is_none() {
             return TunnResult::Done;
         }
         match self.queue.pop_front() {
-            Some(pkt) => self.encapsulate(&pkt, dst),
+            Some(pkt) => self.encapsulate(&pkt, now, dst),
             None => TunnResult::Done,
         }
     }
@@ -324,20 +371,28 @@ impl Tunnel {
     /// retry).
     pub fn format_handshake_initiation<'a>(
         &mut self,
+        now: Instant,
         dst: &'a mut [u8],
         force: bool,
     ) -> TunnResult<'a> {
         let in_flight = self.handshake.in_flight().is_some();
-        if in_flight && !force {
+        let recent = self
+            .timers
+            .handshake_sent
+            .is_some_and(|at| now.saturating_duration_since(at) < REKEY_TIMEOUT);
+        if (in_flight || recent) && !force {
             return TunnResult::Done;
         }
-        let now = Instant::now();
         if self.expired {
             self.timers.clear(now);
             self.expired = false;
         }
-        let index = self.next_index();
-        let Some(n) = self.handshake.initiate(index, dst) else {
+        let Some(index) = Self::claim(&self.indices, self.owner, &mut self.held) else {
+            return TunnResult::Err(TunnelError::Refused);
+        };
+        let written = self.handshake.initiate(index, now, dst);
+        self.release_unused();
+        let Some(n) = written else {
             return TunnResult::Err(TunnelError::Refused);
         };
         if !in_flight {
@@ -345,36 +400,49 @@ impl Tunnel {
         }
         tracing::debug!(index, retry = in_flight, "sending a handshake initiation");
         self.timers.sent(now);
+        self.timers.handshake_sent = Some(now);
         TunnResult::WriteToNetwork(&mut dst[..n])
     }
 
     /// Drops every session and queued packet; no handshake until traffic asks for one.
     fn expire(&mut self, now: Instant) {
-        tracing::debug!(base = self.base >> 8, "no handshake answered in time, or the last session is long gone: sessions and queue dropped");
-        self.sessions = Default::default();
+        tracing::debug!("no handshake answered in time, or the last session is long gone: sessions and queue dropped");
+        (self.current, self.previous, self.next) = (None, None, None);
         self.queue.clear();
         self.timers.clear(now);
         self.handshake.abandon();
+        self.release_unused();
         self.expired = true;
+    }
+
+    /// Drops the sessions past REJECT_AFTER_TIME, in every slot.
+    fn age_sessions(&mut self, now: Instant) {
+        let mut aged = false;
+        for slot in [&mut self.current, &mut self.previous, &mut self.next] {
+            if slot
+                .as_ref()
+                .is_some_and(|s| now.saturating_duration_since(s.made) >= REJECT_AFTER_TIME)
+            {
+                *slot = None;
+                aged = true;
+            }
+        }
+        if aged {
+            self.release_unused();
+        }
     }
 
     /// Runs the timers (about every 250 ms): a handshake or keepalive due is written to
     /// `dst`.
-    pub fn update_timers<'a>(&mut self, dst: &'a mut [u8]) -> TunnResult<'a> {
-        let now = Instant::now();
-        for (slot, made) in self.made.iter_mut().enumerate() {
-            if now.duration_since(*made) > REJECT_AFTER_TIME {
-                self.sessions[slot] = None;
-                *made = now;
-            }
-        }
+    pub fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> TunnResult<'a> {
+        self.age_sessions(now);
         if self.expired {
             return TunnResult::Err(TunnelError::Expired);
         }
         self.handshake.expire_cookie(now);
         let t = &self.timers;
-        let since = |at: Instant| now.duration_since(at);
-        if since(t.session_established) >= REJECT_AFTER_TIME * 3 {
+        let since = |at: Instant| now.saturating_duration_since(at);
+        if since(t.derived) >= REJECT_AFTER_TIME * 3 {
             self.expire(now);
             return TunnResult::Err(TunnelError::Expired);
         }
@@ -415,34 +483,50 @@ impl Tunnel {
                     keepalive = true;
                 }
                 let every = Duration::from_secs(u64::from(self.keepalive));
-                if self.keepalive > 0 && since(self.timers.persistent_keepalive) >= every {
+                if self.keepalive > 0
+                    && (self.keepalive_now || since(self.timers.persistent_keepalive) >= every)
+                {
                     self.timers.persistent_keepalive = now;
+                    self.keepalive_now = false;
                     keepalive = true;
                 }
             }
         }
         if handshake {
-            return self.format_handshake_initiation(dst, true);
+            return self.format_handshake_initiation(now, dst, true);
         }
         if keepalive {
-            return self.encapsulate(&[], dst);
+            return self.encapsulate(&[], now, dst);
         }
         TunnResult::Done
     }
 
-    /// How long ago the session in use was made; None without one.
-    pub fn time_since_last_handshake(&self) -> Option<Duration> {
+    /// How long before `now` the session in use was made; None without one.
+    pub fn time_since_last_handshake(&self, now: Instant) -> Option<Duration> {
         self.sending()?;
-        Some(self.timers.session_established.elapsed())
+        Some(now.saturating_duration_since(self.timers.session_established))
+    }
+
+    /// Whether a session carries our traffic.
+    pub fn established(&self) -> bool {
+        self.current.is_some()
     }
 
     /// (time since the last handshake, data bytes sent, data bytes received).
-    pub fn stats(&self) -> (Option<Duration>, usize, usize) {
+    pub fn stats(&self, now: Instant) -> (Option<Duration>, usize, usize) {
         (
-            self.time_since_last_handshake(),
+            self.time_since_last_handshake(now),
             self.tx_bytes,
             self.rx_bytes,
         )
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        for index in self.held.drain(..) {
+            self.indices.release(index, &self.owner);
+        }
     }
 }
 
