@@ -22,6 +22,8 @@ struct Work {
     next: usize,
     /// Parts taken and not finished, plus parts not taken.
     left: usize,
+    /// A part of the current job panicked.
+    panicked: bool,
     stop: bool,
 }
 
@@ -87,11 +89,15 @@ impl Pool {
     }
 
     /// Calls `job(p)` for every part `p` in `0..parts`, on this thread and the helpers;
-    /// returns when all are done.
-    pub fn run<'a>(&self, parts: usize, job: &'a (dyn Fn(usize) + Sync + 'a)) {
+    /// returns when all are done: true if every part returned, false if any panicked
+    /// (then what the job was to produce is not to be used: a batch half sealed holds
+    /// plaintext).
+    #[must_use]
+    pub fn run<'a>(&self, parts: usize, job: &'a (dyn Fn(usize) + Sync + 'a)) -> bool {
         if self.helpers == 0 || parts <= 1 {
-            (0..parts).for_each(job);
-            return;
+            return (0..parts)
+                .map(|p| catch_unwind(AssertUnwindSafe(|| job(p))).is_ok())
+                .fold(true, |all, ok| all & ok);
         }
         // SAFETY (lifetime): the helpers call the job only between here and the wait for
         // `left == 0` below, and `job` outlives this call.
@@ -104,6 +110,7 @@ impl Pool {
                 parts,
                 next: 0,
                 left: parts,
+                panicked: false,
                 stop: false,
             };
             self.shared.go.notify_all();
@@ -111,14 +118,19 @@ impl Pool {
         loop {
             let taken = Shared::take(&mut lock(&self.shared));
             let Some((_, p)) = taken else { break };
-            job(p);
-            drop(self.shared.finished(lock(&self.shared)));
+            // Caught here too: the helpers may still hold the job's borrow, so this call
+            // must not unwind before they are done.
+            let ok = catch_unwind(AssertUnwindSafe(|| job(p))).is_ok();
+            let mut w = lock(&self.shared);
+            w.panicked |= !ok;
+            drop(self.shared.finished(w));
         }
         let mut w = lock(&self.shared);
         while w.left > 0 {
             w = self.shared.done.wait(w).unwrap_or_else(|p| p.into_inner());
         }
         w.job = None;
+        !w.panicked
     }
 }
 
@@ -140,10 +152,13 @@ fn help(s: &Shared) {
                 drop(w);
                 // SAFETY: `run` waits for this part (`left`) before the job's borrow ends.
                 let f = unsafe { &*job.0 };
-                if catch_unwind(AssertUnwindSafe(|| f(p))).is_err() {
+                let ok = catch_unwind(AssertUnwindSafe(|| f(p))).is_ok();
+                if !ok {
                     tracing::error!("a crypto helper's part panicked");
                 }
-                w = s.finished(lock(s));
+                let mut relocked = lock(s);
+                relocked.panicked |= !ok;
+                w = s.finished(relocked);
             }
             None => w = s.go.wait(w).unwrap_or_else(|p| p.into_inner()),
         }
@@ -163,9 +178,9 @@ mod tests {
             for parts in [0, 1, 2, 7, 64] {
                 let counts: Vec<AtomicUsize> = (0..parts).map(|_| AtomicUsize::new(0)).collect();
                 for _ in 0..200 {
-                    pool.run(parts, &|p| {
+                    assert!(pool.run(parts, &|p| {
                         counts[p].fetch_add(1, Ordering::Relaxed);
-                    });
+                    }));
                 }
                 assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 200));
             }
@@ -179,13 +194,35 @@ mod tests {
         for round in 1..=50u8 {
             let (a, b) = buf.split_at_mut(500);
             let halves = [Mutex::new(Some(a)), Mutex::new(Some(b))];
-            pool.run(2, &|p| {
+            assert!(pool.run(2, &|p| {
                 if let Some(h) = halves[p].lock().unwrap().take() {
                     h.fill(round.wrapping_add(p as u8));
                 }
-            });
+            }));
             assert!(buf[..500].iter().all(|&x| x == round));
             assert!(buf[500..].iter().all(|&x| x == round.wrapping_add(1)));
+        }
+    }
+
+    /// A part that panics, on a helper or on the calling thread, is reported: the caller
+    /// never takes a half-done job for a whole one (a batch with an unsealed part holds
+    /// plaintext). The pool keeps working after it.
+    #[test]
+    fn a_part_that_panics_is_reported_and_the_rest_still_run() {
+        for helpers in [0, 1, 3] {
+            let pool = Pool::new("test", helpers);
+            for bad in 0..4 {
+                let done = AtomicUsize::new(0);
+                let ok = pool.run(4, &|p| {
+                    if p == bad {
+                        panic!("part {p}");
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(!ok, "{helpers} helpers, part {bad}: reported");
+                assert_eq!(done.load(Ordering::Relaxed), 3);
+            }
+            assert!(pool.run(4, &|_| {}), "{helpers} helpers: still working");
         }
     }
 }

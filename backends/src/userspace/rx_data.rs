@@ -70,7 +70,7 @@ impl<O: Outputs> Receiver<O> {
             .chunks_mut(per * segment)
             .map(|p| Mutex::new(Some(p)))
             .collect();
-        self.pool.run(parts.len(), &|p| {
+        let finished = self.pool.run(parts.len(), &|p| {
             let Some(part) = parts[p].lock().unwrap_or_else(|e| e.into_inner()).take() else {
                 return;
             };
@@ -85,6 +85,10 @@ impl<O: Outputs> Receiver<O> {
             }
         });
         drop(parts);
+        if !finished {
+            // A part's messages are left unopened (never delivered); the rest go on.
+            tracing::error!("opening a run of data messages panicked in part");
+        }
         let out = &mut self.out;
         let mut write = |pkt: &[u8]| out.deliver(pkt);
         let mut got = Got::default();

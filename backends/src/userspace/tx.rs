@@ -74,7 +74,8 @@ impl Batch {
     /// be sealed (then nothing of it may go out: it holds plaintext).
     fn seal_all(&mut self) -> bool {
         let Some(session) = self.session.take() else {
-            return true;
+            // Nothing laid out is sealable without a session: an empty batch only.
+            return self.count == 0;
         };
         let (stride, count) = (self.stride, self.count);
         let width = self.pool.width().min(count);
@@ -89,7 +90,7 @@ impl Batch {
             rest = tail;
         }
         let failed = AtomicBool::new(false);
-        self.pool.run(parts.len(), &|p| {
+        let finished = self.pool.run(parts.len(), &|p| {
             let Some(part) = parts[p].lock().unwrap_or_else(|e| e.into_inner()).take() else {
                 return;
             };
@@ -99,7 +100,7 @@ impl Batch {
                 }
             }
         });
-        !failed.load(Ordering::Relaxed)
+        finished && !failed.load(Ordering::Relaxed)
     }
 
     fn send(&mut self, udp: &Udp, to: &mut Endpoint) {
@@ -383,7 +384,20 @@ pub fn run(device: Arc<Device>, mut tun: std::fs::File, beat: super::watchdog::B
 
 #[cfg(test)]
 mod tests {
-    use super::padded_len;
+    use super::{padded_len, Batch, Pool};
+
+    /// A batch with datagrams laid out but no session to seal them with is never reported
+    /// sealed: sending it would put plaintext on the wire.
+    #[test]
+    fn a_batch_without_a_session_is_never_sealed() {
+        let mut batch = Batch::new(Pool::new("test", 0));
+        assert!(batch.seal_all(), "an empty batch has nothing to seal");
+        batch.buf[..100].fill(0x45);
+        batch.len = 100;
+        batch.stride = 100;
+        batch.count = 1;
+        assert!(!batch.seal_all());
+    }
 
     #[test]
     fn packets_are_padded_to_sixteen_bytes_never_past_the_mtu() {

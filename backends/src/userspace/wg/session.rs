@@ -119,6 +119,12 @@ impl Session {
         }
     }
 
+    /// Moves the sending counter (tests: a session near its message limits).
+    #[cfg(test)]
+    pub fn set_sent(&self, n: u64) {
+        self.counter.store(n, Ordering::Relaxed);
+    }
+
     /// The counter the next message would take (how many were sealed).
     pub fn sent(&self) -> u64 {
         self.counter.load(Ordering::Relaxed)

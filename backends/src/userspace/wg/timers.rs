@@ -9,10 +9,13 @@ pub const REKEY_ATTEMPT_TIME: Duration = Duration::from_secs(90);
 pub const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// When each kind of event last happened (all start at the tunnel's creation).
+/// When each kind of event last happened (all start at the tunnel's creation), and the
+/// two timers kernel WireGuard arms from traffic: a keepalive owed for data received,
+/// a handshake owed for data sent that nothing answered.
 pub struct Timers {
     /// We initiated the session in use.
     pub initiator: bool,
+    /// When the session in use was confirmed (the last handshake, as `wg show` says).
     pub session_established: Instant,
     /// When the last session's keys were derived (its key material is zeroed
     /// REJECT_AFTER_TIME × 3 later if no other comes).
@@ -22,17 +25,17 @@ pub struct Timers {
     /// waits REKEY_TIMEOUT after it unless it is a retry (kernel WireGuard's
     /// `last_sent_handshake`), so answering the peer does not start a race of our own.
     pub handshake_sent: Option<Instant>,
-    pub packet_received: Instant,
-    pub packet_sent: Instant,
     pub data_received: Instant,
     pub data_sent: Instant,
+    /// The last authenticated packet either way: a persistent keepalive is due its
+    /// interval after it.
     pub persistent_keepalive: Instant,
-    /// Something was received since the last send: a keepalive is owed if nothing else
-    /// goes out.
-    pub want_keepalive: bool,
-    /// Something was sent since the last receive: a handshake is due if nothing comes
-    /// back.
-    pub want_handshake: bool,
+    /// The first data received since we last sent anything: a keepalive is due
+    /// KEEPALIVE_TIMEOUT after it, unless something else goes out first.
+    pub keepalive_owed: Option<Instant>,
+    /// The first data sent since we last received anything: a new handshake is due
+    /// KEEPALIVE_TIMEOUT + REKEY_TIMEOUT after it, unless something comes back first.
+    pub answer_owed: Option<Instant>,
 }
 
 impl Timers {
@@ -43,13 +46,11 @@ impl Timers {
             derived: now,
             handshake_started: now,
             handshake_sent: None,
-            packet_received: now,
-            packet_sent: now,
             data_received: now,
             data_sent: now,
             persistent_keepalive: now,
-            want_keepalive: false,
-            want_handshake: false,
+            keepalive_owed: None,
+            answer_owed: None,
         }
     }
 
@@ -60,15 +61,23 @@ impl Timers {
         self.initiator = initiator;
     }
 
-    pub fn received(&mut self, now: Instant) {
-        self.packet_received = now;
-        self.want_keepalive = true;
-        self.want_handshake = false;
+    /// An authenticated packet (of any kind) arrived; `data`: it carried data.
+    pub fn received(&mut self, now: Instant, data: bool) {
+        self.persistent_keepalive = now;
+        self.answer_owed = None;
+        if data {
+            self.data_received = now;
+            self.keepalive_owed.get_or_insert(now);
+        }
     }
 
-    pub fn sent(&mut self, now: Instant) {
-        self.packet_sent = now;
-        self.want_handshake = true;
-        self.want_keepalive = false;
+    /// An authenticated packet (of any kind) went out; `data`: it carried data.
+    pub fn sent(&mut self, now: Instant, data: bool) {
+        self.persistent_keepalive = now;
+        self.keepalive_owed = None;
+        if data {
+            self.data_sent = now;
+            self.answer_owed.get_or_insert(now);
+        }
     }
 }

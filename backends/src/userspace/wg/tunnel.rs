@@ -235,20 +235,14 @@ impl Tunnel {
             self.timers.initiator = false;
             self.release_unused();
         }
-        self.timers.received(now);
-        if bytes > 0 {
-            self.timers.data_received = now;
-            self.rx_bytes += bytes;
-        }
+        self.timers.received(now, bytes > 0);
+        self.rx_bytes += bytes;
     }
 
     /// Counts packets of `bytes` bytes in all (0: keepalives only) sealed with the
     /// session `sending` gave.
     pub fn sealed(&mut self, bytes: usize, now: Instant) {
-        self.timers.sent(now);
-        if bytes > 0 {
-            self.timers.data_sent = now;
-        }
+        self.timers.sent(now, bytes > 0);
         self.tx_bytes += bytes;
     }
 
@@ -293,8 +287,8 @@ impl Tunnel {
         // Used only once the peer's first data message on it confirms it; a `next` not
         // confirmed is replaced, and the session in use stays.
         self.next = Some(Arc::new(session));
-        self.timers.received(now);
-        self.timers.sent(now);
+        self.timers.received(now, false);
+        self.timers.sent(now, false);
         self.timers.derived = now;
         self.timers.handshake_sent = Some(now);
         self.expired = false;
@@ -321,7 +315,7 @@ impl Tunnel {
             None => self.previous = self.current.take(),
         }
         self.current = Some(session.clone());
-        self.timers.received(now);
+        self.timers.received(now, false);
         self.timers.session_established = now;
         self.timers.derived = now;
         self.timers.initiator = true;
@@ -399,7 +393,7 @@ impl Tunnel {
             self.timers.handshake_started = now;
         }
         tracing::debug!(index, retry = in_flight, "sending a handshake initiation");
-        self.timers.sent(now);
+        self.timers.sent(now, false);
         self.timers.handshake_sent = Some(now);
         TunnResult::WriteToNetwork(&mut dst[..n])
     }
@@ -466,27 +460,25 @@ impl Tunnel {
                         && since(t.session_established)
                             >= REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT);
             }
-            if t.data_sent > t.packet_received
-                && since(t.packet_received) >= KEEPALIVE_TIMEOUT + REKEY_TIMEOUT
-                && t.want_handshake
+            // Data went out and nothing came back for KEEPALIVE + REKEY timeouts.
+            if t.answer_owed
+                .is_some_and(|at| since(at) >= KEEPALIVE_TIMEOUT + REKEY_TIMEOUT)
             {
-                self.timers.want_handshake = false;
+                self.timers.answer_owed = None;
                 handshake = true;
             }
             let t = &self.timers;
             if !handshake {
-                if t.data_received > t.packet_sent
-                    && since(t.packet_sent) >= KEEPALIVE_TIMEOUT
-                    && t.want_keepalive
+                // Data came in and nothing went out for KEEPALIVE_TIMEOUT.
+                if t.keepalive_owed
+                    .is_some_and(|at| since(at) >= KEEPALIVE_TIMEOUT)
                 {
-                    self.timers.want_keepalive = false;
                     keepalive = true;
                 }
                 let every = Duration::from_secs(u64::from(self.keepalive));
                 if self.keepalive > 0
-                    && (self.keepalive_now || since(self.timers.persistent_keepalive) >= every)
+                    && (self.keepalive_now || since(t.persistent_keepalive) >= every)
                 {
-                    self.timers.persistent_keepalive = now;
                     self.keepalive_now = false;
                     keepalive = true;
                 }
@@ -533,3 +525,7 @@ impl Drop for Tunnel {
 #[cfg(test)]
 #[path = "tunnel_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "timer_tests.rs"]
+mod timer_tests;
