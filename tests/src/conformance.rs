@@ -101,31 +101,53 @@ impl Net {
             self.sh(born, &format!("ip link add {name} type wireguard"))?;
             self.devices.push((name.clone(), None));
         } else {
-            let log = std::fs::File::create(self.log_path(&name))?;
-            let child = Command::new("ip")
-                .args(["netns", "exec", self.ns(born)])
-                .arg(&self.weft)
-                .args(["userspace-device", &name])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()?;
-            self.devices.push((name.clone(), Some(child)));
-            let socket = format!("/var/run/wireguard/{name}.sock");
-            crate::wait::until(
-                &format!("device {name} and its socket"),
-                Duration::from_secs(10),
-                || {
-                    std::path::Path::new(&socket).exists()
-                        && self.ok(born, &format!("ip link show {name}"))
-                },
-            );
+            let weft = self.weft.to_string_lossy().into_owned();
+            self.spawn_device(&name, born, &[&weft, "userspace-device"])?;
         }
         if to != born {
             let target = self.ns(to).to_string();
             self.sh(born, &format!("ip link set {name} netns {target}"))?;
         }
         Ok(name)
+    }
+
+    /// Device `n` run by wireguard-go (Debian's package: today's protocol, an independent
+    /// implementation), born in namespace `born`, then moved to `to`. Returns its name.
+    pub fn wireguard_go(&mut self, n: usize, born: usize, to: usize) -> anyhow::Result<String> {
+        let name = self.dev(n);
+        self.spawn_device(&name, born, &["wireguard-go", "-f"])?;
+        if to != born {
+            let target = self.ns(to).to_string();
+            self.sh(born, &format!("ip link set {name} netns {target}"))?;
+        }
+        Ok(name)
+    }
+
+    /// Starts `program… name` in namespace `born`, its output in the device's log, and
+    /// waits for its interface and UAPI socket.
+    fn spawn_device(&mut self, name: &str, born: usize, program: &[&str]) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.log_path(name))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.ns(born)])
+            .args(program)
+            .arg(name)
+            .env("LOG_LEVEL", "verbose")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", program.join(" ")))?;
+        self.devices.push((name.to_string(), Some(child)));
+        let socket = format!("/var/run/wireguard/{name}.sock");
+        crate::wait::until(
+            &format!("device {name} and its socket"),
+            Duration::from_secs(10),
+            || {
+                std::path::Path::new(&socket).exists()
+                    && self.ok(born, &format!("ip link show {name}"))
+            },
+        );
+        Ok(())
     }
 
     /// The log of userspace device `name`.
