@@ -202,6 +202,66 @@ fn a_stranger_with_forged_handshakes_and_cookies_cannot_steer_the_peer() {
     });
 }
 
+/// A flood of initiations with a valid mac1 from one host, as fast as the test can send
+/// them, while the client pings through its live session: every ping is answered (the
+/// handshake messages wait on their own thread's queue, never in front of data), and the
+/// flooder gets at most its share of cookie replies (the per-source limit: a burst of 5,
+/// then 20 a second) and nothing else. The pings' worst round trip is printed.
+#[test]
+fn a_flood_of_initiations_from_one_host_leaves_the_data_path_alone() {
+    in_new_netns(|| async {
+        let dev = "wgt-fld";
+        let Setup { us: _us, client } = device_with_client(dev, None).await;
+        let mut tunn = client_tunn(None, 1);
+        assert!(ping(&mut tunn, &client, 1, Duration::from_secs(5)).answered);
+
+        let attacker = UdpSocket::bind("127.0.0.3:0").unwrap();
+        let mut seed = 0xf100_d5ee_d000_u64;
+        let flood: Vec<Vec<u8>> = (0..4096).map(|i| initiation(&mut seed, i)).collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sender = {
+            let (sock, stop) = (attacker.try_clone().unwrap(), stop.clone());
+            std::thread::spawn(move || {
+                let mut sent = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for d in &flood {
+                        let _ = sock.send_to(d, DEVICE);
+                    }
+                    sent += flood.len();
+                }
+                sent
+            })
+        };
+        let start = Instant::now();
+        let (mut answered, mut worst) = (0, Duration::ZERO);
+        for seq in 2..62u16 {
+            let at = Instant::now();
+            if ping(&mut tunn, &client, seq, Duration::from_secs(2)).answered {
+                answered += 1;
+                worst = worst.max(at.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let sent = sender.join().unwrap();
+        let flooded = start.elapsed();
+        let seen = received(&attacker, Duration::from_secs(2), false);
+        println!(
+            "flood: {sent} initiations in {flooded:.1?} ({:.0}/s); pings answered {answered} of 60, worst round trip {worst:?}; replies to the flooder: {}",
+            sent as f64 / flooded.as_secs_f64(),
+            seen.len()
+        );
+        assert_eq!(answered, 60, "every ping through the live session answered");
+        let share = 5 + 20 * (flooded.as_secs() as usize + 3);
+        assert!(
+            seen.len() <= share,
+            "{} replies to one source in {flooded:?}: more than its share ({share})",
+            seen.len()
+        );
+        assert!(seen.iter().all(|t| *t == COOKIE_REPLY), "{seen:?}");
+    });
+}
+
 /// Another process on the host cannot take the device's port, even with SO_REUSEADDR set
 /// on its own socket (the device's sockets do not set it, so the kernel refuses the
 /// second bind and the tunnel's datagrams keep reaching the device).
