@@ -14,7 +14,7 @@
 use std::net::SocketAddr;
 use std::sync::RwLock;
 
-use boringtun::x25519::{PublicKey, StaticSecret};
+use x25519_dalek::{PublicKey, StaticSecret};
 
 use crate::userspace::coalesce::Coalescer;
 use crate::userspace::peers::{PeerConfig, State};

@@ -9,8 +9,8 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use boringtun::x25519::StaticSecret;
 use ipnet::IpNet;
+use x25519_dalek::StaticSecret;
 
 use super::peers::{lock, read, write, Key, PeerConfig, State};
 use crate::apply::wireguard::uapi::{hex, unhex};
