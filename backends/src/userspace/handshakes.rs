@@ -2,11 +2,11 @@
 //! bounded queue, kernel WireGuard's shape) and go on opening data; one handshake thread
 //! checks their MACs, answers, and does the Diffie-Hellman work. Under load (the queue an
 //! eighth full, and for a second after), an initiation or response must carry a valid
-//! mac2, so its sender proved it receives at its address, and each source address gets at
-//! most 20 messages a second of handshake work (`wg::ratelimit`); a message without mac2
-//! gets a cookie reply (also limited per source). Past half the queue, the receiving
-//! threads apply the same per-source limit before queueing. So a flood from one host,
-//! with or without its cookie, leaves the data messages of every pair untouched.
+//! mac2, so its sender proved it receives at its address, and each such source address
+//! gets at most 20 messages a second of handshake work (`wg::ratelimit`); a message
+//! without mac2 gets a cookie reply. A source is charged only once mac2 proved it, so a
+//! spoofed source cannot spend a real peer's share. So a flood from one host, with or
+//! without its cookie, leaves the data messages of every pair untouched.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -87,13 +87,10 @@ pub fn queue() -> (Queue, Receiver<Job>) {
 }
 
 impl Queue {
-    /// Queues a handshake message (`is_handshake`); dropped when the queue is full, or
-    /// past half full when its source has had its share.
+    /// Queues a handshake message (`is_handshake`); dropped when the queue is full. No
+    /// source is charged here: nothing about a message's source is proven yet, and a
+    /// spoofed one must not spend a real peer's share.
     pub fn push(&self, d: &[u8], (from, local): (SocketAddr, Option<Local>)) {
-        let queued = self.shared.queued.load(Ordering::Relaxed);
-        if queued >= CAPACITY / 2 && !self.shared.limiter.allow(from.ip(), Instant::now()) {
-            return;
-        }
         let mut bytes = [0u8; INIT_LEN];
         let Some(to) = bytes.get_mut(..d.len()) else {
             return;
@@ -164,14 +161,16 @@ pub fn handle(
     if kind != 3 {
         match id.cookies.check(datagram, from, now) {
             Macs::Invalid => return,
+            // A cookie reply costs a MAC and an XAEAD, is smaller than the message, and is
+            // not limited: a limit here would let a spoofed source starve the real one of
+            // its cookie (kernel WireGuard answers each one too).
             Macs::Mac1 if load => {
-                if limiter.allow(from.ip(), now) {
-                    if let Some(reply) = id.cookies.reply(datagram, from, now) {
-                        out.send(back, &reply);
-                    }
+                if let Some(reply) = id.cookies.reply(datagram, from, now) {
+                    out.send(back, &reply);
                 }
                 return;
             }
+            // The source proved it receives at its address: only now is it charged.
             Macs::Mac2 if load && !limiter.allow(from.ip(), now) => return,
             _ => {}
         }

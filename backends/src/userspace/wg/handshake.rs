@@ -90,7 +90,8 @@ pub struct Handshake {
     /// `HASH(LABEL_COOKIE || peer)`: what opens the peer's cookie replies.
     cookie_key: [u8; 32],
     sent: Option<Sent>,
-    /// The initiation sent before `sent` (a retry's), whose response may still come.
+    /// Our initiation in flight when we answered the peer's (simultaneous initiations),
+    /// whose response may still come.
     previous: Option<Sent>,
     latest: Option<Latest>,
     /// A cookie from the peer (under load), and when it came.
@@ -298,7 +299,11 @@ impl Handshake {
         seal(&k[1], &timestamp(now), &h, &mut msg[88..116]);
         let h = hash(&h, &msg[88..116]);
         self.macs(msg, now);
-        self.previous = self.sent.replace(Sent {
+        // A retry supersedes the attempt before it (its response is refused, as kernel
+        // WireGuard refuses it): taking a late response to a superseded initiation would
+        // put us on a session the peer already replaced with the retry's.
+        self.previous = None;
+        self.sent = Some(Sent {
             index,
             ephemeral,
             hash: h,

@@ -248,6 +248,31 @@ fn a_persistent_keepalive_goes_out_at_once_and_then_every_interval() {
     );
 }
 
+/// Given up after REKEY_ATTEMPT_TIME, a peer with a persistent keepalive still tries:
+/// each keepalive starts a new attempt (a node behind NAT keeps its mapping open).
+#[test]
+fn a_persistent_keepalive_goes_on_after_the_handshake_was_given_up() {
+    let t0 = Instant::now();
+    let mut a = tunnel(1, 2, Some(25), t0);
+    let mut out = vec![0u8; 2048];
+    assert_eq!(
+        tick(&mut a, t0),
+        Some(1),
+        "the first keepalive needs a handshake"
+    );
+    let mut at = t0;
+    while at < t0 + REKEY_ATTEMPT_TIME {
+        at += Duration::from_millis(250);
+        let _ = a.update_timers(at, &mut out);
+    }
+    let after = (1..=30).find_map(|s| tick(&mut a, at + secs(s)));
+    assert_eq!(
+        after,
+        Some(1),
+        "a new attempt within the keepalive interval"
+    );
+}
+
 #[test]
 fn every_session_and_queued_packet_goes_after_three_times_reject_after_time() {
     let t0 = Instant::now();
@@ -273,7 +298,16 @@ fn a_session_past_rekey_after_messages_is_rekeyed_and_past_reject_after_messages
     handshake(&mut a, &mut b, t0);
     let session = a.sending().cloned().unwrap();
     session.set_sent(super::super::session::REKEY_AFTER_MESSAGES);
-    assert_eq!(tick(&mut a, t0 + secs(1)), Some(1), "worn: a new handshake");
+    assert_eq!(
+        tick(&mut a, t0 + secs(1)),
+        None,
+        "REKEY_TIMEOUT after our last handshake message"
+    );
+    assert_eq!(
+        tick(&mut a, t0 + REKEY_TIMEOUT),
+        Some(1),
+        "worn: a new handshake"
+    );
     let (mut a, mut b) = (tunnel(1, 2, None, t0), tunnel(2, 1, None, t0));
     handshake(&mut a, &mut b, t0);
     a.sending()

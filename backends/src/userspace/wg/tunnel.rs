@@ -233,6 +233,9 @@ impl Tunnel {
             self.current = self.next.take();
             self.timers.session_established = now;
             self.timers.initiator = false;
+            // The handshake is complete: our own attempt, if any, is over (kernel
+            // WireGuard stops its retransmissions here).
+            self.handshake.abandon();
             self.release_unused();
         }
         self.timers.received(now, bytes > 0);
@@ -279,10 +282,17 @@ impl Tunnel {
         dst: &'a mut [u8],
     ) -> Result<TunnResult<'a>, TunnelError> {
         let (indices, owner, held) = (&self.indices, self.owner, &mut self.held);
-        let (session, n) = self
+        let responded = self
             .handshake
-            .respond(msg, now, || Self::claim(indices, owner, held), dst)
-            .map_err(TunnelError::Handshake)?;
+            .respond(msg, now, || Self::claim(indices, owner, held), dst);
+        let (session, n) = match responded {
+            Ok(answer) => answer,
+            Err(e) => {
+                // An index claimed for a response that failed after it goes back.
+                self.release_unused();
+                return Err(TunnelError::Handshake(e));
+            }
+        };
         let index = session.local;
         // Used only once the peer's first data message on it confirms it; a `next` not
         // confirmed is replaced, and the session in use stays.
@@ -398,15 +408,34 @@ impl Tunnel {
         TunnResult::WriteToNetwork(&mut dst[..n])
     }
 
-    /// Drops every session and queued packet; no handshake until traffic asks for one.
-    fn expire(&mut self, now: Instant) {
-        tracing::debug!("no handshake answered in time, or the last session is long gone: sessions and queue dropped");
-        (self.current, self.previous, self.next) = (None, None, None);
+    /// Gives the attempt up: queued packets are dropped, and no handshake runs until
+    /// traffic or a persistent keepalive asks for one. With `zero`, every session goes
+    /// too (its key material is old); without, sessions age out on their own.
+    fn expire(&mut self, now: Instant, zero: bool) {
+        tracing::debug!(
+            zero,
+            "no handshake answered in time, or the last session is long gone: queue dropped"
+        );
+        if zero {
+            (self.current, self.previous, self.next) = (None, None, None);
+            self.timers.clear(now);
+        }
         self.queue.clear();
-        self.timers.clear(now);
         self.handshake.abandon();
         self.release_unused();
         self.expired = true;
+    }
+
+    /// Whether the persistent keepalive is due at `now` (and marks it sent).
+    fn keepalive_due(&mut self, now: Instant) -> bool {
+        let every = Duration::from_secs(u64::from(self.keepalive));
+        let due = self.keepalive > 0
+            && (self.keepalive_now
+                || now.saturating_duration_since(self.timers.persistent_keepalive) >= every);
+        if due {
+            self.keepalive_now = false;
+        }
+        due
     }
 
     /// Drops the sessions past REJECT_AFTER_TIME, in every slot.
@@ -431,23 +460,30 @@ impl Tunnel {
     pub fn update_timers<'a>(&mut self, now: Instant, dst: &'a mut [u8]) -> TunnResult<'a> {
         self.age_sessions(now);
         if self.expired {
+            // Given up: only a persistent keepalive goes on (without a session it starts
+            // a new attempt), so a node behind NAT keeps trying to open its mapping.
+            if self.keepalive_due(now) {
+                return self.encapsulate(&[], now, dst);
+            }
             return TunnResult::Err(TunnelError::Expired);
         }
         self.handshake.expire_cookie(now);
         let t = &self.timers;
         let since = |at: Instant| now.saturating_duration_since(at);
         if since(t.derived) >= REJECT_AFTER_TIME * 3 {
-            self.expire(now);
+            self.expire(now, true);
             return TunnResult::Err(TunnelError::Expired);
         }
         let mut handshake = false;
+        let mut retry = false;
         let mut keepalive = false;
         if let Some(sent) = self.handshake.in_flight() {
             if since(t.handshake_started) >= REKEY_ATTEMPT_TIME {
-                self.expire(now);
+                self.expire(now, false);
                 return TunnResult::Err(TunnelError::Expired);
             }
             handshake = since(sent) >= REKEY_TIMEOUT;
+            retry = handshake;
         } else {
             if t.initiator {
                 let worn = self
@@ -475,17 +511,13 @@ impl Tunnel {
                 {
                     keepalive = true;
                 }
-                let every = Duration::from_secs(u64::from(self.keepalive));
-                if self.keepalive > 0
-                    && (self.keepalive_now || since(t.persistent_keepalive) >= every)
-                {
-                    self.keepalive_now = false;
-                    keepalive = true;
-                }
+                keepalive |= self.keepalive_due(now);
             }
         }
         if handshake {
-            return self.format_handshake_initiation(now, dst, true);
+            // Only a retry passes the REKEY_TIMEOUT since our last handshake message; a
+            // rekey right after we answered the peer waits (kernel WireGuard's rule).
+            return self.format_handshake_initiation(now, dst, retry);
         }
         if keepalive {
             return self.encapsulate(&[], now, dst);
