@@ -172,3 +172,13 @@ fn a_forged_data_message_or_a_stranger_initiation_changes_nothing() {
         "the session stays"
     );
 }
+
+#[test]
+fn a_decrypted_packet_shorter_than_an_ip_header_says_is_not_ip() {
+    let mut p = ip_packet(40, 7);
+    assert!(inner(&p).is_some());
+    p[2..4].copy_from_slice(&19u16.to_be_bytes());
+    assert_eq!(inner(&p), None, "an IPv4 total length under 20");
+    p[2..4].copy_from_slice(&41u16.to_be_bytes());
+    assert_eq!(inner(&p), None, "longer than what arrived");
+}
