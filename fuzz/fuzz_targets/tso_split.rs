@@ -1,3 +1,3 @@
 #![no_main]
-//! weft_backends::fuzz_targets::tso_split under libFuzzer.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| weft_backends::fuzz_targets::tso_split(data));
+//! weft_userspace::fuzz_targets::tso_split under libFuzzer.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| weft_userspace::fuzz_targets::tso_split(data));

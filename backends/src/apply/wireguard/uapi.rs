@@ -33,23 +33,7 @@ impl From<UapiError> for std::io::Error {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8; KEY_LEN]) -> String {
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-pub(crate) fn unhex(text: &str) -> Option<[u8; KEY_LEN]> {
-    if text.len() != 2 * KEY_LEN || !text.is_ascii() {
-        return None;
-    }
-    let mut out = [0u8; KEY_LEN];
-    for (i, slot) in out.iter_mut().enumerate() {
-        *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
+pub(crate) use weft_userspace::uapi::{hex, unhex};
 
 fn peer_lines(p: &PeerSpec) -> String {
     let mut out = String::new();

@@ -65,7 +65,7 @@ fn refuse_if_served(device: &str) -> std::io::Result<()> {
 fn start(device: &str) -> Result<Running, ApplyError> {
     let op = format!("starting userspace WireGuard device {device}");
     refuse_if_served(device).map_err(err(op.clone()))?;
-    let dev = Device::start(device).map_err(err(op))?;
+    let dev = Device::start(device, delete_link).map_err(err(op))?;
     let path = socket_path(device);
     std::fs::create_dir_all(SOCKET_DIR).map_err(err(format!("creating {SOCKET_DIR}")))?;
     let _ = std::fs::remove_file(&path);
@@ -211,5 +211,24 @@ fn uapi_err(device: &str, what: &str, e: UapiError) -> ApplyError {
     ApplyError::Io {
         op: format!("{what} WireGuard device {device}"),
         source: e.into(),
+    }
+}
+
+/// Deletes the interface `name` over rtnetlink if it is still the interface with index
+/// `index` (best effort: it may be gone already). A device going away never deletes a
+/// successor that took its name.
+fn delete_link(name: &str, index: u32) {
+    use netlink_packet_route::{link::LinkMessage, RouteNetlinkMessage};
+    if crate::userspace::ifindex(name) != Some(index) {
+        return;
+    }
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    let protocol = netlink_sys::protocols::NETLINK_ROUTE;
+    if let Ok(mut nl) = crate::apply::nl_request::NlSocket::open(protocol) {
+        let _ = nl.request(
+            RouteNetlinkMessage::DelLink(link),
+            netlink_packet_core::NLM_F_ACK,
+        );
     }
 }

@@ -7,7 +7,7 @@ use super::*;
 /// given back.
 #[test]
 fn a_peers_session_indices_find_it_until_it_is_removed() {
-    use crate::userspace::wg::TunnResult;
+    use crate::wg::TunnResult;
     let secret = StaticSecret::from([1; 32]);
     let peer = StaticSecret::from([2; 32]);
     let state = &mut node(&secret, &peer);
@@ -155,7 +155,7 @@ fn secret(n: u8) -> StaticSecret {
 /// Runs one message through `to`'s tunnel for its only peer (MACs unchecked): what it
 /// answers, if anything.
 fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
-    use crate::userspace::wg::TunnResult;
+    use crate::wg::TunnResult;
     let peer = to.peers.values().next()?.clone();
     let mut noise = lock(&peer.noise);
     let tunn = to.session(&mut noise, &peer)?;
@@ -168,7 +168,7 @@ fn deliver(to: &State, packet: &[u8]) -> Option<Vec<u8>> {
 
 /// An initiation from `state`'s tunnel to its only peer.
 fn initiation(state: &State) -> Vec<u8> {
-    use crate::userspace::wg::TunnResult;
+    use crate::wg::TunnResult;
     let peer = state.peers.values().next().cloned().unwrap();
     let mut noise = lock(&peer.noise);
     let mut buf = vec![0u8; 256];
@@ -184,7 +184,7 @@ fn initiation(state: &State) -> Vec<u8> {
 
 /// A pod packet from `from` to its only peer, sealed on the session in use.
 fn pod_packet(from: &State) -> Vec<u8> {
-    use crate::userspace::wg::TunnResult;
+    use crate::wg::TunnResult;
     let peer = from.peers.values().next().cloned().unwrap();
     let mut p = vec![0u8; 40];
     p[0] = 0x45;

@@ -13,7 +13,6 @@ use ipnet::IpNet;
 use x25519_dalek::StaticSecret;
 
 use super::peers::{lock, read, write, Key, PeerConfig, State};
-use crate::apply::wireguard::uapi::{hex, unhex};
 
 const EINVAL: i32 = 22;
 const EPROTO: i32 = 71;
@@ -28,6 +27,26 @@ const MAX_REQUEST: usize = 32 << 20;
 pub trait Sockets: Send + Sync {
     /// Binds `port` (0: any) with `fwmark`; returns the port bound.
     fn rebind(&self, port: u16, fwmark: u32) -> std::io::Result<u16>;
+}
+
+/// A 32-byte key as UAPI writes it: 64 lowercase hex digits.
+pub fn hex(bytes: &[u8; 32]) -> String {
+    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// A key from 64 hex digits, or None.
+pub fn unhex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, slot) in out.iter_mut().enumerate() {
+        *slot = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
 }
 
 /// The answer to `get=1`.

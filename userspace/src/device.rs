@@ -41,11 +41,16 @@ pub struct Device {
     watchdog: super::watchdog::Watchdog,
     /// Where the receiving threads put handshake messages for the handshake thread.
     pub handshakes: super::handshakes::Queue,
+    /// Deletes the interface (its name, its index) when the device stops: the caller's
+    /// rtnetlink, so this crate speaks none.
+    delete: fn(&str, u32),
 }
 
 impl Device {
     /// Creates the interface, binds a port (any, until one is set) and starts the threads.
-    pub fn start(name: &str) -> std::io::Result<Arc<Device>> {
+    /// `delete` removes the interface when the device stops (it must delete only the
+    /// interface with that index, never a successor that took its name).
+    pub fn start(name: &str, delete: fn(&str, u32)) -> std::io::Result<Arc<Device>> {
         let tun = Tun::open(name)?;
         let index = super::ifindex(name).ok_or_else(|| {
             std::io::Error::new(
@@ -74,6 +79,7 @@ impl Device {
             end: tokio::sync::Notify::new(),
             watchdog: Default::default(),
             handshakes,
+            delete,
         });
         tracing::info!(
             device = name,
@@ -150,7 +156,7 @@ impl Device {
     pub fn stop(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.udp().shutdown();
-        super::delete_link(&self.name, self.index);
+        (self.delete)(&self.name, self.index);
     }
 
     fn spawn_receivers(self: &Arc<Self>, udp: &Arc<Udp>, generation: u64) -> std::io::Result<()> {

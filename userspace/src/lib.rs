@@ -15,6 +15,7 @@
 pub mod checksum;
 pub mod coalesce;
 pub mod device;
+pub mod fuzz_targets;
 pub mod handshakes;
 mod noise;
 pub mod peers;
@@ -40,24 +41,8 @@ pub fn ifindex(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
-/// Deletes the interface `name` over rtnetlink if it is still the interface with index
-/// `index` (best effort: it may be gone already). A device going away never deletes a
-/// successor that took its name.
-pub fn delete_link(name: &str, index: u32) {
-    use netlink_packet_route::{link::LinkMessage, RouteNetlinkMessage};
-    if ifindex(name) != Some(index) {
-        return;
-    }
-    let mut link = LinkMessage::default();
-    link.header.index = index;
-    let protocol = netlink_sys::protocols::NETLINK_ROUTE;
-    if let Ok(mut nl) = crate::apply::nl_request::NlSocket::open(protocol) {
-        let _ = nl.request(
-            RouteNetlinkMessage::DelLink(link),
-            netlink_packet_core::NLM_F_ACK,
-        );
-    }
-}
-
 #[cfg(test)]
 mod offload_tests;
+
+#[doc(hidden)]
+pub mod test_rng;
