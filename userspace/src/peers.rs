@@ -238,6 +238,12 @@ impl State {
     /// handshake, so nothing is lost meanwhile.
     pub fn set_private_key(&mut self, secret: Option<StaticSecret>) {
         let Some(secret) = secret else {
+            // No key, no sending: the sessions made under the old one seal nothing more.
+            for peer in self.peers.values() {
+                if let Some(tunn) = lock(&peer.noise).tunn.as_deref_mut() {
+                    tunn.stop_sending();
+                }
+            }
             self.identity = None;
             return;
         };

@@ -45,6 +45,12 @@ impl Drop for Checker {
     }
 }
 
+/// Whether two MACs are equal, in time that does not depend on where they differ.
+fn equal(a: &[u8], b: &[u8]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    a.len() == b.len() && std::hint::black_box(diff) == 0
+}
+
 /// The source bytes a cookie is bound to: the address, then the port (big-endian).
 fn source(from: SocketAddr) -> Vec<u8> {
     let mut b = match from.ip() {
@@ -79,12 +85,12 @@ impl Checker {
     /// Checks a handshake message's MACs (its last 32 bytes), as sent from `from`.
     pub fn check(&self, msg: &[u8], from: SocketAddr, now: Instant) -> Macs {
         let n = msg.len();
-        if n < 32 + 4 || mac(&self.mac1_key, &msg[..n - 32]) != msg[n - 32..n - 16] {
+        if n < 32 + 4 || !equal(&mac(&self.mac1_key, &msg[..n - 32]), &msg[n - 32..n - 16]) {
             return Macs::Invalid;
         }
         let valid = self
             .cookie(from, now)
-            .is_some_and(|cookie| mac(&cookie, &msg[..n - 16]) == msg[n - 16..]);
+            .is_some_and(|cookie| equal(&mac(&cookie, &msg[..n - 16]), &msg[n - 16..]));
         if valid {
             Macs::Mac2
         } else {

@@ -23,8 +23,9 @@ const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
 pub(super) const LABEL_MAC1: &[u8] = b"mac1----";
 pub(super) const LABEL_COOKIE: &[u8] = b"cookie--";
-/// A cookie is used this long after it arrived (the whitepaper's two minutes).
-pub(super) const COOKIE_LIFE: Duration = Duration::from_secs(120);
+/// A cookie is used this long after it arrived: the two minutes its secret lives at the
+/// peer, less five seconds for the trip (kernel WireGuard's figure).
+pub(super) const COOKIE_LIFE: Duration = Duration::from_secs(115);
 /// Initiations consumed a second, at most, from one peer (kernel WireGuard's figure): a
 /// replayed burst cannot make the responder churn sessions.
 const MIN_INITIATION_GAP: Duration = Duration::from_millis(20);
@@ -137,7 +138,11 @@ fn timestamp(now: Instant) -> [u8; 12] {
             .unwrap_or_default();
         (wall, now)
     });
-    tai64n(*wall + now.saturating_duration_since(*at))
+    let t = *wall + now.saturating_duration_since(*at);
+    // Rounded down to 2^24 ns (about 16.8 ms), as kernel WireGuard rounds it: the
+    // timestamp tells an observer who can open it nothing finer about this host's clock.
+    let nanos = t.subsec_nanos() & !((1 << 24) - 1);
+    tai64n(Duration::new(t.as_secs(), nanos))
 }
 
 /// The chaining key every handshake starts from, and the hash with `responder` mixed in.
@@ -435,6 +440,8 @@ impl Handshake {
         let cookie =
             xopen(&self.cookie_key, &nonce, &sealed, &mac1).ok_or(HandshakeError::Forged)?;
         self.cookie = Some((cookie, now));
+        // One cookie per message sent: a second reply to the same message is refused.
+        self.last_mac1 = None;
         Ok(())
     }
 }

@@ -171,12 +171,17 @@ fn a_cookie_from_a_loaded_peer_is_taken_and_its_mac2_passes_the_load_check() {
         Err(TunnResult::WriteToNetwork(c)) => c.to_vec(),
         other => panic!("expected a cookie reply, got {other:?}"),
     };
-    ours.take_cookie(&cookie, Instant::now()).unwrap();
     let mut forged = cookie.clone();
     forged[40] ^= 1;
     assert_eq!(
         ours.take_cookie(&forged, Instant::now()).err(),
         Some(HandshakeError::Forged)
+    );
+    ours.take_cookie(&cookie, Instant::now()).unwrap();
+    assert_eq!(
+        ours.take_cookie(&cookie, Instant::now()).err(),
+        Some(HandshakeError::Unexpected),
+        "one cookie per message sent"
     );
     ours.initiate(8, Instant::now(), &mut init).unwrap();
     assert!(

@@ -327,3 +327,33 @@ fn a_session_past_rekey_after_messages_is_rekeyed_and_past_reject_after_messages
         "then a handshake"
     );
 }
+
+#[test]
+fn without_a_session_one_keepalive_waits_at_most_and_a_lost_key_seals_nothing_more() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = (tunnel(1, 2, Some(1), t0), tunnel(2, 1, None, t0));
+    let mut buf = vec![0u8; 2048];
+    for s in 0..10 {
+        let _ = a.update_timers(t0 + secs(s), &mut buf);
+    }
+    // The initiation from the first keepalive, answered now: one queued keepalive goes.
+    let init = bytes(a.format_handshake_initiation(t0 + secs(10), &mut buf, true));
+    let response = bytes(b.decapsulate(&init, t0 + secs(10), &mut buf));
+    let _ = bytes(a.decapsulate(&response, t0 + secs(10), &mut buf));
+    let mut queued = 0;
+    while let TunnResult::WriteToNetwork(_) = a.decapsulate(&[], t0 + secs(10), &mut buf) {
+        queued += 1;
+    }
+    assert!(queued <= 1, "{queued} keepalives were queued");
+    assert!(send(&mut a, &mut b, t0 + secs(11)));
+    a.stop_sending();
+    assert!(a.sending().is_none());
+    assert_ne!(
+        kind(a.encapsulate(&ip_packet(), t0 + secs(12), &mut buf)),
+        Some(4)
+    );
+    assert!(
+        send(&mut b, &mut a, t0 + secs(12)),
+        "what the peer sends still opens"
+    );
+}

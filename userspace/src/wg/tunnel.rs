@@ -152,6 +152,15 @@ impl Tunnel {
         self.release_unused();
     }
 
+    /// Nothing more is sealed on the sessions we have (the device lost its private key):
+    /// they still open what the peer sends until they age out, as kernel WireGuard's
+    /// expired keypairs do.
+    pub fn stop_sending(&mut self) {
+        self.previous = self.current.take().or(self.previous.take());
+        self.next = None;
+        self.release_unused();
+    }
+
     /// The newest initiation consumed from the peer (`Handshake::latest`).
     pub fn latest(&self) -> Option<Latest> {
         self.handshake.latest()
@@ -209,7 +218,9 @@ impl Tunnel {
             self.current = None;
             self.release_unused();
         }
-        if self.queue.len() < MAX_QUEUE {
+        // A keepalive waits only if nothing else does (one is enough to confirm a
+        // session), as kernel WireGuard stages one only on an empty queue.
+        if self.queue.len() < MAX_QUEUE && !(src.is_empty() && !self.queue.is_empty()) {
             self.queue.push_back(Zeroizing::new(src.to_vec()));
         }
         self.format_handshake_initiation(now, dst, false)
