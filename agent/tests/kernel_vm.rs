@@ -77,7 +77,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (ipsec, path_mtu) = (sibling_test("ipsec"), sibling_test("path_mtu"));
     let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
     let (conformance, liveness) = (sibling_test("netns_conformance"), sibling_test("liveness"));
-    let post_quantum = sibling_test("post_quantum");
+    let (post_quantum, interop) = (sibling_test("post_quantum"), sibling_test("interop"));
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -109,6 +109,9 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         // WireGuard's own conformance scenarios on the kernel device: the userspace
         // device passes the same ones on the host.
         ("netns conformance: kernel", kernel, &conformance, ""),
+        // weft's userspace device against kernel WireGuard for several minutes, through
+        // two rekeys (the host runs the same against wireguard-go).
+        ("interop: userspace with kernel", kernel, &interop, ""),
         // The operator's tools read a kernel device over generic netlink.
         ("status and metrics: kernel", kernel, &status, ""),
         (

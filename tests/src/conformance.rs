@@ -101,14 +101,18 @@ impl Net {
             self.sh(born, &format!("ip link add {name} type wireguard"))?;
             self.devices.push((name.clone(), None));
         } else {
-            let weft = self.weft.to_string_lossy().into_owned();
-            self.spawn_device(&name, born, &[&weft, "userspace-device"])?;
+            return self.userspace_device(n, born, to);
         }
-        if to != born {
-            let target = self.ns(to).to_string();
-            self.sh(born, &format!("ip link set {name} netns {target}"))?;
-        }
-        Ok(name)
+        self.moved(name, born, to)
+    }
+
+    /// Device `n` as weft's userspace device, whatever the implementation under test,
+    /// born in namespace `born`, then moved to `to`. Returns its name.
+    pub fn userspace_device(&mut self, n: usize, born: usize, to: usize) -> anyhow::Result<String> {
+        let name = self.dev(n);
+        let weft = self.weft.to_string_lossy().into_owned();
+        self.spawn_device(&name, born, &[&weft, "userspace-device"])?;
+        self.moved(name, born, to)
     }
 
     /// Device `n` run by wireguard-go (Debian's package: today's protocol, an independent
@@ -116,6 +120,11 @@ impl Net {
     pub fn wireguard_go(&mut self, n: usize, born: usize, to: usize) -> anyhow::Result<String> {
         let name = self.dev(n);
         self.spawn_device(&name, born, &["wireguard-go", "-f"])?;
+        self.moved(name, born, to)
+    }
+
+    /// Moves interface `name` from namespace `born` to `to` (if another): its name.
+    fn moved(&self, name: String, born: usize, to: usize) -> anyhow::Result<String> {
         if to != born {
             let target = self.ns(to).to_string();
             self.sh(born, &format!("ip link set {name} netns {target}"))?;
