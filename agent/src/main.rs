@@ -8,6 +8,8 @@ use weft::cli::{Cli, Command, ConfigCommand, KeysCommand};
 use weft::commands;
 
 fn main() -> ExitCode {
+    // Before any TLS: the control plane's links run on aws-lc-rs (hybrid X25519MLKEM768).
+    weft::registry::tls_link::provider();
     let cli = match Cli::parse_with_env(std::env::args_os(), &|k| std::env::var(k).ok()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

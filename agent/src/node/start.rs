@@ -22,6 +22,7 @@ use crate::observe::http::{Health, Readiness};
 use crate::observe::metrics::Metrics;
 use crate::observe::snapshot;
 use crate::registry::kube::{self, KubeConfig, KubeRegistry};
+use crate::registry::tls_link;
 use crate::registry::{self, AcquireRequest, EtcdConfig, EtcdRegistry, LocalAttrs, Registry};
 
 /// Retries `$op` (an expression yielding a future of a `Result`) with backoff until it
@@ -122,9 +123,16 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
         rotate: (rotate_tx, rotate_rx),
     };
     if args.kube_subnet_mgr {
-        let client = kube::client(&args.kubeconfig_file, &args.kube_api_url)
+        let config = kube::config(&args.kubeconfig_file, &args.kube_api_url)
             .await
             .context("--kube-subnet-mgr")?;
+        match kube::link(&config) {
+            Ok(link) => tls_link::report(vec![link]),
+            Err(e) => {
+                warn!(link = "kubernetes", error = %e, "control-plane link: its TLS key exchange group is not learned")
+            }
+        }
+        let client = kube::client_from(config).context("--kube-subnet-mgr")?;
         let explicit = match args.node_name.as_str() {
             "" => std::env::var("NODE_NAME").unwrap_or_default(),
             name => name.to_string(),
@@ -164,6 +172,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
             cfg.refuse_in_clear("the etcd password")?;
         }
         info!(endpoints = %cfg.endpoints.join(","), prefix = %cfg.prefix, %public_ip, "starting with the etcd registry");
+        match cfg.tls.links(&cfg.endpoints) {
+            Ok(links) => tls_link::report(links),
+            Err(e) => {
+                warn!(link = "etcd", error = %e, "control-plane link: its TLS key exchange group is not learned")
+            }
+        }
         let Some(registry) = retry!(
             "connecting to etcd",
             &mut shutdown,

@@ -8,6 +8,7 @@
 
 pub mod etcd;
 pub mod kube;
+pub mod tls_link;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -14,6 +14,7 @@ use ipnet::IpNet;
 use weft_backends::model::{Exhausted, Lease};
 use weft_backends::netconf::{self, ConfigErrors, NetConf};
 
+use super::tls_link;
 use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
 
@@ -213,6 +214,7 @@ impl EtcdRegistry {
             options = options.with_user(user.clone(), password.clone());
         }
         if let Some(tls) = cfg.tls.options(&cfg.endpoints)? {
+            tls_link::provider();
             options = options.with_tls(tls);
         }
         let client = Client::connect(&cfg.endpoints, Some(options))

@@ -5,8 +5,14 @@
 //! fix.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+
+use crate::registry::tls_link::{self, Link, Transport};
 
 /// The TLS files given (paths as the flags gave them; empty when not given).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,6 +43,16 @@ pub enum TlsError {
         flag: &'static str,
         endpoints: String,
     },
+    #[error("{flag} {path}: {what}")]
+    Pem {
+        flag: &'static str,
+        path: PathBuf,
+        what: String,
+    },
+    #[error("etcd endpoint {endpoint:?}: {what}")]
+    Endpoint { endpoint: String, what: String },
+    #[error("TLS provider: {0}")]
+    Provider(#[source] rustls::Error),
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -102,6 +118,89 @@ impl EtcdTls {
             (None, None) => {}
         }
         Ok(Some(options))
+    }
+}
+
+impl EtcdTls {
+    /// One link per endpoint, for [`tls_link::report`]: https:// ones with a rustls
+    /// configuration of the same provider, CA, client certificate and ALPN (h2) as the
+    /// etcd client's own.
+    pub fn links(&self, endpoints: &[String]) -> Result<Vec<Link>, TlsError> {
+        let config = match self.options(endpoints)? {
+            Some(_) => Some(Arc::new(self.client_config()?)),
+            None => None,
+        };
+        let mut links = Vec::new();
+        for endpoint in endpoints {
+            let lower = endpoint.to_ascii_lowercase();
+            let tls = lower.starts_with("https://") || !lower.starts_with("http://");
+            let transport = match (&config, tls) {
+                (Some(config), true) => {
+                    let bad = |what: &str| TlsError::Endpoint {
+                        endpoint: endpoint.clone(),
+                        what: what.to_string(),
+                    };
+                    let (host, port) = tls_link::host_port(endpoint, 2379)
+                        .ok_or_else(|| bad("no host:port in it"))?;
+                    let server_name = ServerName::try_from(host.clone())
+                        .map_err(|e| bad(&format!("not a server name: {e}")))?;
+                    Transport::Tls {
+                        host,
+                        port,
+                        server_name,
+                        config: config.clone(),
+                    }
+                }
+                _ => Transport::Clear,
+            };
+            links.push(Link {
+                kind: "etcd",
+                server: endpoint.clone(),
+                transport,
+            });
+        }
+        Ok(links)
+    }
+
+    /// What the etcd client (tonic) builds from [`EtcdTls::options`], built here: the
+    /// process's provider, the CA as the only root, the client certificate if given, h2.
+    fn client_config(&self) -> Result<ClientConfig, TlsError> {
+        let pem = |flag: &'static str, path: &Path, what: String| TlsError::Pem {
+            flag,
+            path: path.to_path_buf(),
+            what,
+        };
+        let mut roots = RootCertStore::empty();
+        if let Some(ca) = &self.ca {
+            let bytes = read("--etcd-cafile", ca)?;
+            for cert in CertificateDer::pem_slice_iter(&bytes) {
+                let cert = cert.map_err(|e| pem("--etcd-cafile", ca, e.to_string()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| pem("--etcd-cafile", ca, e.to_string()))?;
+            }
+        }
+        let builder = ClientConfig::builder_with_provider(tls_link::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Provider)?
+            .with_root_certificates(roots);
+        let mut config = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let bytes = read("--etcd-certfile", cert)?;
+                let chain = CertificateDer::pem_slice_iter(&bytes)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| pem("--etcd-certfile", cert, e.to_string()))?;
+                let bytes = read("--etcd-keyfile", key)?;
+                let private = PrivateKeyDer::from_pem_slice(&bytes)
+                    .map_err(|e| pem("--etcd-keyfile", key, e.to_string()))?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| pem("--etcd-keyfile", key, e.to_string()))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(config)
     }
 }
 

@@ -10,16 +10,19 @@ pub mod node;
 mod publish;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use rustls::pki_types::ServerName;
 use weft_backends::model::Lease;
 use weft_backends::netconf::{self, ConfigErrors, NetConf};
 
 pub use node::{BadNode, SlimNode};
 
+use super::tls_link::{self, Link, Transport};
 use super::{AcquireRequest, FollowLinks, Registry};
 use crate::backoff::Backoff;
 
@@ -101,6 +104,11 @@ impl KubeError {
 /// A client from `--kubeconfig-file`, else the in-cluster service account (or the usual
 /// kubeconfig search); `--kube-api-url` overrides the server address.
 pub async fn client(kubeconfig_file: &str, api_url: &str) -> Result<Client, KubeError> {
+    client_from(config(kubeconfig_file, api_url).await?)
+}
+
+/// The client's configuration, as [`client`] reads it.
+pub async fn config(kubeconfig_file: &str, api_url: &str) -> Result<Config, KubeError> {
     let mut config = if kubeconfig_file.is_empty() {
         Config::infer()
             .await
@@ -117,7 +125,59 @@ pub async fn client(kubeconfig_file: &str, api_url: &str) -> Result<Client, Kube
             .parse()
             .map_err(|e| KubeError::Config(format!("--kube-api-url {api_url:?}: {e}")))?;
     }
+    Ok(config)
+}
+
+/// A client from `config`, its TLS on the process's rustls provider (aws-lc-rs:
+/// X25519MLKEM768 where the API server offers it).
+pub fn client_from(config: Config) -> Result<Client, KubeError> {
+    tls_link::provider();
     Client::try_from(config).map_err(|e| KubeError::Config(e.to_string()))
+}
+
+/// The link to the API server `config` names, with the TLS configuration kube's own
+/// connector is built from, for [`tls_link::report`].
+pub fn link(config: &Config) -> Result<Link, KubeError> {
+    use kube::client::ConfigExt;
+    let url = &config.cluster_url;
+    let server = url.to_string();
+    if let Some(proxy) = &config.proxy_url {
+        let proxy = proxy.to_string();
+        return Ok(Link {
+            kind: "kubernetes",
+            server,
+            transport: Transport::Proxied { proxy },
+        });
+    }
+    if url.scheme_str() != Some("https") {
+        return Ok(Link {
+            kind: "kubernetes",
+            server,
+            transport: Transport::Clear,
+        });
+    }
+    let (host, port) = tls_link::host_port(&server, 443)
+        .ok_or_else(|| KubeError::Config(format!("API server {server}: no host")))?;
+    let name = config
+        .tls_server_name
+        .clone()
+        .unwrap_or_else(|| host.clone());
+    let server_name = ServerName::try_from(name.clone())
+        .map_err(|e| KubeError::Config(format!("API server name {name:?}: {e}")))?;
+    tls_link::provider();
+    let tls = config
+        .rustls_client_config()
+        .map_err(|e| KubeError::Config(format!("TLS for {server}: {e}")))?;
+    Ok(Link {
+        kind: "kubernetes",
+        server,
+        transport: Transport::Tls {
+            host,
+            port,
+            server_name,
+            config: Arc::new(tls),
+        },
+    })
 }
 
 /// This node's name: `explicit` (`--node-name` / `NODE_NAME`), else the node the pod
