@@ -3,12 +3,22 @@
 //! enabled. The agent's etcd client reads the config with the right files and
 //! credentials; a wrong CA, a missing, foreign or expired client certificate, a missing
 //! file and bad credentials are each one clear error saying which.
+//!
+//! And the link is post-quantum where the server offers it: Debian's etcd is built with a Go
+//! that offers no ML-KEM, so a rustls TLS front (tests/src/tls_front.rs) stands before a
+//! plain etcd and records the key exchange group of every handshake. Offered hybrid
+//! X25519MLKEM768, the agent's etcd client agrees it; offered X25519 only, it still reads
+//! the config, over X25519. The group the agent logs for each endpoint is the one the
+//! server agreed.
 
 use std::time::Duration;
 
+use rustls::NamedGroup;
 use weft::registry::etcd::tls::EtcdTls;
+use weft::registry::tls_link;
 use weft::registry::{EtcdConfig, EtcdRegistry, Registry};
 use weft_lab::pki::Pki;
+use weft_lab::tls_front::{Offer, TlsFront};
 use weft_lab::Etcd;
 
 const PREFIX: &str = "/coreos.com/network";
@@ -53,6 +63,8 @@ async fn tls_with_client_certificates_and_each_bad_part_named() {
     read_config(config(&endpoint, files(&pki, "ca.pem", Some("client"))))
         .await
         .expect("the right CA and client certificate");
+    let group = agreed(&endpoint, &files(&pki, "ca.pem", Some("client"))).await;
+    println!("Debian's etcd over TLS agrees {group:?} with the agent");
 
     let cases = [
         (
@@ -151,4 +163,43 @@ async fn authentication_with_the_right_and_a_wrong_password() {
     let err = read_config(with("", "")).await.unwrap_err();
     println!("no credentials: {err}");
     assert!(err.contains("--etcd-username"), "{err}");
+}
+
+/// The group the agent learns (and logs) for `endpoint`, by its own handshake.
+async fn agreed(endpoint: &str, tls: &EtcdTls) -> NamedGroup {
+    let links = tls.links(&[endpoint.to_string()]).unwrap();
+    assert_eq!(links.len(), 1);
+    tls_link::agreed(&links[0], Duration::from_secs(5))
+        .await
+        .expect("an https:// endpoint")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_agrees_x25519mlkem768_where_offered_and_x25519_where_not() {
+    let pki = Pki::new().unwrap();
+    let etcd = Etcd::start().unwrap();
+    etcd.etcdctl(&["put", &format!("{PREFIX}/config"), CONFIG])
+        .unwrap();
+    let backend = etcd
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    for (offer, want) in [
+        (Offer::PostQuantum, NamedGroup::X25519MLKEM768),
+        (Offer::Classical, NamedGroup::X25519),
+    ] {
+        // gRPC: the client insists on h2 by ALPN.
+        let front = TlsFront::start(&pki, backend, offer, &[b"h2"]).unwrap();
+        let tls = files(&pki, "ca.pem", None);
+        read_config(config(&front.url(), tls.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{offer:?} server: {e}"));
+        let groups = front.groups();
+        println!("{offer:?} server: the etcd client's handshakes agreed {groups:?}");
+        assert!(!groups.is_empty(), "{offer:?}: no handshake recorded");
+        assert!(groups.iter().all(|g| *g == want), "{offer:?}: {groups:?}");
+        assert_eq!(agreed(&front.url(), &tls).await, want, "{offer:?}");
+    }
 }

@@ -22,6 +22,7 @@ pub mod netns;
 pub mod pinger;
 pub mod pki;
 pub mod tcp;
+pub mod tls_front;
 pub mod traffic;
 pub mod vm;
 pub mod wait;
