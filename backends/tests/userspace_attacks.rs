@@ -13,10 +13,7 @@ mod userspace_client;
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use blake2::digest::{FixedOutput, KeyInit, Update};
-use blake2::{Blake2s256, Blake2sMac, Digest};
 use boringtun::noise::{Tunn, TunnResult};
-use boringtun::x25519::PublicKey;
 use userspace_client::{
     client_tunn, device_key, device_with_client, ping, receive_before, the_peer, Setup, DEVICE,
 };
@@ -27,21 +24,10 @@ const RESPONSE: u8 = 2;
 const COOKIE_REPLY: u8 = 3;
 const DATA: u8 = 4;
 
-/// The mac1 key of messages to the device: BLAKE2s("mac1----" || its public key).
-fn mac1_key() -> [u8; 32] {
-    let mut h = Blake2s256::new();
-    Digest::update(&mut h, b"mac1----");
-    Digest::update(&mut h, PublicKey::from(&device_key()).as_bytes());
-    h.finalize().into()
-}
-
-/// Writes a valid mac1 into a handshake message (its 32 bytes of MACs are last).
+/// Writes a valid mac1 into a handshake message to the device (its MACs are last).
 fn sign_mac1(msg: &mut [u8]) {
-    let at = msg.len() - 32;
-    let mut mac = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(&mac1_key())
-        .expect("a 32-byte key");
-    Update::update(&mut mac, &msg[..at]);
-    msg[at..at + 16].copy_from_slice(&mac.finalize_fixed());
+    let device = x25519_dalek::PublicKey::from(&device_key());
+    weft_userspace::wg::cookie::write_mac1(device.as_bytes(), msg);
 }
 
 /// Bytes from a xorshift generator: the attacker's "ephemeral keys" and ciphertexts.

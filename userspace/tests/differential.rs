@@ -23,6 +23,9 @@ use x25519_dalek::{PublicKey, StaticSecret};
 
 const FROM: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 2)), 51820);
 
+/// A change made to a message before it is delivered.
+type Change<'a> = &'a dyn Fn(&mut Vec<u8>);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
     /// Answered with a message of this type.
@@ -204,7 +207,7 @@ fn weft_and_boringtun_meet_the_same_verdicts_message_for_message() {
         let v = (ours.deliver(*o, keep), theirs.deliver(*t, keep));
         assert_eq!(v, (Verdict::Opened, Verdict::Opened), "data {n}");
     }
-    let cases: [(&str, usize, &dyn Fn(&mut Vec<u8>), Verdict); 9] = [
+    let cases: [(&str, usize, Change, Verdict); 9] = [
         ("a replayed data message", 3, &keep, Verdict::Refused),
         ("a later one first", 11, &keep, Verdict::Opened),
         ("then the earlier one", 10, &keep, Verdict::Opened),
@@ -248,7 +251,7 @@ fn weft_and_boringtun_meet_the_same_verdicts_message_for_message() {
     );
     for at in [0, 1, 4, 8, 39, 40, 87, 88, 115, 116, 131, 132, 147] {
         let f = |m: &mut Vec<u8>| m[at] ^= 0x20;
-        let v = (ours.deliver(io, &f), theirs.deliver(it, &f));
+        let v = (ours.deliver(io, f), theirs.deliver(it, f));
         assert_eq!(
             v,
             (Verdict::Refused, Verdict::Refused),

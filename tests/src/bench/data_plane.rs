@@ -184,13 +184,13 @@ fn weft_lab(mut cfg: LabConfig, backend: &str, load: Load) -> anyhow::Result<Sam
 }
 
 /// Namespaces made by hand, removed on drop.
-struct Hand {
+pub(super) struct Hand {
     names: Vec<String>,
-    dir: tempfile::TempDir,
+    pub(super) dir: tempfile::TempDir,
 }
 
 impl Hand {
-    fn new(tag: &str, names: &[&str]) -> anyhow::Result<Hand> {
+    pub(super) fn new(tag: &str, names: &[&str]) -> anyhow::Result<Hand> {
         let mut hand = Hand {
             names: Vec::new(),
             dir: tempfile::tempdir()?,
@@ -203,7 +203,7 @@ impl Hand {
         }
         Ok(hand)
     }
-    fn ns(&self, i: usize) -> &str {
+    pub(super) fn ns(&self, i: usize) -> &str {
         &self.names[i]
     }
 }
@@ -221,7 +221,7 @@ impl Drop for Hand {
     }
 }
 
-fn tag() -> String {
+pub(super) fn tag() -> String {
     format!("wb{}", std::process::id())
 }
 
@@ -239,14 +239,27 @@ fn raw_veth(load: Load) -> anyhow::Result<Sample> {
     measure(h.ns(0), h.ns(1), "10.99.0.2".parse()?, load)
 }
 
-/// Underlay (fabric bridge, two nodes) and a pod behind each node; `tunnel` then joins the
-/// nodes (`node` index, own and peer underlay address) and returns each node's device
-/// (`dev` or `dev via GATEWAY`).
+/// Underlay (fabric bridge, two nodes) and a pod behind each node, joined by `tunnel`
+/// (see `topology`), measured under `load`.
 fn by_hand(
     load: Load,
     tunnel: &dyn Fn(&Hand, usize, &str, &str) -> anyhow::Result<String>,
 ) -> anyhow::Result<Sample> {
-    let h = Hand::new(&tag(), &["fab", "n1", "n2", "p1", "p2"])?;
+    let h = topology(&[], tunnel)?;
+    measure(h.ns(3), h.ns(4), "10.244.2.2".parse()?, load)
+}
+
+/// Underlay (fabric bridge `br0` in namespace 0, nodes 198.51.100.1 and .2 in namespaces
+/// 1 and 2) and a pod behind each node (namespaces 3 and 4, 10.244.N.2); `extra`
+/// namespaces follow them, unconnected. `tunnel` joins the nodes (`node` index, own and
+/// peer underlay address) and returns each node's device (`dev` or `dev via GATEWAY`).
+pub(super) fn topology(
+    extra: &[&str],
+    tunnel: &dyn Fn(&Hand, usize, &str, &str) -> anyhow::Result<String>,
+) -> anyhow::Result<Hand> {
+    let mut names = vec!["fab", "n1", "n2", "p1", "p2"];
+    names.extend(extra);
+    let h = Hand::new(&tag(), &names)?;
     in_ns(h.ns(0), "ip link add br0 type bridge && ip link set br0 up")?;
     for i in 0..2 {
         let (node, pod) = (h.ns(1 + i), h.ns(3 + i));
@@ -267,7 +280,7 @@ fn by_hand(
             &format!("ip route add 10.244.{}.0/24 dev {dev}", 2 - i),
         )?;
     }
-    measure(h.ns(3), h.ns(4), "10.244.2.2".parse()?, load)
+    Ok(h)
 }
 
 fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<String> {
@@ -285,7 +298,9 @@ fn kernel_vxlan(h: &Hand, i: usize, me: &str, peer: &str) -> anyhow::Result<Stri
 
 /// A userspace WireGuard implementation run by hand: `daemon` starts a device named wg0
 /// in the node's namespace (and backgrounds itself), then `wg set` configures it.
-fn userspace_wg(daemon: String) -> impl Fn(&Hand, usize, &str, &str) -> anyhow::Result<String> {
+pub(super) fn userspace_wg(
+    daemon: String,
+) -> impl Fn(&Hand, usize, &str, &str) -> anyhow::Result<String> {
     move |h: &Hand, i: usize, _me: &str, peer: &str| {
         let node = h.ns(1 + i);
         let dir = h.dir.path().join(format!("n{i}"));

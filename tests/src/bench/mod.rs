@@ -5,6 +5,7 @@ pub mod churn;
 pub mod control_plane;
 pub mod control_targets;
 pub mod data_plane;
+pub mod flood;
 pub mod iperf;
 pub mod liveness;
 pub mod path_mtu;

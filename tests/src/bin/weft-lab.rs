@@ -3,7 +3,7 @@
 //! - `weft-lab tcp-sink PORT` / `weft-lab tcp-source HOST:PORT BYTES`: the lab's TCP
 //!   transfer tool (byte count and SHA-256 at both ends).
 //! - `weft-lab bench control-plane [--registry etcd|kube] [--nodes 100,1000,5000] [--churn-secs 10] [--rate 50] [--runs 1] [--check]`
-//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--only-wireguard] [--baseline WEFT] [--wireguard-go BIN] [--kernel | --vm]`, `weft-lab bench path-mtu
+//!   `weft-lab bench data-plane [--runs 3] [--bytes N] [--only-wireguard] [--baseline WEFT] [--wireguard-go BIN] [--kernel | --vm]`, `weft-lab bench flood [--runs 3]`, `weft-lab bench path-mtu
 //!   [--runs 3]`, `weft-lab bench liveness [--runs 3]` and `weft-lab bench rotation
 //!   [--runs 5]` and `weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]`: the
 //!   benchmarks of BENCHMARKS.md.
@@ -187,6 +187,11 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
                 weft_lab::bench::data_plane::run(&weft, &opts)?
             };
             print!("{table}");
+            Ok(())
+        }
+        Some("flood") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            print!("{}", weft_lab::bench::flood::run(&weft, runs)?);
             Ok(())
         }
         Some("path-mtu") => {

@@ -220,7 +220,7 @@ impl Tunnel {
         }
         // A keepalive waits only if nothing else does (one is enough to confirm a
         // session), as kernel WireGuard stages one only on an empty queue.
-        if self.queue.len() < MAX_QUEUE && !(src.is_empty() && !self.queue.is_empty()) {
+        if self.queue.len() < MAX_QUEUE && (!src.is_empty() || self.queue.is_empty()) {
             self.queue.push_back(Zeroizing::new(src.to_vec()));
         }
         self.format_handshake_initiation(now, dst, false)
