@@ -1,6 +1,6 @@
 //! A recorded handshake initiation, replayed by a third host after each change that
 //! rebuilds a peer's state on the userspace device (keepalive, PSK, private key, the peer
-//! removed and added again), is refused: the peer's endpoint stays where it was, pings
+//! removed and added again, the device process killed and started again), is refused: the peer's endpoint stays where it was, pings
 //! through the tunnel keep flowing, and nothing is sent to the host that replayed it.
 //! The peer is wireguard-go (Debian's package), so the pair speaks today's protocol with
 //! an independent implementation; the recording is a real capture on the underlay.
@@ -103,6 +103,16 @@ fn replay_from_a_third_host(net: &Net, datagram: Vec<u8>) -> Vec<u8> {
     .unwrap()
 }
 
+/// Waits until weft (namespace 2) pings wireguard-go through the tunnel.
+fn reaches(net: &Net, what: &str) {
+    wait::until_or(
+        &format!("{what}: weft reaching wireguard-go"),
+        Duration::from_secs(10),
+        || net.ok(2, "ping -c 1 -W 1 192.168.241.1"),
+        || net.diagnose(),
+    );
+}
+
 #[test]
 fn a_recorded_initiation_replayed_after_each_change_is_refused() {
     let mut net = Net::new(WEFT).unwrap();
@@ -125,14 +135,6 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
         )
         .unwrap();
     }
-    let reaches = |what: &str| {
-        wait::until_or(
-            &format!("{what}: weft reaching wireguard-go"),
-            Duration::from_secs(10),
-            || net.ok(2, "ping -c 1 -W 1 192.168.241.1"),
-            || net.diagnose(),
-        )
-    };
     // wireguard-go initiates; its initiation is recorded on the underlay.
     let recorded = record_initiation(&net, || {
         assert!(
@@ -141,7 +143,7 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
             net.diagnose()
         );
     });
-    reaches("first handshake");
+    reaches(&net, "first handshake");
     let psk_file = psk.file.display().to_string();
     let changes: Vec<(&str, String)> = vec![
         (
@@ -178,7 +180,7 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
             )
             .unwrap();
         }
-        reaches(what);
+        reaches(&net, what);
         let answered = replay_from_a_third_host(&net, recorded.clone());
         assert_eq!(
             answered,
@@ -198,4 +200,46 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
             net.diagnose()
         );
     }
+
+    // The device process killed and started again: the peer's timestamp is still known
+    // (kept beside the UAPI socket), so the replay is refused there too.
+    let old = net
+        .process(&weft)
+        .map(|c| c.id())
+        .expect("weft's device process");
+    let _ = Command::new("kill").args(["-9", &old.to_string()]).status();
+    wait::until(
+        "the killed device's interface gone",
+        Duration::from_secs(10),
+        || !net.ok(2, &format!("ip link show {weft}")),
+    );
+    let again = net.userspace_device(2, 0, 2).unwrap();
+    net.sh(
+        2,
+        &format!(
+            "ip addr add 192.168.241.2/24 dev {again} && \
+             wg set {again} private-key {} listen-port 2 peer {} preshared-key {psk_file} \
+             allowed-ips 192.168.241.1/32 endpoint 127.0.0.1:1 && ip link set {again} up",
+            k2.file.display(),
+            k1.public
+        ),
+    )
+    .unwrap();
+    reaches(&net, "a restarted device");
+    let answered = replay_from_a_third_host(&net, recorded.clone());
+    assert_eq!(
+        answered,
+        [0u8; 0],
+        "a restarted device answered the replay\n{}",
+        net.diagnose()
+    );
+    assert_eq!(
+        net.endpoint(2, &again, &k1.public).as_deref(),
+        Some("127.0.0.1:1")
+    );
+    assert!(
+        net.ok(2, "ping -c 5 -i 0.2 -W 1 192.168.241.1"),
+        "{}",
+        net.diagnose()
+    );
 }

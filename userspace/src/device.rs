@@ -44,13 +44,22 @@ pub struct Device {
     /// Deletes the interface (its name, its index) when the device stops: the caller's
     /// rtnetlink, so this crate speaks none.
     delete: fn(&str, u32),
+    /// Where the peers' newest initiation timestamps are kept across a restart of the
+    /// device (`replay_file`), if anywhere.
+    replay_file: Option<std::path::PathBuf>,
 }
 
 impl Device {
     /// Creates the interface, binds a port (any, until one is set) and starts the threads.
     /// `delete` removes the interface when the device stops (it must delete only the
-    /// interface with that index, never a successor that took its name).
-    pub fn start(name: &str, delete: fn(&str, u32)) -> std::io::Result<Arc<Device>> {
+    /// interface with that index, never a successor that took its name); `replay_file`
+    /// keeps the peers' newest initiation timestamps across a restart (what an earlier
+    /// device saved there is taken at once).
+    pub fn start(
+        name: &str,
+        delete: fn(&str, u32),
+        replay_file: Option<std::path::PathBuf>,
+    ) -> std::io::Result<Arc<Device>> {
         let tun = Tun::open(name)?;
         let index = super::ifindex(name).ok_or_else(|| {
             std::io::Error::new(
@@ -64,6 +73,9 @@ impl Device {
         let udp = Arc::new(Udp::bind(0, 0)?);
         let mut state = State::default();
         state.listen_port = udp.port;
+        if let Some(path) = &replay_file {
+            state.remember_saved(super::replay_file::load(path), Instant::now());
+        }
         let (handshakes, queued) = super::handshakes::queue();
         let device = Arc::new(Device {
             name: name.to_string(),
@@ -80,6 +92,7 @@ impl Device {
             watchdog: Default::default(),
             handshakes,
             delete,
+            replay_file,
         });
         tracing::info!(
             device = name,
@@ -230,6 +243,25 @@ impl Sockets for Arc<Device> {
     }
 }
 
+impl Device {
+    /// Writes the peers' newest initiation timestamps to the replay file, if one was
+    /// consumed since the last write.
+    fn save_timestamps(&self) {
+        let Some(path) = &self.replay_file else {
+            return;
+        };
+        let state = self.state();
+        if !state.handshaken.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let all = state.timestamps();
+        drop(state);
+        if let Err(e) = super::replay_file::save(path, &all) {
+            tracing::warn!(path = %path.display(), error = %e, "saving the peers' handshake timestamps failed");
+        }
+    }
+}
+
 /// The handshake thread's outputs: answers go out the device's current UDP sockets; it
 /// delivers nothing to the TUN device.
 struct Answers(Arc<Device>);
@@ -280,6 +312,7 @@ fn timers(device: std::sync::Weak<Device>) {
         if let Some(why) = device.watchdog.check(Instant::now()) {
             device.end(why);
         }
+        device.save_timestamps();
         let mut peers: Vec<Arc<Peer>> = {
             let state = device.state();
             state.peers.values().cloned().collect()

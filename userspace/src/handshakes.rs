@@ -205,6 +205,11 @@ pub fn handle(
         _ => (false, 0),
     };
     if verified {
+        if kind == 1 {
+            state
+                .handshaken
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         peer.roam(from, local);
         flush_queue(tunn, plain, out, back);
     }

@@ -211,6 +211,9 @@ pub struct State {
     /// peer added again takes it back, so a recorded initiation cannot be replayed after
     /// a removal (the liveness watcher's re-handshake removes and adds).
     remembered: HashMap<Key, Latest>,
+    /// An initiation was consumed since the timestamps were last saved
+    /// (`replay_file`).
+    pub handshaken: std::sync::atomic::AtomicBool,
     routes: Routes,
     /// Which peer holds each AllowedIP (truncated to its network, as the routes are).
     owners: HashMap<IpNet, Key>,
@@ -355,6 +358,36 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Takes the timestamps a device before this one saved (`replay_file::load`), as
+    /// consumed `now`, for the peers it has or gets.
+    pub fn remember_saved(&mut self, saved: HashMap<Key, [u8; 12]>, now: Instant) {
+        for (key, stamp) in saved {
+            let latest = Latest { stamp, at: now };
+            if let Some(peer) = self.peers.get(&key) {
+                if let Some(tunn) = lock(&peer.noise).tunn.as_deref_mut() {
+                    tunn.remember(latest);
+                }
+            }
+            self.remembered.insert(key, latest);
+        }
+    }
+
+    /// Every peer's newest initiation timestamp the device knows, removed peers' too.
+    pub fn timestamps(&self) -> Vec<(Key, [u8; 12])> {
+        let mut all: HashMap<Key, [u8; 12]> =
+            self.remembered.iter().map(|(k, l)| (*k, l.stamp)).collect();
+        for (key, peer) in &self.peers {
+            let latest = lock(&peer.noise).tunn.as_deref().and_then(Tunnel::latest);
+            if let Some(l) = latest {
+                let e = all.entry(*key).or_insert(l.stamp);
+                if *e < l.stamp {
+                    *e = l.stamp;
+                }
+            }
+        }
+        all.into_iter().collect()
     }
 
     /// Keeps a removed peer's newest initiation timestamp past its removal.

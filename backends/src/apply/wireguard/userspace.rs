@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +66,9 @@ fn refuse_if_served(device: &str) -> std::io::Result<()> {
 fn start(device: &str) -> Result<Running, ApplyError> {
     let op = format!("starting userspace WireGuard device {device}");
     refuse_if_served(device).map_err(err(op.clone()))?;
-    let dev = Device::start(device, delete_link).map_err(err(op))?;
+    // The peers' handshake timestamps outlive this process beside its socket (tmpfs).
+    let replay = PathBuf::from(SOCKET_DIR).join(format!("{device}.replay"));
+    let dev = Device::start(device, delete_link, Some(replay)).map_err(err(op))?;
     let path = socket_path(device);
     std::fs::create_dir_all(SOCKET_DIR).map_err(err(format!("creating {SOCKET_DIR}")))?;
     let _ = std::fs::remove_file(&path);
