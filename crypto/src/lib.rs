@@ -8,6 +8,8 @@
 
 pub mod atomic_file;
 pub mod esp;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod keyfile;
 mod keys;
 pub mod pq;

@@ -1,17 +1,18 @@
 //! The userspace device's parsers of outside data, each as a function of raw bytes, for
 //! the coverage-guided fuzzer (`fuzz/`, `scripts/fuzz`) and for the replay of its corpus
-//! on every test run (`replay`, from `tests/fuzz_corpus.rs`). Each must return for any
-//! input without panicking; what they return does not matter.
+//! on every test run (`replay`, weft-crypto's, from `tests/fuzz_corpus.rs`). Each must
+//! return for any input without panicking; what they return does not matter, but
+//! `wg_session` panics where an invariant of the device's does not hold.
 //!
 //! - `userspace_datagrams`: what reaches the userspace device's UDP port (a GRO batch of
 //!   handshake, cookie and data messages) against a device with a key and one peer;
 //! - `tso_split`: what the TUN device hands over (a vnet header and a super-packet),
 //!   split into segments and those coalesced again;
-//! - `uapi_set`: a `set=1` request on the device's UAPI socket.
+//! - `uapi_set`: a `set=1` request on the device's UAPI socket;
+//! - `wg_session`: the device with a live session to its peer, fed the peer's messages
+//!   unchanged, altered and replayed, and reconfigured between them (`session`).
 
 use std::net::SocketAddr;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::RwLock;
 
 use x25519_dalek::{PublicKey, StaticSecret};
@@ -22,40 +23,18 @@ use crate::rx::{Outputs, Receiver};
 use crate::uapi::{self, Sockets};
 use crate::{segment, vnet};
 
-/// A fuzz target: bytes in, nothing out.
-pub type Target = fn(&[u8]);
+pub use weft_crypto::fuzz_targets::{replay, seeds, Seeds, Target};
 
 /// Every target, by name (the names of `fuzz/fuzz_targets/*.rs` and of the corpus folders).
 pub const TARGETS: &[(&str, Target)] = &[
     ("userspace_datagrams", userspace_datagrams),
     ("tso_split", tso_split),
     ("uapi_set", uapi_set),
+    ("wg_session", session::wg_session),
 ];
 
-/// Runs every input of each target's corpus (`root/<name>/`) through it: the inputs that
-/// panicked, or an error naming a corpus that is missing or empty.
-pub fn replay(root: &Path, targets: &[(&str, Target)]) -> Result<Vec<String>, String> {
-    let mut failures = Vec::new();
-    for (name, target) in targets {
-        let dir = root.join(name);
-        let mut inputs: Vec<_> = std::fs::read_dir(&dir)
-            .map_err(|e| format!("the corpus of {name} ({}): {e}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        inputs.sort();
-        if inputs.is_empty() {
-            return Err(format!("the corpus of {name} is empty"));
-        }
-        for input in &inputs {
-            let data = std::fs::read(input).map_err(|e| format!("{}: {e}", input.display()))?;
-            if catch_unwind(AssertUnwindSafe(|| target(&data))).is_err() {
-                failures.push(input.display().to_string());
-            }
-        }
-        eprintln!("{name}: {} inputs replayed", inputs.len());
-    }
-    Ok(failures)
-}
+/// Targets whose seeds are made by code (they hold keys or sessions): by name, the seeds.
+pub const SEEDS: &[(&str, Seeds)] = &[("wg_session", session::seeds)];
 
 /// Outputs that go nowhere (their lengths are looked at, as a write would).
 struct Sink(usize);
@@ -69,6 +48,10 @@ impl Outputs for Sink {
         self.0 += packet.len();
     }
 }
+
+mod session;
+
+pub use session::wg_session;
 
 const DEVICE_KEY: [u8; 32] = [7; 32];
 const PEER_KEY: [u8; 32] = [9; 32];
