@@ -13,6 +13,8 @@ pub mod backoff;
 pub mod cli;
 pub mod cni;
 pub mod commands;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod keys;
 pub mod liveness;
 pub mod node;

@@ -239,27 +239,37 @@ async fn answer(prober: Arc<Prober>, socket: Arc<UdpSocket>) {
             }
         };
         let from = SocketAddr::new(from.ip().to_canonical(), from.port());
-        match wire::decode(&buf[..n], from.ip()) {
-            Some(Message::Probe {
+        if let Some(ack) = prober.on_datagram(&buf[..n], from, Instant::now()) {
+            let _ = socket.send_to(&ack, from).await;
+        }
+    }
+}
+
+impl Prober {
+    /// A datagram that came to the probe port from `from` at `now`: a probe is answered
+    /// (the ack to send back), within the source's share and, when keyed, only for a
+    /// peer's key; an ack marks its pending probe acknowledged if it is proven for it.
+    fn on_datagram(&self, datagram: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
+        match wire::decode(datagram, from.ip())? {
+            Message::Probe {
                 nonce,
                 size,
                 from: key,
-            }) => {
-                if !lock(&prober.limiter).allow(from.ip(), Instant::now()) {
-                    continue;
+            } => {
+                if !lock(&self.limiter).allow(from.ip(), now) {
+                    return None;
                 }
-                let ack = match key {
-                    None => wire::ack(nonce, size),
+                match key {
+                    None => Some(wire::ack(nonce, size)),
                     // A key that is no peer's here gets no answer.
-                    Some(key) => match lock(&prober.auth).key_of_peer(&key) {
-                        Some(pair) => wire::tagged_ack(nonce, size, &pair),
-                        None => continue,
-                    },
-                };
-                let _ = socket.send_to(&ack, from).await;
+                    Some(key) => {
+                        let pair = lock(&self.auth).key_of_peer(&key)?;
+                        Some(wire::tagged_ack(nonce, size, &pair))
+                    }
+                }
             }
-            Some(Message::Ack { nonce, size, tag }) => {
-                if let Some(p) = lock(&prober.pending).get_mut(&nonce) {
+            Message::Ack { nonce, size, tag } => {
+                if let Some(p) = lock(&self.pending).get_mut(&nonce) {
                     // Only from the address probed, for the size sent, and tagged by the
                     // peer when the probe was keyed.
                     let proven = match (&p.key, tag) {
@@ -271,8 +281,8 @@ async fn answer(prober: Arc<Prober>, socket: Arc<UdpSocket>) {
                         p.acked = true;
                     }
                 }
+                None
             }
-            None => {}
         }
     }
 }
@@ -517,6 +527,9 @@ fn prober_port(prober: &Prober, addr: IpAddr) -> Option<u16> {
     };
     socket.as_ref()?.local_addr().ok().map(|a| a.port())
 }
+
+#[doc(hidden)]
+pub mod fuzz;
 
 #[cfg(test)]
 mod tests {
