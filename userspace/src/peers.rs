@@ -360,11 +360,16 @@ impl State {
         }
     }
 
-    /// Takes the timestamps a device before this one saved (`replay_file::load`), as
-    /// consumed `now`, for the peers it has or gets.
+    /// Takes the timestamps a device before this one saved (`replay_file::load`), for
+    /// the peers it has or gets.
     pub fn remember_saved(&mut self, saved: HashMap<Key, [u8; 12]>, now: Instant) {
+        // Taken as consumed a while ago: only the timestamp order counts for them, not
+        // the 20 ms between two initiations (a peer's first one may come at once).
+        let at = now
+            .checked_sub(std::time::Duration::from_secs(1))
+            .unwrap_or(now);
         for (key, stamp) in saved {
-            let latest = Latest { stamp, at: now };
+            let latest = Latest { stamp, at };
             if let Some(peer) = self.peers.get(&key) {
                 if let Some(tunn) = lock(&peer.noise).tunn.as_deref_mut() {
                     tunn.remember(latest);
