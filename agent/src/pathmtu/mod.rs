@@ -23,6 +23,7 @@
 
 mod auth;
 mod limit;
+mod respond;
 pub mod search;
 pub mod wire;
 
@@ -35,13 +36,13 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::StreamExt;
 use tokio::net::UdpSocket;
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use auth::{Auth, Probing};
 use limit::Limiter;
 use weft_crypto::pq::AuthKey;
 use weft_crypto::{PrivateKey, PublicKey};
-use wire::{Message, Nonce};
+use wire::Nonce;
 
 /// How long a round waits for its acks.
 const ROUND_WAIT: Duration = Duration::from_millis(400);
@@ -158,7 +159,7 @@ pub fn spawn(port: u16, check: Duration) -> std::io::Result<Handle> {
     };
     let prober = Arc::new(Prober::new(v4, v6));
     for socket in [&prober.v4, &prober.v6].into_iter().flatten() {
-        tokio::spawn(answer(prober.clone(), socket.clone()));
+        tokio::spawn(respond::answer(prober.clone(), socket.clone()));
     }
     let (targets, targets_rx) = watch::channel(Targets::default());
     let (mtus_tx, mtus) = watch::channel(Published::default());
@@ -223,67 +224,6 @@ fn setsockopt(fd: i32, level: i32, option: i32, value: i32) -> std::io::Result<(
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Answers probes and records acks, for as long as the socket works.
-async fn answer(prober: Arc<Prober>, socket: Arc<UdpSocket>) {
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        let (n, from) = match socket.recv_from(&mut buf).await {
-            Ok(got) => got,
-            Err(e) => {
-                debug!(error = %e, "path MTU socket: receive failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let from = SocketAddr::new(from.ip().to_canonical(), from.port());
-        if let Some(ack) = prober.on_datagram(&buf[..n], from, Instant::now()) {
-            let _ = socket.send_to(&ack, from).await;
-        }
-    }
-}
-
-impl Prober {
-    /// A datagram that came to the probe port from `from` at `now`: a probe is answered
-    /// (the ack to send back), within the source's share and, when keyed, only for a
-    /// peer's key; an ack marks its pending probe acknowledged if it is proven for it.
-    fn on_datagram(&self, datagram: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
-        match wire::decode(datagram, from.ip())? {
-            Message::Probe {
-                nonce,
-                size,
-                from: key,
-            } => {
-                if !lock(&self.limiter).allow(from.ip(), now) {
-                    return None;
-                }
-                match key {
-                    None => Some(wire::ack(nonce, size)),
-                    // A key that is no peer's here gets no answer.
-                    Some(key) => {
-                        let pair = lock(&self.auth).key_of_peer(&key)?;
-                        Some(wire::tagged_ack(nonce, size, &pair))
-                    }
-                }
-            }
-            Message::Ack { nonce, size, tag } => {
-                if let Some(p) = lock(&self.pending).get_mut(&nonce) {
-                    // Only from the address probed, for the size sent, and tagged by the
-                    // peer when the probe was keyed.
-                    let proven = match (&p.key, tag) {
-                        (None, None) => true,
-                        (Some(key), Some(tag)) => wire::tag_verifies(key, nonce, size, &tag),
-                        _ => false,
-                    };
-                    if p.to == from.ip() && p.size == size && proven {
-                        p.acked = true;
-                    }
-                }
-                None
-            }
-        }
     }
 }
 
@@ -549,7 +489,7 @@ mod tests {
     fn prober_on(ip: [u8; 4]) -> Arc<Prober> {
         let socket = bind(SocketAddr::from((Ipv4Addr::from(ip), 0))).unwrap();
         let prober = Arc::new(Prober::new(Some(Arc::new(socket)), None));
-        tokio::spawn(answer(prober.clone(), prober.v4.clone().unwrap()));
+        tokio::spawn(respond::answer(prober.clone(), prober.v4.clone().unwrap()));
         prober
     }
 
@@ -625,7 +565,9 @@ mod tests {
                 let Ok((n, from)) = on_path.recv_from(&mut buf) else {
                     continue;
                 };
-                if let Some(Message::Probe { nonce, size, .. }) = wire::decode(&buf[..n], to.ip()) {
+                if let Some(wire::Message::Probe { nonce, size, .. }) =
+                    wire::decode(&buf[..n], to.ip())
+                {
                     seen += 1;
                     let _ = on_path.send_to(&wire::ack(nonce, size), from);
                     let _ = on_path.send_to(&wire::tagged_ack(nonce, size, &its_key), from);
@@ -671,7 +613,7 @@ mod tests {
                 let Ok((n, from)) = recorder.recv_from(&mut buf) else {
                     continue;
                 };
-                if let Some(Message::Probe { nonce, .. }) = wire::decode(&buf[..n], to.ip()) {
+                if let Some(wire::Message::Probe { nonce, .. }) = wire::decode(&buf[..n], to.ip()) {
                     let _ = recorder.send_to(&recorded, from);
                     // The recorded tag with this probe's nonce, claiming a larger size.
                     let mut moved = recorded.clone();
