@@ -74,21 +74,7 @@ fn through_two_rekeys_against_another_implementation_nothing_is_lost() {
     };
     let weft = net.userspace_device(2, 0, 2).unwrap();
     let (k1, k2) = (net.keys("k1").unwrap(), net.keys("k2").unwrap());
-    for (i, dev, me, peer, port) in [(1, &other, &k1, &k2, 2), (2, &weft, &k2, &k1, 1)] {
-        let o = 3 - i;
-        net.sh(
-            i,
-            &format!(
-                "ip addr add 192.168.241.{i}/24 dev {dev} && \
-                 wg set {dev} private-key {} listen-port {i} peer {} \
-                 allowed-ips 192.168.241.{o}/32 endpoint 127.0.0.1:{port} && \
-                 ip link set {dev} up",
-                me.file.display(),
-                peer.public
-            ),
-        )
-        .unwrap();
-    }
+    net.join_over_loopback((&other, &k1), (&weft, &k2)).unwrap();
     wait::until_or(
         "weft's first handshake",
         Duration::from_secs(10),

@@ -120,21 +120,7 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
     let weft = net.device(2, 0, 2).unwrap();
     let (k1, k2) = (net.keys("k1").unwrap(), net.keys("k2").unwrap());
     let (k2b, psk) = (net.keys("k2b").unwrap(), net.keys("psk").unwrap());
-    for (i, dev, me, peer, port) in [(1, &go, &k1, &k2, 2), (2, &weft, &k2, &k1, 1)] {
-        let other = 3 - i;
-        net.sh(
-            i,
-            &format!(
-                "ip addr add 192.168.241.{i}/24 dev {dev} && \
-                 wg set {dev} private-key {} listen-port {i} peer {} \
-                 allowed-ips 192.168.241.{other}/32 endpoint 127.0.0.1:{port} && \
-                 ip link set {dev} up",
-                me.file.display(),
-                peer.public
-            ),
-        )
-        .unwrap();
-    }
+    net.join_over_loopback((&go, &k1), (&weft, &k2)).unwrap();
     // wireguard-go initiates; its initiation is recorded on the underlay.
     let recorded = record_initiation(&net, || {
         assert!(
@@ -203,11 +189,11 @@ fn a_recorded_initiation_replayed_after_each_change_is_refused() {
 
     // The device process killed and started again: the peer's timestamp is still known
     // (kept beside the UAPI socket), so the replay is refused there too.
-    let old = net
-        .process(&weft)
-        .map(|c| c.id())
-        .expect("weft's device process");
-    let _ = Command::new("kill").args(["-9", &old.to_string()]).status();
+    let old = net.process(&weft).expect("weft's device process");
+    let pid = old.id();
+    old.kill().expect("SIGKILL to the device");
+    let status = old.wait().expect("the device's exit");
+    eprintln!("device process {pid} killed: {status}");
     wait::until(
         "the killed device's interface gone",
         Duration::from_secs(10),

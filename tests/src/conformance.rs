@@ -148,14 +148,40 @@ impl Net {
             .with_context(|| format!("starting {}", program.join(" ")))?;
         self.devices.push((name.to_string(), Some(child)));
         let socket = format!("/var/run/wireguard/{name}.sock");
-        crate::wait::until(
+        crate::wait::until_or(
             &format!("device {name} and its socket"),
             Duration::from_secs(10),
             || {
                 std::path::Path::new(&socket).exists()
                     && self.ok(born, &format!("ip link show {name}"))
             },
+            || self.diagnose(),
         );
+        Ok(())
+    }
+
+    /// Joins device `d1` (namespace 1, port 1) and `d2` (namespace 2, port 2), their keys
+    /// `k1` and `k2`, as each other's peer: 192.168.241.N/24 inside, the other's /32 as
+    /// AllowedIPs, each other's port on namespace 0's loopback as endpoint, and up.
+    pub fn join_over_loopback(
+        &self,
+        (d1, k1): (&str, &Keys),
+        (d2, k2): (&str, &Keys),
+    ) -> anyhow::Result<()> {
+        for (i, dev, me, peer) in [(1, d1, k1, k2), (2, d2, k2, k1)] {
+            let other = 3 - i;
+            self.sh(
+                i,
+                &format!(
+                    "ip addr add 192.168.241.{i}/24 dev {dev} && \
+                     wg set {dev} private-key {} listen-port {i} peer {} \
+                     allowed-ips 192.168.241.{other}/32 endpoint 127.0.0.1:{other} && \
+                     ip link set {dev} up",
+                    me.file.display(),
+                    peer.public
+                ),
+            )?;
+        }
         Ok(())
     }
 
