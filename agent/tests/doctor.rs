@@ -126,6 +126,11 @@ fn doctor_finds_each_broken_part_of_a_wireguard_node() {
     cfg.extra_args.push("--resync-period=3600".into());
     let mut lab = Lab::start(cfg).unwrap();
     lab.assert_all_pairs();
+    // Each path's first measurement: a keyed probe is answered once the peer's agent
+    // knows this node's key, which may take its first pass (retries at 1, 2, 4 s).
+    wait_for(&lab, "every path measured", || {
+        verdict(&doctor(&lab, 0).1, "path MTU").starts_with("PASS")
+    });
     let healthy = assert_healthy(&lab, 0);
     println!("weft doctor, healthy:\n{healthy}");
     for check in [
