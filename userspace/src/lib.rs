@@ -20,6 +20,7 @@ pub mod handshakes;
 mod noise;
 pub mod peers;
 mod pool;
+pub mod relay;
 pub mod replay_file;
 pub mod rx;
 pub mod segment;

@@ -56,6 +56,19 @@ pub fn write_mac1(to: &[u8; 32], msg: &mut [u8]) {
     msg[at..at + 16].copy_from_slice(&m);
 }
 
+/// The key a handshake message's mac1 to `to` is made with: `HASH(LABEL_MAC1 || to)`.
+pub fn mac1_key(to: &[u8; 32]) -> [u8; 32] {
+    hash(LABEL_MAC1, to)
+}
+
+/// Whether `msg` (a handshake message, its MACs last) carries a mac1 made with `key`
+/// (`mac1_key`): the message is addressed to that key's holder. A relay tells with it whom
+/// a handshake message is for without holding any key.
+pub fn mac1_matches(key: &[u8; 32], msg: &[u8]) -> bool {
+    let n = msg.len();
+    n >= 32 + 4 && equal(&mac(key, &msg[..n - 32]), &msg[n - 32..n - 16])
+}
+
 /// Whether two MACs are equal, in time that does not depend on where they differ.
 fn equal(a: &[u8], b: &[u8]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
