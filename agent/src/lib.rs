@@ -22,5 +22,6 @@ pub mod observe;
 pub mod pathmtu;
 pub mod pq;
 pub mod registry;
+pub mod relay;
 pub mod report;
 pub(crate) mod udp;

@@ -31,6 +31,8 @@ fn attrs(n: u8) -> LocalAttrs {
         next_key: None,
         key_proof: None,
         ml_kem_key: None,
+        zone: None,
+        gateway: None,
     }
 }
 

@@ -69,6 +69,7 @@ fn spec(device: &str, peers: usize) -> TunnelSpec {
                 .unwrap()],
                 keepalive: 25,
                 psk: None,
+                via: Default::default(),
             }
         })
         .collect();

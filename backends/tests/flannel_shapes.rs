@@ -41,6 +41,9 @@ fn ours(backend: &str) -> LeaseAttrs {
         next_key: None,
         key_proof: None,
         ml_kem_key: None,
+        zone: None,
+        internal_ip: None,
+        gateway: None,
     }
 }
 

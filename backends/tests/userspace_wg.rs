@@ -18,6 +18,7 @@ fn peer(node: &str, seed: u8, endpoint: &str, allowed: &str) -> PeerSpec {
         allowed_ips: vec![allowed.parse().unwrap()],
         keepalive: 25,
         psk: None,
+        via: Default::default(),
     }
 }
 

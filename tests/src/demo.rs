@@ -62,6 +62,8 @@ pub async fn plan_only() -> anyhow::Result<()> {
             next_key: None,
             key_proof: None,
             ml_kem_key: None,
+            zone: None,
+            gateway: None,
         };
         let lease = reg
             .acquire(

@@ -168,6 +168,23 @@ pub struct AgentArgs {
     #[arg(long)]
     pub psk_dir: Option<PathBuf>,
 
+    /// This node's zone (etcd mode; on Kubernetes the Node's `topology.kubernetes.io/zone`
+    /// label or `weft.dev/zone` annotation): peers in the same zone reach it on its own
+    /// address, the others on the one it publishes (--public-ip).
+    #[arg(long)]
+    pub zone: Option<String>,
+
+    /// This node may relay for its zone: pairs whose two nodes cannot reach each other go
+    /// through a gateway of one of their zones, which forwards their WireGuard datagrams
+    /// without holding their keys. It is reached at its published address (--public-ip)
+    /// on --relay-port. Kubernetes: also the Node annotation `weft.dev/gateway: "true"`.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool!())]
+    pub gateway: bool,
+
+    /// UDP port of a gateway's relay (--gateway), open to every node of the cluster.
+    #[arg(long, default_value = "51824")]
+    pub relay_port: u16,
+
     /// This node's name (Kubernetes mode). Defaults to $NODE_NAME.
     #[arg(long, default_value = "")]
     pub node_name: String,

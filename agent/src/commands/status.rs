@@ -44,6 +44,10 @@ pub struct Row {
     /// Why a dead pair is dead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
+    /// WireGuard: `direct`, `via <gateway>` (a gateway's relay carries the pair), or
+    /// `no path: <why>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,6 +63,9 @@ pub struct Report {
     pub paths: Vec<PathInfo>,
     /// With `PostQuantum`: each pair's protection.
     pub post_quantum: Vec<crate::observe::snapshot::PqPairInfo>,
+    /// This node's relay, when it is a gateway.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay: Option<crate::observe::snapshot::RelayInfo>,
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -123,6 +130,7 @@ pub fn rows(
                 state,
                 liveness: live.map(|l| l.state.clone()),
                 cause: live.and_then(|l| l.cause.clone()),
+                path: p.path.clone(),
             }
         })
         .collect();
@@ -139,6 +147,7 @@ pub fn rows(
             state: format!("left out: {}", l.reason),
             liveness: None,
             cause: None,
+            path: None,
         });
     }
     rows
@@ -177,6 +186,7 @@ fn esp_row(p: &PeerInfo, pair: Option<&EspPair>) -> Row {
         state: state.to_string(),
         liveness: None,
         cause: None,
+        path: None,
     }
 }
 
@@ -229,18 +239,25 @@ pub fn table(report: &Report) -> String {
         "NODE",
         "SUBNET",
         "ENDPOINT",
+        "PATH",
         "HANDSHAKE",
         "TRANSFER (rx / tx)",
         "STATE",
     ];
-    let cells: Vec<[String; 6]> = report
+    let cells: Vec<[String; 7]> = report
         .peers
         .iter()
         .map(|r| {
+            let path = match r.path.as_deref() {
+                None => "-".to_string(),
+                Some(p) if p.starts_with("no path") => "no path".to_string(),
+                Some(p) => p.to_string(),
+            };
             [
                 r.node.clone(),
                 r.subnet.clone(),
                 r.endpoint.clone(),
+                path,
                 r.handshake_secs
                     .map_or_else(|| "-".into(), |s| format!("{s} s ago")),
                 if r.rx_bytes.is_some() {
@@ -274,8 +291,35 @@ pub fn table(report: &Report) -> String {
     if cells.is_empty() {
         out += "(no peers)\n";
     }
+    for r in &report.peers {
+        if let Some(why) = r.path.as_deref().and_then(|p| p.strip_prefix("no path: ")) {
+            out += &format!("{}: no path: {why}\n", r.node);
+        }
+    }
+    if let Some(relay) = &report.relay {
+        out += &relay_lines(relay);
+    }
     out += &path_lines(&report.paths, SystemTime::now());
     out += &super::pq_status::lines(&report.post_quantum, SystemTime::now());
+    out
+}
+
+/// A gateway's relay: what it holds and carries, by pair.
+pub fn relay_lines(relay: &crate::observe::snapshot::RelayInfo) -> String {
+    let mut out = format!(
+        "\nrelay (this node is a gateway, UDP port {}): {} pair routes, {} datagrams ({}) carried{}\n",
+        relay.port,
+        relay.routes,
+        relay.datagrams,
+        bytes(Some(relay.bytes)),
+        match relay.restored {
+            0 => String::new(),
+            n => format!(", {n} routes taken back at start"),
+        }
+    );
+    for p in &relay.pairs {
+        out += &format!("  {} -> {}: {}\n", p.from, p.to, bytes(Some(p.bytes)));
+    }
     out
 }
 
@@ -341,6 +385,7 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
         public_ip: snapshot.public_ip.map(|i| i.to_string()),
         paths: snapshot.paths.clone(),
         post_quantum: snapshot.post_quantum.clone(),
+        relay: snapshot.relay.clone(),
     })
 }
 

@@ -68,6 +68,9 @@ mod tests {
             next_key: None,
             key_proof: None,
             ml_kem_key: None,
+            zone: None,
+            internal_ip: None,
+            gateway: None,
         }
         .into_lease(node.into(), None, None);
         l.next_key = next;

@@ -162,6 +162,7 @@ mod tests {
             allowed_ips: vec!["10.244.2.0/24".parse().unwrap()],
             keepalive: 0,
             psk: None,
+            via: Default::default(),
         }
     }
 

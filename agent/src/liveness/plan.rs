@@ -181,6 +181,7 @@ fn same_peer(have: &PeerSpec, want: &PeerSpec, published: SocketAddr) -> bool {
         allowed_ips,
         keepalive,
         psk,
+        via,
     } = want;
     have.endpoint == published
         && have.node == *node
@@ -188,4 +189,5 @@ fn same_peer(have: &PeerSpec, want: &PeerSpec, published: SocketAddr) -> bool {
         && have.allowed_ips == *allowed_ips
         && have.keepalive == *keepalive
         && have.psk == *psk
+        && have.via == *via
 }

@@ -41,6 +41,7 @@ pub fn spawn(
     snapshot: snapshot::Shared,
     metrics: Metrics,
     dead_pairs: Option<mpsc::Sender<String>>,
+    path_dead: mpsc::UnboundedSender<String>,
 ) -> std::io::Result<Handle> {
     let (plan_tx, plan_rx) = watch::channel(None);
     let applying = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -61,6 +62,7 @@ pub fn spawn(
         metrics,
         events: events_tx,
         dead_pairs,
+        path_dead,
         applying: applying.clone(),
     };
     std::thread::Builder::new()
@@ -99,6 +101,9 @@ struct Watcher {
     /// mend (a wrong endpoint, a device re-created) must not cost the pair its PSK, which
     /// the peer keeps.
     dead_pairs: Option<mpsc::Sender<String>>,
+    /// Each pair at its dead verdict, by node: a pair across zones takes another path
+    /// (the loop's `paths`).
+    path_dead: mpsc::UnboundedSender<String>,
     /// The loop is changing the devices (`Handle::applying`).
     applying: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -268,6 +273,7 @@ impl Watcher {
                 cause,
                 unanswered,
             } => {
+                let _ = self.path_dead.send(node.clone());
                 if self.crowd.dead.is_empty() {
                     warn!(
                         node = %node,

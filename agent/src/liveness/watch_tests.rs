@@ -57,6 +57,7 @@ fn plan_for(device: &str, endpoint: &str) -> Arc<DesiredState> {
             allowed_ips: vec!["10.244.2.0/24".parse().unwrap()],
             keepalive: 0,
             psk: None,
+            via: Default::default(),
         }],
     });
     Arc::new(state)
@@ -71,7 +72,14 @@ fn a_new_plan_is_handed_over_while_a_round_waits_on_the_device() {
     let (asked_tx, asked) = std::sync::mpsc::channel();
     let path = slow_device(&device, asked_tx);
     let wg = WgImpl::Userspace(UserspaceProcess::new(vec!["true".into()]));
-    let mut handle = spawn(wg, snapshot::Shared::default(), Metrics::default(), None).unwrap();
+    let mut handle = spawn(
+        wg,
+        snapshot::Shared::default(),
+        Metrics::default(),
+        None,
+        tokio::sync::mpsc::unbounded_channel().0,
+    )
+    .unwrap();
     let own = PrivateKey::from_bytes([1; 32]).public_key();
     handle.follow(
         &plan_for(&device, "198.51.100.2:51820"),

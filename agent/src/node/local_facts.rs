@@ -77,6 +77,8 @@ pub(super) fn local_attrs(
         // Made once the registry has named this node's entry (`KeyState::prove`).
         key_proof: None,
         ml_kem_key: None,
+        zone: args.zone.clone().filter(|z| !z.is_empty()),
+        gateway: args.gateway.then_some(args.relay_port),
     }
 }
 

@@ -21,6 +21,7 @@ mod loop_timing;
 mod nft_check;
 mod one_agent;
 mod pass;
+mod paths;
 mod pq_seen;
 mod roaming;
 mod rotate_requests;

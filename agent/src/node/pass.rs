@@ -91,6 +91,14 @@ impl Controller<'_> {
                 self.record_counters(&state);
             }
         }
+        let moved = match (&result, self.last.as_deref()) {
+            (Ok(_), Some(before)) => super::paths::moved(before, &state),
+            _ => Vec::new(),
+        };
+        if !moved.is_empty() {
+            self.rehandshake_moved(&moved).await;
+        }
+        self.follow_relay();
         if error_policy::reconciled(&self.inputs, result, &outcome) {
             self.keys.published_after_switch().await;
             self.clock_switches.programmed(&state);
@@ -110,6 +118,38 @@ impl Controller<'_> {
             watcher.follow(&state, self.keys.key.public_key(), &stamp);
         }
         self.last = Some(state);
+    }
+
+    /// Re-handshakes the pairs the plan moved to another path (`paths`).
+    async fn rehandshake_moved(&mut self, moved: &[(String, weft_backends::model::PeerSpec)]) {
+        if self.path_wg.is_none() {
+            match self.dataplane.another_wg_handle() {
+                Some(Ok(wg)) => self.path_wg = Some(wg),
+                Some(Err(e)) => {
+                    warn!(error = %e, "no device handle to re-handshake pairs that moved path")
+                }
+                None => {}
+            }
+        }
+        if let Some(wg) = self.path_wg.as_mut() {
+            super::paths::rehandshake(wg, moved).await;
+        }
+    }
+
+    /// Starts this node's relay when its lease makes it a gateway, stops it when no
+    /// longer, and hands it the cluster's members.
+    fn follow_relay(&mut self) {
+        let listen_port = match self.net.backend {
+            weft_backends::netconf::Backend::Wireguard(ref wg) => wg.listen_port,
+            _ => return,
+        };
+        crate::relay::follow(
+            &mut self.relay,
+            &self.me,
+            &self.raw_view,
+            listen_port,
+            &self.inputs.snapshot,
+        );
     }
 
     /// A full pass the liveness watcher did not ask for (the resync) that finds a device
@@ -166,9 +206,11 @@ impl Controller<'_> {
         let now = SystemTime::now();
         self.planned_at = now;
         let config = effective_net(self.net, self.inputs.psk.state.as_ref(), now);
+        self.paths.retain(|n| view.leases.contains_key(n));
         let observed = Observed {
             peers: self.roaming.observed(device),
             esp_heard: self.esp_heard.clone(),
+            paths: self.paths.history.clone(),
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
@@ -220,9 +262,17 @@ impl Controller<'_> {
     /// Hands the prober this plan's peer addresses, and puts what it measured beside them
     /// in the snapshot.
     fn measure_paths(&mut self, state: &Arc<DesiredState>) {
-        let keys = path_keys(state);
+        let mut keys = path_keys(state);
+        let mut addresses: std::collections::BTreeSet<std::net::IpAddr> =
+            state.paths.iter().map(|p| p.address).collect();
+        // A relayed pair's direct address is probed too: when it answers, the pair goes
+        // back to direct (`plan::relay`).
+        for (address, key) in relayed_direct(&self.raw_view, state) {
+            addresses.insert(address);
+            keys.entry(address).or_insert(key);
+        }
         let targets = crate::pathmtu::Targets {
-            addresses: state.paths.iter().map(|p| p.address).collect(),
+            addresses,
             max: u16::try_from(self.options.underlay_mtu).unwrap_or(u16::MAX),
             own: (!keys.is_empty()).then(|| self.keys.key.clone()),
             keys,
@@ -266,13 +316,33 @@ impl Controller<'_> {
 /// AllowedIPs, or its ipsec peer): the prober's acks from there must bear the pair's tag.
 /// Empty on backends without keys.
 fn path_keys(state: &DesiredState) -> BTreeMap<std::net::IpAddr, PublicKey> {
-    let wireguard = (state.tunnels.iter().flat_map(|t| &t.peers))
-        .filter(|p| !p.allowed_ips.is_empty())
-        .map(|p| (p.node.as_str(), p.public_key));
+    let peers = (state.tunnels.iter().flat_map(|t| &t.peers)).filter(|p| !p.allowed_ips.is_empty());
+    let wireguard = peers.clone().map(|p| (p.node.as_str(), p.public_key));
     let ipsec =
         (state.ipsec.iter().flat_map(|s| &s.peers)).map(|p| (p.node.as_str(), p.public_key));
     let by_node: BTreeMap<&str, PublicKey> = wireguard.chain(ipsec).collect();
+    // A relayed peer's path goes to its gateway, whose agent answers with its own key.
+    let via: BTreeMap<&str, &str> = peers
+        .filter_map(|p| Some((p.node.as_str(), p.via.gateway()?)))
+        .collect();
     (state.paths.iter())
-        .filter_map(|p| Some((p.address, *by_node.get(p.node.as_str())?)))
+        .filter_map(|p| {
+            let node = via.get(p.node.as_str()).copied().unwrap_or(&p.node);
+            Some((p.address, *by_node.get(node)?))
+        })
+        .collect()
+}
+
+/// Each relayed WireGuard peer's direct address (its published one) and key.
+fn relayed_direct(
+    view: &weft_backends::model::ClusterView,
+    state: &DesiredState,
+) -> Vec<(std::net::IpAddr, PublicKey)> {
+    (state.tunnels.iter().flat_map(|t| &t.peers))
+        .filter(|p| p.via.gateway().is_some())
+        .filter_map(|p| {
+            let ip = view.get(&p.node)?.public_ip?;
+            Some((std::net::IpAddr::V4(ip), p.public_key))
+        })
         .collect()
 }

@@ -111,6 +111,23 @@ pub(super) struct Controller<'a> {
     /// Since when the resync has been put off for switches near (it is put off for at
     /// most `RESYNC_PUT_OFF`: with many pairs, one is always near).
     resync_put_off: Option<Instant>,
+    /// Cross-zone pairs' path failures (`paths`), and the watcher's dead pairs feeding it.
+    pub(super) paths: super::paths::PathMemory,
+    path_dead: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    /// A device handle for re-handshaking pairs that moved path (made when first needed).
+    pub(super) path_wg: Option<weft_backends::apply::wireguard::devices::WgImpl>,
+    /// This node's relay, while it is a gateway.
+    pub(super) relay: Option<crate::relay::Gateway>,
+}
+
+/// The next pair the watcher found dead, or never (no watcher).
+async fn recv_path_dead(
+    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+) -> Option<String> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What woke the loop, when it needs a pass.
@@ -155,7 +172,8 @@ pub(crate) async fn control_loop(
         }
         None => None,
     };
-    let liveness = start_liveness(dataplane, &inputs);
+    let (path_dead_tx, path_dead) = tokio::sync::mpsc::unbounded_channel();
+    let liveness = start_liveness(dataplane, &inputs, path_dead_tx);
     let mut node = Controller {
         args,
         net,
@@ -188,6 +206,10 @@ pub(crate) async fn control_loop(
         pq_seen: Default::default(),
         clock_switches: Default::default(),
         resync_put_off: None,
+        paths: Default::default(),
+        path_dead: Some(path_dead),
+        path_wg: None,
+        relay: None,
     };
     node.inputs.psk.refresh();
     if !node.first_listing().await {
@@ -207,7 +229,11 @@ pub(crate) async fn control_loop(
 }
 
 /// Starts the liveness watcher on a handle of its own (WireGuard only).
-fn start_liveness(dataplane: &Dataplane, inputs: &LoopInputs) -> Option<crate::liveness::Handle> {
+fn start_liveness(
+    dataplane: &Dataplane,
+    inputs: &LoopInputs,
+    path_dead: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Option<crate::liveness::Handle> {
     let started = dataplane.another_wg_handle()?.and_then(|wg| {
         let dead_pairs = Some(inputs.pq.fall_back.clone());
         crate::liveness::spawn(
@@ -215,6 +241,7 @@ fn start_liveness(dataplane: &Dataplane, inputs: &LoopInputs) -> Option<crate::l
             inputs.snapshot.clone(),
             inputs.metrics.clone(),
             dead_pairs,
+            path_dead,
         )
         .map_err(|e| weft_backends::apply::ApplyError::Io {
             op: "starting the liveness watcher".into(),
@@ -231,6 +258,16 @@ fn start_liveness(dataplane: &Dataplane, inputs: &LoopInputs) -> Option<crate::l
 }
 
 impl Controller<'_> {
+    /// The watcher found the pair with `node` dead: whether its path changes (a pass
+    /// follows).
+    fn path_dead(&mut self, node: &str) -> bool {
+        let cross_zone = self.raw_view.get(node).is_some_and(
+            |peer| matches!((&self.me.reach.zone, &peer.reach.zone), (Some(a), Some(b)) if a != b),
+        );
+        self.paths
+            .dead(node, self.last.as_deref(), cross_zone, SystemTime::now())
+    }
+
     /// What the liveness watcher asked for, before the full pass it calls for.
     async fn liveness_event(&mut self, event: crate::liveness::Event) {
         match event {
@@ -320,6 +357,12 @@ impl Controller<'_> {
                 Some(event) = liveness_event(&mut self.liveness) => {
                     self.liveness_event(event).await;
                     return Wake::Pass { full: true };
+                }
+                // A pair died on its path: a cross-zone pair takes another.
+                Some(node) = recv_path_dead(&mut self.path_dead) => {
+                    if self.path_dead(&node) {
+                        return Wake::Pass { full: false };
+                    }
                 }
                 // The key-switch watcher moved a peer to its next key: the pass removes
                 // the entry it left.

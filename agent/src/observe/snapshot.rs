@@ -69,6 +69,33 @@ pub struct Snapshot {
     /// (which must not read the device per request). Not sent to the CLI.
     #[serde(skip)]
     pub counters: std::sync::Arc<BTreeMap<weft_crypto::PublicKey, PeerCounters>>,
+    /// This node's relay, when it is a gateway: what it carries.
+    #[serde(default)]
+    pub relay: Option<RelayInfo>,
+}
+
+/// A gateway's relay as it stands (`crate::relay`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RelayInfo {
+    pub port: u16,
+    /// Nodes it may carry datagrams to, and pair routes it holds now.
+    pub members: usize,
+    pub routes: usize,
+    pub datagrams: u64,
+    pub bytes: u64,
+    /// Routes taken back from its state file at start.
+    pub restored: usize,
+    /// Datagrams dropped, by reason.
+    pub dropped: Vec<(String, u64)>,
+    /// Bytes carried from one node to another.
+    pub pairs: Vec<RelayedPair>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RelayedPair {
+    pub from: String,
+    pub to: String,
+    pub bytes: u64,
 }
 
 /// A peer's counters: a WireGuard peer's as read from the device, or an ipsec peer's
@@ -115,6 +142,9 @@ pub struct PeerInfo {
     pub spi_in: Option<u32>,
     #[serde(default)]
     pub spi_out: Option<u32>,
+    /// WireGuard across zones: `direct`, `via <gateway>`, or `no path: <why>`.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// One WireGuard pair's liveness (see `crate::liveness`).
@@ -265,6 +295,8 @@ struct Inner {
     /// The post-quantum manager's pairs: the `post_quantum` rows are made from them when
     /// the snapshot is read.
     pq: Option<PqStatus>,
+    /// This node's relay, read when the snapshot is.
+    relay: Option<Arc<weft_backends::userspace::relay::Relay>>,
 }
 
 /// The post-quantum manager's status of each pair (`pq::Handles::status`).
@@ -288,7 +320,34 @@ impl Inner {
                 self.snapshot.post_quantum = pq_rows(&status);
             }
         }
+        self.snapshot.relay = self.relay.as_deref().map(relay_info);
         &self.snapshot
+    }
+}
+
+fn relay_info(relay: &weft_backends::userspace::relay::Relay) -> RelayInfo {
+    let s = relay.stats();
+    RelayInfo {
+        port: relay.port(),
+        members: s.members,
+        routes: s.routes,
+        datagrams: s.datagrams,
+        bytes: s.bytes,
+        restored: s.restored,
+        dropped: s
+            .dropped
+            .into_iter()
+            .map(|(r, n)| (r.to_string(), n))
+            .collect(),
+        pairs: s
+            .pairs
+            .into_iter()
+            .map(|p| RelayedPair {
+                from: p.from.to_string(),
+                to: p.to.to_string(),
+                bytes: p.bytes,
+            })
+            .collect(),
     }
 }
 
@@ -309,6 +368,13 @@ impl Shared {
     /// What `f` reads from the snapshot, without copying all of it.
     pub fn read<T>(&self, f: impl FnOnce(&Snapshot) -> T) -> Option<T> {
         self.0.write().ok().map(|mut s| f(s.current()))
+    }
+
+    /// The relay this node runs, read each time the snapshot is (`None`: none).
+    pub fn relay(&self, relay: Option<Arc<weft_backends::userspace::relay::Relay>>) {
+        if let Ok(mut s) = self.0.write() {
+            s.relay = relay;
+        }
     }
 
     /// What `f` reads from the snapshot's own facts, leaving the rows derived from the plan
@@ -353,6 +419,15 @@ impl Shared {
     }
 }
 
+/// A WireGuard pair's path in words.
+pub fn path_words(via: &weft_backends::model::Via) -> String {
+    match via {
+        weft_backends::model::Via::Direct => "direct".into(),
+        weft_backends::model::Via::Gateway(g) => format!("via {g}"),
+        weft_backends::model::Via::NoPath(why) => format!("no path: {why}"),
+    }
+}
+
 /// One row per peer of each device (WireGuard, vxlan, ipsec, ipip) and per node reached by a
 /// plain route (host-gw, DirectRouting), sorted by node.
 fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
@@ -377,6 +452,7 @@ fn peer_rows(view: &ClusterView, state: &DesiredState) -> Vec<PeerInfo> {
                 public_key: Some(p.public_key.to_string()),
                 vtep_mac: None,
                 device: Some(t.device.clone()),
+                path: Some(path_words(&p.via)),
                 ..PeerInfo::default()
             });
         }

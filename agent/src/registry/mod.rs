@@ -44,6 +44,10 @@ pub struct LocalAttrs {
     pub key_proof: Option<String>,
     /// Its ML-KEM-768 encapsulation key (base64), when post-quantum rounds are on.
     pub ml_kem_key: Option<String>,
+    /// `--zone` (etcd; the kube registry reads the Node's zone label or annotation).
+    pub zone: Option<String>,
+    /// `--gateway`: the port of this node's relay.
+    pub gateway: Option<u16>,
 }
 
 impl LocalAttrs {
@@ -57,6 +61,9 @@ impl LocalAttrs {
             next_key: self.next_key.clone(),
             key_proof: self.key_proof.clone(),
             ml_kem_key: self.ml_kem_key.clone(),
+            zone: self.zone.clone(),
+            internal_ip: self.internal_ip.map(std::net::IpAddr::V4),
+            gateway: self.gateway,
         }
     }
 }

@@ -34,6 +34,8 @@ pub fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
         next_key: None,
         key_proof: None,
         ml_kem_key: None,
+        zone: None,
+        gateway: None,
     }
 }
 

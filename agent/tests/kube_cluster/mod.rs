@@ -140,6 +140,8 @@ pub fn request(ip: u8, seed: u8) -> AcquireRequest {
             next_key: None,
             key_proof: None,
             ml_kem_key: None,
+            zone: None,
+            gateway: None,
         },
         previous: None,
         previous_v6: None,

@@ -190,7 +190,7 @@ mod tests {
         RouteSpec {
             dst: dst.parse().unwrap(),
             device: dev.into(),
-            via: None,
+            via: Default::default(),
             onlink: false,
             role: RouteRole::Covering,
             mtu: None,

@@ -17,6 +17,24 @@ pub const NEXT_KEY: &str = "weft.dev/next-key";
 pub const KEY_PROOF: &str = "weft.dev/key-proof";
 /// weft's ML-KEM-768 encapsulation key (base64), for post-quantum pair secrets.
 pub const ML_KEM_KEY: &str = "weft.dev/ml-kem-key";
+/// A gateway of its zone: `"true"` (set by an operator, or by an agent run with
+/// `--gateway`).
+pub const GATEWAY: &str = "weft.dev/gateway";
+/// The port of a gateway's relay, when not `DEFAULT_RELAY_PORT`.
+pub const RELAY_PORT: &str = "weft.dev/relay-port";
+
+/// The relay port of a node whose annotations make it a gateway; `None` otherwise (a
+/// `weft.dev/gateway` other than `"true"`, or a relay port that is no port, is no
+/// gateway).
+pub fn gateway(annotations: &BTreeMap<String, String>) -> Option<u16> {
+    if annotations.get(GATEWAY).map(|v| v.trim()) != Some("true") {
+        return None;
+    }
+    match annotations.get(RELAY_PORT) {
+        None => Some(super::DEFAULT_RELAY_PORT),
+        Some(p) => p.trim().parse::<u16>().ok().filter(|p| *p != 0),
+    }
+}
 
 /// The annotations a node running `attrs` publishes under `prefix`. Values are strings;
 /// backend data is its JSON text (`null` for host-gw, as flannel writes it).
@@ -130,6 +148,9 @@ pub fn read(
         key_proof: annotations.get(KEY_PROOF).cloned(),
         // Decoded by the planner: a bad one leaves only this node's pairs classical.
         ml_kem_key: annotations.get(ML_KEM_KEY).cloned(),
+        zone: None,
+        internal_ip: None,
+        gateway: None,
     };
     let v4 = pod_cidrs
         .iter()

@@ -162,6 +162,30 @@ pub struct PeerSpec {
     /// Seconds; 0 = off.
     pub keepalive: u16,
     pub psk: Option<PresharedKey>,
+    /// How the pair is carried: direct, or through a gateway whose relay is `endpoint`.
+    pub via: Via,
+}
+
+/// How a WireGuard pair is carried (`plan::relay`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Via {
+    #[default]
+    Direct,
+    /// Through this gateway's (node's) relay.
+    Gateway(String),
+    /// The two nodes cannot reach each other and no gateway can carry them (why): the
+    /// direct endpoint is kept.
+    NoPath(String),
+}
+
+impl Via {
+    /// The gateway carrying the pair, if one does.
+    pub fn gateway(&self) -> Option<&str> {
+        match self {
+            Via::Gateway(g) => Some(g),
+            _ => None,
+        }
+    }
 }
 
 /// The ipip device `flannel.ipip`: IPv4 in IPv4 from this node's public IP to any peer

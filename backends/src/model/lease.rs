@@ -73,10 +73,18 @@ impl NextKey {
 /// `internal_ip` when there is one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reach {
-    /// `topology.kubernetes.io/zone`, or the `weft.dev/zone` annotation.
+    /// `topology.kubernetes.io/zone`, or the `weft.dev/zone` annotation; etcd: `--zone`
+    /// (the `WeftZone` field).
     pub zone: Option<String>,
     pub internal_ip: Option<IpAddr>,
+    /// A gateway of its zone (`--gateway`, the `weft.dev/gateway: "true"` annotation):
+    /// the UDP port its relay listens on, at its published address (and at its internal
+    /// one, for nodes of its zone).
+    pub gateway: Option<u16>,
 }
+
+/// The relay's UDP port unless a gateway publishes another.
+pub const DEFAULT_RELAY_PORT: u16 = 51824;
 
 impl Lease {
     pub fn subnets(&self) -> impl Iterator<Item = IpNet> + '_ {
@@ -127,6 +135,23 @@ pub struct LeaseAttrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub ml_kem_key: Option<String>,
+    /// weft's own fields (etcd; the kube registry has labels and annotations for them):
+    /// the node's zone, its internal address when it publishes another, and the port of
+    /// its relay when it is a gateway.
+    #[serde(rename = "WeftZone", default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(
+        rename = "WeftInternalIP",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub internal_ip: Option<IpAddr>,
+    #[serde(
+        rename = "WeftGateway",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gateway: Option<u16>,
 }
 
 impl LeaseAttrs {
@@ -148,7 +173,11 @@ impl LeaseAttrs {
             backend_data: self.backend_data.filter(|v| !v.is_null()),
             backend_v6_data: self.backend_v6_data.filter(|v| !v.is_null()),
             expires: None,
-            reach: Reach::default(),
+            reach: Reach {
+                zone: self.zone.filter(|z| !z.is_empty()),
+                internal_ip: self.internal_ip,
+                gateway: self.gateway.filter(|p| *p != 0),
+            },
             next_key: self.next_key,
             created: None,
             key_proof: self
@@ -169,6 +198,9 @@ impl LeaseAttrs {
             next_key: lease.next_key.clone(),
             key_proof: lease.key_proof.as_ref().map(weft_crypto::proof::to_text),
             ml_kem_key: lease.ml_kem_key.clone(),
+            zone: lease.reach.zone.clone(),
+            internal_ip: lease.reach.internal_ip,
+            gateway: lease.reach.gateway,
         }
     }
 }

@@ -19,16 +19,16 @@ pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
     format_mac, parse_mac, DesiredState, EspPq, EspSa, GuardSpec, IpipSpec, IpsecPeer, IpsecSpec,
-    PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec, VxlanPeer,
-    VxlanSpec, FAIL_CLOSED_METRIC,
+    PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec, Via,
+    VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use ifname::IfName;
-pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange};
+pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange, DEFAULT_RELAY_PORT};
 pub use left_out::{LeaveReason, LeftOut};
 pub use net::PodNetwork;
 pub use observed::{
-    DevicePeer, KeyMove, KeyWatch, Observed, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD, SWITCH_GRACE,
-    WATCH_BEFORE,
+    DevicePeer, KeyMove, KeyWatch, Observed, PathHistory, PeerObserved, HANDSHAKE_POLL, SEEN_LEAD,
+    SWITCH_GRACE, WATCH_BEFORE,
 };
 pub use rules::{Family, ForwardRule, MasqueradeTable, Match, NatRule, SubnetEnv};
 

@@ -38,6 +38,19 @@ pub struct Observed {
     /// ipsec: the SPIs of this node's inbound states that have carried packets, as last
     /// read (a peer sending on a state shows it holds the state's keys).
     pub esp_heard: BTreeSet<u32>,
+    /// Each cross-zone pair's path failures, by peer node, as the liveness watcher found
+    /// them (`plan::relay`).
+    pub paths: BTreeMap<String, PathHistory>,
+}
+
+/// How a pair's paths have failed: the direct one, and the gateways that carried it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathHistory {
+    /// When the direct path was last found dead, and how many times in a row.
+    pub direct_failed: Option<SystemTime>,
+    pub direct_failures: u32,
+    /// Each gateway (by node) that carried the pair and was found dead, and when.
+    pub gateways_failed: BTreeMap<String, SystemTime>,
 }
 
 /// One peer of one WireGuard device: the device's name and the peer's key.
@@ -146,6 +159,7 @@ mod tests {
                 allowed_ips: vec!["10.5.2.0/24".parse().unwrap()],
                 keepalive: 0,
                 psk: None,
+                via: Default::default(),
             },
             current: weft_crypto::PrivateKey::from_bytes([8; 32]).public_key(),
             announced: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000),

@@ -347,7 +347,7 @@ fn into_device(state: &mut DesiredState, peers: &[IpsecPeer], network: IpNet) {
         state.routes.push(RouteSpec {
             dst: p.subnet,
             device: DEVICE.into(),
-            via: None,
+            via: Default::default(),
             onlink: false,
             role: RouteRole::Peer(p.node.clone()),
             mtu: None,
@@ -356,7 +356,7 @@ fn into_device(state: &mut DesiredState, peers: &[IpsecPeer], network: IpNet) {
     state.routes.push(RouteSpec {
         dst: network,
         device: DEVICE.into(),
-        via: None,
+        via: Default::default(),
         onlink: false,
         role: RouteRole::Covering,
         mtu: None,

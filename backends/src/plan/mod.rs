@@ -18,6 +18,7 @@ mod masquerade;
 pub mod path_mtu;
 mod peers;
 pub mod post_quantum;
+pub mod relay;
 pub mod roaming;
 mod unencrypted;
 mod wg_rotation;

@@ -150,6 +150,7 @@ mod tests {
             allowed_ips: vec![],
             keepalive: 25,
             psk: None,
+            via: Default::default(),
         };
         let mut peers = vec![spec(2, "198.51.100.2:51820"), spec(3, "198.51.100.3:51820")];
         let roamed = |endpoint: &str, before: &str| PeerObserved {

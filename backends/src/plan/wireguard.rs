@@ -15,7 +15,7 @@ use super::{subnet_env, LocalSubnets, PlanError, PlanInput};
 use crate::model::backend_data;
 use crate::model::{
     BackendDataError, DesiredState, Family, LeaveReason, LeftOut, PeerSpec, RouteRole, RouteSpec,
-    TunnelSpec,
+    TunnelSpec, Via,
 };
 use crate::netconf::{WireguardConf, WireguardMode};
 
@@ -247,7 +247,7 @@ pub(super) fn routes_of<'a>(
     p.allowed_ips.iter().map(move |dst| RouteSpec {
         dst: *dst,
         device: device.into(),
-        via: None,
+        via: Default::default(),
         onlink: false,
         role: RouteRole::Peer(p.node.clone()),
         mtu: None,
@@ -282,7 +282,7 @@ fn device_addresses(
         state.routes.push(RouteSpec {
             dst: network,
             device: dev.name.into(),
-            via: None,
+            via: Default::default(),
             onlink: false,
             role: RouteRole::Covering,
             mtu: None,
@@ -351,13 +351,35 @@ pub(super) fn peer(
         EndpointChoice::Auto { .. } => (v6, Family::Ipv6),
     };
     let ip = ip.ok_or(LeaveReason::NoPublicIp { family })?;
+    let direct = SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port));
+    let path = super::relay::choose(
+        local,
+        lease,
+        input.view,
+        input.observed.paths.get(&lease.node),
+        direct,
+        input.path_mtus.contains_key(&ip),
+        input.now,
+    );
+    let (endpoint, keepalive, via) = match path {
+        super::relay::Path::Direct => (direct, wg.persistent_keepalive, Via::Direct),
+        super::relay::Path::NoPath { why } => (direct, wg.persistent_keepalive, Via::NoPath(why)),
+        super::relay::Path::Relay { gateway, endpoint } => {
+            let keepalive = match wg.persistent_keepalive {
+                0 => super::relay::RELAYED_KEEPALIVE,
+                k => k.min(super::relay::RELAYED_KEEPALIVE),
+            };
+            (endpoint, keepalive, Via::Gateway(gateway))
+        }
+    };
     Ok(PeerSpec {
         node: lease.node.clone(),
         public_key: data.public_key,
-        endpoint: SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port)),
+        endpoint,
         allowed_ips,
-        keepalive: wg.persistent_keepalive,
+        keepalive,
         psk: super::post_quantum::peer_psk(input, wg, &data.public_key),
+        via,
     })
 }
 

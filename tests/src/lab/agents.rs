@@ -56,9 +56,15 @@ impl Lab {
                 self.cfg.etcd_prefix
             )
         };
-        let address = match self.cfg.own_address.contains(&i) {
-            true => "--iface=eth0".to_string(),
-            false => format!("--public-ip={}", node.ip),
+        let placed = self
+            .cfg
+            .sites
+            .as_ref()
+            .and_then(|s| s.agent_args(i, node.ip));
+        let address = match (placed, self.cfg.own_address.contains(&i)) {
+            (Some(args), _) => args,
+            (None, true) => "--iface=eth0".to_string(),
+            (None, false) => format!("--public-ip={}", node.ip),
         };
         let script = format!(
             "exec {weft} agent {registry} {address} {extra}",

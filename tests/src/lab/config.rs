@@ -47,6 +47,9 @@ pub struct LabConfig {
     /// whose outside address is `NAT_IP`; in a kube lab their Nodes carry
     /// `public-ip-overwrite: NAT_IP`, the only way in.
     pub natted: Vec<usize>,
+    /// Two sites behind NATs (`sites::Sites`): nodes placed there get their site's
+    /// private address, `--zone` and, with a 1:1 public address, `--public-ip` of it.
+    pub sites: Option<super::sites::Sites>,
     /// Per node (by index), its zone (`topology.kubernetes.io/zone`, kube labs).
     pub zones: Vec<Option<String>>,
     /// Per node (by index), how its agent starts instead of the lab's own way.
@@ -110,6 +113,7 @@ impl LabConfig {
             kube: false,
             kube_seed: Vec::new(),
             natted: Vec::new(),
+            sites: None,
             zones: Vec::new(),
             launchers: BTreeMap::new(),
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),

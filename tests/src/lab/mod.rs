@@ -31,6 +31,7 @@ mod reach;
 pub mod read;
 mod secrets;
 pub mod settle;
+pub mod sites;
 mod turn;
 pub mod xfrm_record;
 
@@ -150,6 +151,9 @@ impl Lab {
         if !cfg.natted.is_empty() {
             nat::build(&tag, &fabric, &mut namespaces)?;
         }
+        if cfg.sites.is_some() {
+            sites::build(&tag, &fabric, &mut namespaces)?;
+        }
         timeline.mark("fabric built");
         let dir = tempfile::Builder::new().prefix("weft-lab-").tempdir()?;
         let cni_bin = cni::plugin_dir(dir.path(), &cfg.weft)?;
@@ -195,7 +199,7 @@ impl Lab {
             lab.check_implementation(i)?;
         }
         if lab.cfg.settle {
-            let within = match lab.cfg.natted.is_empty() {
+            let within = match lab.cfg.natted.is_empty() && lab.cfg.sites.is_none() {
                 true => SETTLE_WITHIN,
                 false => SETTLE_WITHIN_NAT,
             };
@@ -218,7 +222,10 @@ impl Lab {
         self.namespaces.add(&ns)?;
         let routed = self.cfg.routed.contains(&(i - 1));
         let natted = self.cfg.natted.contains(&(i - 1));
-        let (ip, bridge, routes) = if natted {
+        let site = self.cfg.sites.as_ref().and_then(|s| s.node(i - 1, i));
+        let (ip, bridge, routes) = if let Some(placed) = site {
+            placed
+        } else if natted {
             (
                 Ipv4Addr::new(192, 0, 2, i as u8),
                 "br2",
@@ -255,6 +262,11 @@ impl Lab {
             &ns,
             &format!("sysctl -qw net.ipv4.ip_forward=1 && {routes}"),
         )?;
+        if let Some(sites) = &self.cfg.sites {
+            if let (Some(site), Some(public)) = (sites.site(i - 1), sites.public_of(i - 1)) {
+                sites::map(&self.tag, site, public, ip)?;
+            }
+        }
         if let Some((_, mtu)) = self.cfg.link_mtu.iter().find(|(n, _)| *n == i - 1) {
             in_ns(&ns, &format!("ip link set eth0 mtu {mtu}"))?;
             in_ns(&self.fabric(), &format!("ip link set n{i} mtu {mtu}"))?;

@@ -25,7 +25,7 @@ use crate::udp::{self, Endpoint, Udp};
 pub use table::{Drop as DropReason, Member, PairBytes, Table};
 
 /// The relay's default UDP port.
-pub const DEFAULT_PORT: u16 = 51822;
+pub const DEFAULT_PORT: u16 = 51824;
 /// How often a receiving thread wakes with nothing received, to expire and save.
 const TICK: Duration = Duration::from_millis(500);
 const SAVE_EVERY: Duration = Duration::from_secs(1);

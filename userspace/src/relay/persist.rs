@@ -36,7 +36,7 @@ fn unhex(text: &str) -> Option<Option<Key>> {
 }
 
 /// The table as text.
-pub fn render(table: &Table, now: Instant) -> String {
+pub(crate) fn render(table: &Table, now: Instant) -> String {
     let (routes, learned) = table.snapshot(now);
     let mut out = String::new();
     for ((index, from), r, left) in routes {
@@ -61,7 +61,7 @@ type Routes = Vec<((u32, SocketAddr), Route, Duration)>;
 type Learned = Vec<(Key, SocketAddr, Duration)>;
 
 /// What `render` wrote, at `now`.
-pub fn parse(text: &str, now: Instant) -> (Routes, Learned) {
+pub(crate) fn parse(text: &str, now: Instant) -> (Routes, Learned) {
     let (mut routes, mut learned) = (Vec::new(), Vec::new());
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();

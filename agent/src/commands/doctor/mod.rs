@@ -116,6 +116,39 @@ fn leaked_addresses(data_dir: &std::path::Path) -> Check {
     )
 }
 
+/// How each WireGuard pair across zones is carried: a pair with no path fails, naming why.
+fn pair_paths(snapshot: &Snapshot) -> Check {
+    const NAME: &str = "pair paths";
+    let paths: Vec<(&str, &str)> = snapshot
+        .peers
+        .iter()
+        .filter_map(|p| Some((p.node.as_str(), p.path.as_deref()?)))
+        .collect();
+    let none: Vec<String> = paths
+        .iter()
+        .filter_map(|(n, p)| Some(format!("{n}: {}", p.strip_prefix("no path: ")?)))
+        .collect();
+    let relayed: Vec<String> = paths
+        .iter()
+        .filter_map(|(n, p)| Some(format!("{n} via {}", p.strip_prefix("via ")?)))
+        .collect();
+    if !none.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("{} pair(s) have no path: {}", none.len(), none.join("; ")),
+            "make a node with a public address in either zone a gateway (`--gateway`, or the Node annotation weft.dev/gateway: \"true\") and open its relay port (UDP 51824), or give one of the two nodes an address the other zone reaches (--public-ip, public-ip-overwrite)",
+        );
+    }
+    let direct = paths.len() - relayed.len();
+    match relayed.is_empty() {
+        true => Check::pass(NAME, format!("{direct} pair(s), all direct")),
+        false => Check::pass(
+            NAME,
+            format!("{direct} direct, {} through a gateway's relay (end to end encrypted; the gateway holds no key): {}", relayed.len(), relayed.join(", ")),
+        ),
+    }
+}
+
 /// Runs every check that applies to `snapshot`'s backend.
 pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
     let mut out = Vec::new();
@@ -165,6 +198,7 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
         out.push(post_quantum::pairs(snapshot, std::time::SystemTime::now()));
     }
     if wireguard {
+        out.push(pair_paths(snapshot));
         out.push(liveness::pairs(snapshot, std::time::SystemTime::now()));
         out.push(
             probe::handshakes(

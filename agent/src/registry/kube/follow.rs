@@ -200,6 +200,13 @@ fn steering_changes(reg: &mut KubeRegistry, node: &SlimNode, alerts: &Alerts) {
     }
 }
 
+/// The relay port `--gateway` asks for, from the held request.
+fn request_gateway(
+    held: &Option<(weft_backends::model::Lease, crate::registry::AcquireRequest)>,
+) -> Option<u16> {
+    held.as_ref().and_then(|(_, r)| r.attrs.gateway)
+}
+
 /// Our own Node changed: if its annotations no longer say what we published (removed by
 /// hand, the Node re-created), publish them again.
 fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, links: &FollowLinks) {
@@ -207,11 +214,14 @@ fn own_node(reg: &mut KubeRegistry, node: &SlimNode, pending: &mut Pending, link
         return;
     }
     // The zone is the node's label (or annotation): follow it.
+    let gateway = request_gateway(&reg.held)
+        .or_else(|| weft_backends::model::annotations::gateway(&node.annotations()));
     if let Some((lease, _)) = reg.held.as_mut() {
         let zone = node.zone();
-        if lease.reach.zone != zone {
-            info!(node = %node.name(), zone = ?zone, "this node's zone changed");
+        if lease.reach.zone != zone || lease.reach.gateway != gateway {
+            info!(node = %node.name(), zone = ?zone, gateway = ?gateway, "this node's zone or gateway role changed");
             lease.reach.zone = zone;
+            lease.reach.gateway = gateway;
             links.local.send_replace(lease.clone());
         }
     }

@@ -128,6 +128,7 @@ impl SlimNode {
         };
         lease.reach.zone = self.zone();
         lease.reach.internal_ip = self.internal_ip(prefix, &annotations);
+        lease.reach.gateway = weft_backends::model::annotations::gateway(&annotations);
         // Of two Nodes claiming one key or MAC, the one created first keeps it.
         lease.created = self
             .metadata

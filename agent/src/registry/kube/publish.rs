@@ -48,6 +48,9 @@ impl KubeRegistry {
             .into_lease(self.cfg.node_name.clone(), v4, v6);
         lease.reach.zone = node.zone();
         lease.reach.internal_ip = attrs.internal_ip.map(std::net::IpAddr::V4);
+        lease.reach.gateway = attrs
+            .gateway
+            .or_else(|| weft_backends::model::annotations::gateway(&node.annotations()));
         Ok(lease)
     }
 
@@ -102,6 +105,12 @@ impl KubeRegistry {
             annotations::ML_KEM_KEY.to_string(),
             attrs.ml_kem_key.clone(),
         );
+        // `--gateway` says so on the Node; without it, an operator's annotation stays.
+        if let Some(port) = attrs.gateway {
+            want.insert(annotations::GATEWAY.to_string(), Some("true".into()));
+            let port = (port != weft_backends::model::DEFAULT_RELAY_PORT).then(|| port.to_string());
+            want.insert(annotations::RELAY_PORT.to_string(), port);
+        }
         want
     }
 

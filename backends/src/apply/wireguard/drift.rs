@@ -150,6 +150,7 @@ mod tests {
             allowed_ips: vec![allowed.parse().unwrap()],
             keepalive: 0,
             psk: None,
+            via: Default::default(),
         }
     }
 

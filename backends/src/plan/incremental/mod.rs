@@ -241,6 +241,7 @@ impl Memo {
                     || self.observed.esp_heard != input.observed.esp_heard,
                 "announced keys seen",
             ),
+            (self.observed.paths != input.observed.paths, "pair paths"),
             (input.now < self.planned_at, "clock went back"),
             (
                 self.horizon.is_some_and(|h| input.now >= h),

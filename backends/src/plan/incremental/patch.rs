@@ -51,6 +51,13 @@ pub(super) fn patch(
     {
         return Err("a changed node rotates");
     }
+    // A gateway carries other nodes' pairs: which one carries which turns on all of them.
+    if nodes
+        .iter()
+        .any(|n| is_gateway(&old_view, n) || is_gateway(view, n))
+    {
+        return Err("a gateway changed");
+    }
     let own_keys = devices
         .iter()
         .map(|d| wireguard::local_key(input, d.v6_data))
@@ -280,6 +287,11 @@ impl Patcher<'_, '_> {
         insert_run(&mut self.state.left_out, node, |l| &l.node, left_out);
         Ok(())
     }
+}
+
+/// Whether `node` is a gateway in `view`.
+fn is_gateway(view: &ClusterView, node: &str) -> bool {
+    view.get(node).is_some_and(|l| l.reach.gateway.is_some())
 }
 
 /// Whether `node` announces a rotation in `view`.

@@ -188,7 +188,10 @@ impl Book {
                 dead_since: None,
                 repairs: Repairs::default(),
             });
-            let verdict = pair.track.observe(have.counters, now);
+            let verdict = match peer.via {
+                crate::model::Via::Gateway(_) => pair.track.observe_watched(have.counters, now),
+                _ => pair.track.observe(have.counters, now),
+            };
             let cause = Cause::Unanswered {
                 endpoint: have.endpoint,
                 planned: peer.endpoint,

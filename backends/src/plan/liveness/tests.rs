@@ -15,6 +15,7 @@ fn peer(node: &str, seed: u8) -> PeerSpec {
         allowed_ips: vec![format!("10.244.{seed}.0/24").parse().unwrap()],
         keepalive: 0,
         psk: None,
+        via: Default::default(),
     }
 }
 

@@ -38,6 +38,11 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(2);
 /// A probe is answered within this, or the pair is not answering.
 pub const PROBE_WAIT: Duration = Duration::from_secs(1);
 
+/// A relayed pair (`Track::observe_watched`) heard nothing for this long is probed, so
+/// that a gateway that died is found at both ends within seconds, not only at the end
+/// that sends (the other end's silence would otherwise be "idle").
+pub const WATCHED_QUIET: Duration = Duration::from_millis(1500);
+
 /// What a keepalive adds to the sent bytes at most (kernel WireGuard counts its 32-byte
 /// message; the userspace device counts payload only, 0).
 pub const KEEPALIVE_BYTES: u64 = 32;
@@ -85,6 +90,17 @@ pub struct Track {
 impl Track {
     /// Takes one read at `now`; says what it shows.
     pub fn observe(&mut self, read: Counters, now: Instant) -> Verdict {
+        self.observe_with(read, now, false)
+    }
+
+    /// As `observe`, for a pair that must be heard from even when this end sends nothing
+    /// (a relayed pair): silence for `WATCHED_QUIET` counts as unanswered, so it is probed,
+    /// and dead if the probe goes unanswered too.
+    pub fn observe_watched(&mut self, read: Counters, now: Instant) -> Verdict {
+        self.observe_with(read, now, true)
+    }
+
+    fn observe_with(&mut self, read: Counters, now: Instant, watched: bool) -> Verdict {
         let previous_read = self.read_at.replace(now);
         let last = match self.last.replace(read) {
             // Back to lower counts: the peer or the device is new; start again.
@@ -103,7 +119,11 @@ impl Track {
         }
         // A keepalive alone expects no answer: WireGuard sends one 10 s after it last
         // received when it had nothing to send (a persistent keepalive, every interval).
-        let sent = read.tx_bytes - last.tx_bytes > KEEPALIVE_BYTES;
+        let quiet = self
+            .answered_at
+            .or(previous_read)
+            .is_some_and(|at| now.saturating_duration_since(at) >= WATCHED_QUIET);
+        let sent = read.tx_bytes - last.tx_bytes > KEEPALIVE_BYTES || (watched && quiet);
         if sent && self.unanswered_since.is_none() {
             // The first unanswered packet went out somewhere since the last read: halfway,
             // on average.

@@ -33,6 +33,7 @@ fn peer(i: u32) -> PeerSpec {
             .unwrap()],
         keepalive: 25,
         psk: None,
+        via: Default::default(),
     }
 }
 

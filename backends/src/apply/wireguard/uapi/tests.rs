@@ -16,6 +16,7 @@ fn peer(seed: u8, ip: &str, allowed: &str) -> PeerSpec {
         allowed_ips: vec![allowed.parse().unwrap()],
         keepalive: 25,
         psk: None,
+        via: Default::default(),
     }
 }
 
