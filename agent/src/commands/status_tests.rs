@@ -65,6 +65,9 @@ fn states_from_the_device_and_the_plan() {
     // The endpoint the device uses (a roamed one) is shown.
     assert_eq!(r[0].endpoint, "198.51.100.2:40000");
     assert_eq!(r[0].handshake_secs, Some(10));
+    let mut r = r;
+    r[1].path = Some("via n9".into());
+    r[2].path = Some("no path: n1 and n4 cannot reach each other".into());
     let text = table(&Report {
         node: "n1".into(),
         subnet: "10.244.1.0/24".into(),
@@ -75,11 +78,33 @@ fn states_from_the_device_and_the_plan() {
         peers: r,
         paths: vec![],
         post_quantum: vec![],
+        relay: Some(crate::observe::snapshot::RelayInfo {
+            port: 51824,
+            routes: 4,
+            datagrams: 10,
+            bytes: 2048,
+            pairs: vec![crate::observe::snapshot::RelayedPair {
+                from: "n7".into(),
+                to: "n8".into(),
+                bytes: 1024,
+            }],
+            ..Default::default()
+        }),
     });
     assert!(
-        text.contains("n2    10.244.2.0/24  198.51.100.2:40000  10 s ago"),
+        text.contains("n2    10.244.2.0/24  198.51.100.2:40000  -        10 s ago"),
         "{text}"
     );
+    assert!(text.contains("via n9"), "{text}");
+    assert!(
+        text.contains("n4: no path: n1 and n4 cannot reach each other"),
+        "{text}"
+    );
+    assert!(
+        text.contains("relay (this node is a gateway, UDP port 51824): 4 pair routes"),
+        "{text}"
+    );
+    assert!(text.contains("  n7 -> n8: 1.0 KiB"), "{text}");
     assert!(text.contains("2.0 KiB / 10 B"), "{text}");
     assert!(text.contains("n5    10.244.5.0/24  -"), "{text}");
 }

@@ -22,11 +22,12 @@ pub(super) fn follow_switch(
             state.switched_on_clock.push(p.public_key);
             None
         }
-        Switch::Staged(Staged {
-            entry,
-            at,
-            announced,
-        }) => {
+        Switch::Staged(staged) => {
+            let Staged {
+                entry,
+                at,
+                announced,
+            } = *staged;
             // The clock switches it at `at` at the latest; its first handshake switches
             // it earlier, so the agent watches for that.
             state.next_switch = Some(state.next_switch.map_or(at, |n| n.min(at)));
@@ -53,7 +54,7 @@ pub(super) enum Switch {
     /// The next key took over: by the clock, or on its handshake.
     Now { on_clock: bool },
     /// The next key staged beside the current one.
-    Staged(Staged),
+    Staged(Box<Staged>),
 }
 
 /// A peer's next key, staged beside its current one.
@@ -118,11 +119,11 @@ pub(super) fn rotated(
     let announced = next.switch_at();
     (
         p,
-        Switch::Staged(Staged {
+        Switch::Staged(Box::new(Staged {
             entry,
             at,
             announced,
-        }),
+        })),
     )
 }
 

@@ -5,11 +5,10 @@
 //! rename), read once at start. A line that does not parse is skipped.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::table::{Key, Route, Table};
+use super::table::{Key, Route, SavedLearned, SavedRoutes, Table};
 
 fn hex(key: Option<&Key>) -> String {
     match key {
@@ -57,11 +56,8 @@ pub(crate) fn render(table: &Table, now: Instant) -> String {
     out
 }
 
-type Routes = Vec<((u32, SocketAddr), Route, Duration)>;
-type Learned = Vec<(Key, SocketAddr, Duration)>;
-
 /// What `render` wrote, at `now`.
-pub(crate) fn parse(text: &str, now: Instant) -> (Routes, Learned) {
+pub(crate) fn parse(text: &str, now: Instant) -> (SavedRoutes, SavedLearned) {
     let (mut routes, mut learned) = (Vec::new(), Vec::new());
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();

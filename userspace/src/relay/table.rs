@@ -24,6 +24,10 @@ use std::time::{Duration, Instant};
 use crate::wg::cookie::{mac1_key, mac1_matches};
 
 pub type Key = [u8; 32];
+/// Routes as saved: where, the route, and how long it has left.
+pub(crate) type SavedRoutes = Vec<((u32, SocketAddr), Route, Duration)>;
+/// Learned member addresses as saved: whose, where, and how long it has left.
+pub(crate) type SavedLearned = Vec<(Key, SocketAddr, Duration)>;
 
 const INITIATION: (u8, usize) = (1, 148);
 const RESPONSE: (u8, usize) = (2, 92);
@@ -424,13 +428,7 @@ impl Table {
 
     /// Routes and learned addresses as they stand, with how long each has left: what a
     /// restarted relay loads (`persist`).
-    pub(crate) fn snapshot(
-        &self,
-        now: Instant,
-    ) -> (
-        Vec<((u32, SocketAddr), Route, Duration)>,
-        Vec<(Key, SocketAddr, Duration)>,
-    ) {
+    pub(crate) fn snapshot(&self, now: Instant) -> (SavedRoutes, SavedLearned) {
         let routes = self
             .routes
             .iter()
@@ -451,12 +449,7 @@ impl Table {
 
     /// Takes back what `snapshot` saved (before the members are known: a learned address
     /// waits for its member).
-    pub(crate) fn restore(
-        &mut self,
-        routes: Vec<((u32, SocketAddr), Route, Duration)>,
-        learned: Vec<(Key, SocketAddr, Duration)>,
-        now: Instant,
-    ) {
+    pub(crate) fn restore(&mut self, routes: SavedRoutes, learned: SavedLearned, now: Instant) {
         for (at, mut r, left) in routes.into_iter().take(MAX_ROUTES) {
             r.until = now + left;
             self.routes.insert(at, r);

@@ -211,6 +211,52 @@ mod tests {
     }
 
     #[test]
+    fn a_watched_pair_that_falls_silent_is_probed_and_found_dead_though_it_sends_nothing() {
+        // A relayed pair: answers (its probes', the peer's keepalives) for 5 s, then
+        // nothing, while this end sends nothing but keepalives.
+        let start = Instant::now();
+        let mut track = Track::default();
+        let mut verdicts = Vec::new();
+        for i in 0..30u32 {
+            let now = start + Duration::from_millis(500) * i;
+            let rx = 100 + 64 * u64::from(i.min(10));
+            let v = track.observe_watched(
+                Counters {
+                    tx_bytes: 500 + 32 * u64::from(i / 10),
+                    rx_bytes: rx,
+                },
+                now,
+            );
+            if let Verdict::Unanswered { probe: true, .. } = v {
+                track.probed(now);
+            }
+            verdicts.push(v);
+        }
+        let dead = first_dead(&verdicts).expect("never dead");
+        // Silent from read 10 (5 s): probed after WATCHED_QUIET, dead DEAD_AFTER later.
+        assert!(
+            (16..=20).contains(&dead),
+            "dead at read {dead}: {verdicts:?}"
+        );
+        // The same reads, unwatched: idle for ever.
+        let mut track = Track::default();
+        let idle = (0..30u32).all(|i| {
+            let now = start + Duration::from_millis(500) * i;
+            let rx = 100 + 64 * u64::from(i.min(10));
+            !track
+                .observe(
+                    Counters {
+                        tx_bytes: 500 + 32 * u64::from(i / 10),
+                        rx_bytes: rx,
+                    },
+                    now,
+                )
+                .is_dead()
+        });
+        assert!(idle);
+    }
+
+    #[test]
     fn the_period_grows_with_the_peers_read() {
         assert_eq!(poll_period(3), POLL);
         assert_eq!(poll_period(10_000), Duration::from_millis(2500));
