@@ -25,6 +25,8 @@ pub struct Plan {
     /// A key rotation is in its switch window: peers' entries move outside the passes
     /// (the key-switch watcher), so drift is not looked for.
     pub switching: bool,
+    /// The underlay addresses whose path MTU was measured: they answer (`Book::answering`).
+    pub answering: std::collections::HashSet<std::net::IpAddr>,
 }
 
 impl Plan {
@@ -41,6 +43,12 @@ impl Plan {
             state: state.clone(),
             published,
             switching: state.key_watch.is_some(),
+            answering: state
+                .paths
+                .iter()
+                .filter(|p| p.path_mtu.is_some())
+                .map(|p| p.address)
+                .collect(),
         }
     }
 

@@ -64,6 +64,7 @@ pub fn spawn(
         dead_pairs,
         path_dead,
         applying: applying.clone(),
+        answering_of: None,
     };
     std::thread::Builder::new()
         .name("liveness".into())
@@ -106,6 +107,8 @@ struct Watcher {
     path_dead: mpsc::UnboundedSender<String>,
     /// The loop is changing the devices (`Handle::applying`).
     applying: Arc<std::sync::atomic::AtomicBool>,
+    /// The plan whose answering addresses the book holds.
+    answering_of: Option<u64>,
 }
 
 /// What one read of a device gave.
@@ -143,6 +146,10 @@ impl Watcher {
 
     /// One read of every planned device, and what follows from it.
     async fn round(&mut self, plan: &Plan) {
+        if self.answering_of != Some(plan.generation) {
+            self.book.answering = plan.answering.clone();
+            self.answering_of = Some(plan.generation);
+        }
         let mut counters = BTreeMap::new();
         for spec in plan.tunnels() {
             let todo = match self.read(&spec.device).await {

@@ -11,6 +11,7 @@ pub mod liveness;
 pub mod path_mtu;
 pub mod post_quantum;
 pub mod post_quantum_agent;
+pub mod relay;
 pub mod rotation;
 pub mod soak;
 

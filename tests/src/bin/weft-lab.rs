@@ -220,6 +220,16 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Some("relay") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            let nodes: usize = opt(args, "--nodes").unwrap_or("1000").parse()?;
+            let zones: usize = opt(args, "--zones").unwrap_or("10").parse()?;
+            print!(
+                "{}",
+                weft_lab::bench::relay::run(&weft, runs, nodes, zones)?
+            );
+            Ok(())
+        }
         Some("rotation") => {
             let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
@@ -237,7 +247,7 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
         }
         _ => {
             anyhow::bail!(
-                "usage: weft-lab bench control-plane|data-plane|liveness|path-mtu|post-quantum|rotation|soak [options]"
+                "usage: weft-lab bench control-plane|data-plane|flood|liveness|path-mtu|post-quantum|relay|rotation|soak [options]"
             )
         }
     }

@@ -206,6 +206,14 @@ impl Table {
         self.members.len()
     }
 
+    /// The table's memory, estimated from its maps' capacities (entry and control byte).
+    pub fn estimated_bytes(&self) -> usize {
+        fn map<K, V>(m: &HashMap<K, V>) -> usize {
+            m.capacity() * (std::mem::size_of::<(K, V)>() + 1)
+        }
+        map(&self.routes) + map(&self.members) + map(&self.sources) + map(&self.carried)
+    }
+
     /// Where the datagram `msg` from `from` goes at `now`.
     pub fn route(
         &mut self,
@@ -283,12 +291,18 @@ impl Table {
         now: Instant,
     ) -> Result<SocketAddr, Drop> {
         let sender = u32_at(msg, 4).ok_or(Drop::NotWireguard)?;
-        let (key, to) = self
+        // Members of this gateway's zone first: an initiation from outside, the common
+        // case, is for one of them.
+        let (home, away): (Vec<_>, Vec<_>) = self
             .members
             .iter()
-            .filter_map(|(key, m)| Some((key, m.address(now)?, &m.mac1)))
-            .find(|(_, to, mac1)| *to != from && mac1_matches(mac1, msg))
-            .map(|(key, to, _)| (*key, to))
+            .filter_map(|(key, m)| Some((key, m.address(now)?, &m.mac1, m.home.is_some())))
+            .partition(|(.., home)| *home);
+        let (key, to) = home
+            .into_iter()
+            .chain(away)
+            .find(|(_, to, mac1, _)| *to != from && mac1_matches(mac1, msg))
+            .map(|(key, to, ..)| (*key, to))
             .ok_or(Drop::UnknownResponder)?;
         // The responder answers to this sender index, from `to`.
         self.insert(

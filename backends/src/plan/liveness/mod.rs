@@ -142,6 +142,13 @@ pub struct Book {
     pairs: HashMap<String, HashMap<PublicKey, Pair>>,
     /// Repairs of devices that do not answer, by name.
     devices: HashMap<String, Repairs>,
+    /// The underlay addresses that answer path-MTU probes (the agent's prober): a planned
+    /// endpoint there is known to be reachable. A pair whose device learned another
+    /// endpoint by roaming (a peer behind a NAT) is put back on its planned endpoint, and
+    /// its sessions dropped, only when the planned one is known reachable: otherwise it is
+    /// repaired by what the peer's own packets show (its keepalive, its handshake), which
+    /// reach this node only on a session it still holds.
+    pub answering: std::collections::HashSet<IpAddr>,
 }
 
 /// The address a probe goes to: the peer's tunnel address (its subnet's network address,
@@ -225,8 +232,18 @@ impl Book {
         let device_wide = busy >= 2 && dead == busy;
         let mut todo = Vec::new();
         for (peer, verdict, cause) in verdicts {
+            let planned_answers = self.answering.contains(&peer.endpoint.ip());
             if let Some(pair) = pairs.get_mut(&peer.public_key) {
-                pair.step(dev, peer, verdict, cause, device_wide, now, &mut todo);
+                pair.step(
+                    dev,
+                    peer,
+                    verdict,
+                    cause,
+                    device_wide,
+                    planned_answers,
+                    now,
+                    &mut todo,
+                );
             }
         }
         // The pairs that reached the last step together re-create the device once.
@@ -357,6 +374,7 @@ impl Pair {
         verdict: Verdict,
         cause: Cause,
         device_wide: bool,
+        planned_answers: bool,
         now: Instant,
         todo: &mut Vec<Todo>,
     ) {
@@ -401,14 +419,30 @@ impl Pair {
             todo,
         );
         let reapply_wait = repair::reapply_wait(&cause, peer.keepalive);
-        let answered = self.track.answered_at().is_some();
+        // Roamed to an endpoint the planned one cannot stand in for (a NAT's port): kept,
+        // and the sessions the peer's packets arrive on are never dropped.
+        let roamed = match &cause {
+            Cause::Unanswered {
+                endpoint: Some(e),
+                planned,
+            } if e != planned && !planned_answers => Some(*e),
+            _ => None,
+        };
+        let answered = self.track.answered_at().is_some() && roamed.is_none();
         match self.repairs.next(now, device_wide, reapply_wait, answered) {
             Action::Wait => {}
             Action::Do(step) => {
                 self.track.repaired(now);
+                let peer = match roamed {
+                    Some(endpoint) => PeerSpec {
+                        endpoint,
+                        ..peer.clone()
+                    },
+                    None => peer.clone(),
+                };
                 todo.push(Todo::Repair {
                     device: dev.into(),
-                    peer: peer.clone(),
+                    peer,
                     step,
                     cause,
                 });

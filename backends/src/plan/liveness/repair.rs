@@ -15,11 +15,15 @@
 //!    so a single dead pair never takes the others down with it.
 //!
 //! A pair is given `STEP_WAIT` after each step to answer (its probe goes out at once).
-//! After re-applying a pair that had roamed (WireGuard learned its endpoint from its
-//! packets: a peer behind a NAT), the pair is given its keepalive interval as well before
-//! its sessions are dropped: the peer's next keepalive shows its current address, but only
-//! on a session this node still holds, so a re-handshake before it would leave the pair
-//! down until the peer's own handshake timer (15 s) fires.
+//! A pair that had roamed (WireGuard learned its endpoint from its packets: a peer behind
+//! a NAT) is repaired by what its own packets show: its next keepalive or handshake shows
+//! its current address, but only on a session this node still holds. So unless the
+//! registry's endpoint is known to be reachable (it answers path-MTU probes,
+//! `Book::answering`), the re-apply keeps the learned endpoint and the pair is never
+//! re-handshaken; where it is reachable, the re-apply puts it back and the pair is given
+//! its keepalive interval as well before its sessions are dropped. Overwriting the
+//! endpoint a natted peer roamed to with the NAT's published one, then dropping the
+//! sessions, left a pair whose NAT had rebound its ports down for more than 40 s.
 
 use std::time::{Duration, Instant};
 

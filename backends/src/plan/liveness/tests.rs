@@ -268,12 +268,15 @@ fn a_staged_key_and_a_peer_missing_from_the_device_are_not_judged() {
 /// door, which leads nowhere); only b's next keepalive, on the session this node still
 /// holds, shows its new port. So b is not re-handshaken (which would drop that session)
 /// before its keepalive interval has passed; `b_back`: the second b's keepalive arrives.
-fn natted(b_back: Option<usize>) -> Vec<(usize, Todo)> {
+fn natted(b_back: Option<usize>, planned_answers: bool) -> Vec<(usize, Todo)> {
     let mut spec = spec();
     spec.peers[0].keepalive = 5;
     let learned: SocketAddr = "203.0.113.9:40000".parse().unwrap();
     let start = Instant::now();
     let mut book = Book::default();
+    if planned_answers {
+        book.answering.insert(spec.peers[0].endpoint.ip());
+    }
     let mut out = Vec::new();
     let mut endpoint = learned;
     for i in 0..30usize {
@@ -311,16 +314,45 @@ fn steps(todo: &[(usize, Todo)]) -> Vec<(usize, Step)> {
 }
 
 #[test]
-fn a_natted_pair_is_given_its_keepalive_interval_before_its_sessions_are_dropped() {
-    // Nothing comes back: the re-handshake waits the keepalive interval on top.
-    let todo = natted(None);
+fn a_natted_pair_is_repaired_by_its_own_packets_never_by_an_endpoint_it_cannot_be_reached_at() {
+    // Nothing comes back, and the registry's endpoint (a NAT's address, port 51820) answers
+    // no probe: the re-apply keeps the endpoint WireGuard learned, and the sessions the
+    // peer's next packets arrive on are never dropped (no re-handshake), however long.
+    let todo = natted(None, false);
+    let s = steps(&todo);
+    assert!(s.iter().all(|(_, step)| *step == Step::Reapply), "{todo:?}");
+    for (_, t) in &todo {
+        if let Todo::Repair { peer, .. } = t {
+            assert_eq!(
+                peer.endpoint,
+                "203.0.113.9:40000".parse().unwrap(),
+                "{todo:?}"
+            );
+        }
+    }
+    assert!(
+        todo.iter().any(|(_, t)| matches!(t, Todo::BackOff { .. })),
+        "{todo:?}"
+    );
+    // The peer's keepalive from its new port comes: alive by what it showed.
+    let reapplied = s[0].0;
+    let todo = natted(Some(reapplied + 4), false);
+    assert_eq!(steps(&todo), [(reapplied, Step::Reapply)], "{todo:?}");
+    assert!(todo.iter().any(|(_, t)| matches!(t, Todo::Alive { .. })));
+}
+
+#[test]
+fn a_roamed_pair_whose_planned_endpoint_answers_is_put_back_and_given_its_keepalive_first() {
+    // The registry's endpoint answers probes: the re-apply puts it back, and the
+    // re-handshake waits the keepalive interval on top.
+    let todo = natted(None, true);
     let s = steps(&todo);
     assert_eq!(s[0].1, Step::Reapply, "{todo:?}");
     assert_eq!(s[1], (s[0].0 + 2 + 5, Step::Rehandshake), "{todo:?}");
     // The keepalive comes 4 s after the re-apply (later than `STEP_WAIT`): the pair is
     // alive again by the re-apply alone, its session kept.
     let reapplied = s[0].0;
-    let todo = natted(Some(reapplied + 4));
+    let todo = natted(Some(reapplied + 4), true);
     assert_eq!(steps(&todo), [(reapplied, Step::Reapply)], "{todo:?}");
     assert!(todo.iter().any(|(_, t)| matches!(
         t,
