@@ -5,7 +5,8 @@
 //! tests with 1000 peers (ignored on the host, run here with `--include-ignored`), `weft status`,
 //! `/metrics`, `weft doctor`, a taken listen port and 50 kills of a starting agent on
 //! kernel devices, dead pairs and drift healed in seconds (liveness), post-quantum pair
-//! PSKs (netlink PSKs from ML-KEM rounds), two VPCs and a NAT, etcd wiped and restored, the switch onto wireguard
+//! PSKs (netlink PSKs from ML-KEM rounds), two VPCs and a NAT, private nodes of two sites
+//! through a gateway's relay (kernel, and mixed), etcd wiped and restored, the switch onto wireguard
 //! from host-gw, `weft cleanup`, the Kubernetes lab, a mixed mesh of
 //! kernel and userspace nodes, the ipip and ipsec backends (kernel ESP), WireGuard's own
 //! netns conformance scenarios (which the userspace device passes on the host), and a
@@ -78,6 +79,7 @@ fn kernel_wireguard_passes_the_mesh_scenarios_inside_a_vm() {
     let (registry_away, unencrypted) = (sibling_test("registry_away"), sibling_test("unencrypted"));
     let (conformance, liveness) = (sibling_test("netns_conformance"), sibling_test("liveness"));
     let (post_quantum, interop) = (sibling_test("post_quantum"), sibling_test("interop"));
+    let relay = sibling_test("relay");
     let mut script = String::from(
         r#"set -u
 failed=""
@@ -145,6 +147,10 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
         ),
         ("kill loop: kernel", kernel, &kill_loop, ""),
         ("nat: kernel", kernel, &nat, ""),
+        // Private nodes of two sites through a gateway's relay, on kernel devices, and on a
+        // mixed mesh (kernel and userspace ends of one relayed pair).
+        ("relay: kernel", kernel, &relay, ""),
+        ("relay: mixed", "WEFT_LAB_IMPLEMENTATION=mixed", &relay, ""),
         // Fail-closed windows on kernel devices: etcd wiped and restored, and the switch
         // onto wireguard from host-gw, each watched whole.
         (

@@ -27,8 +27,8 @@ use weft_lab::traffic::Probe;
 use weft_lab::wait;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
-const A1: usize = 0;
-const A2: usize = 1;
+const A2: usize = 0;
+const A1: usize = 1;
 const B1: usize = 2;
 const B2: usize = 3;
 

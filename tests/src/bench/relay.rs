@@ -24,10 +24,10 @@ use crate::lab::sites::Sites;
 use crate::lab::{in_ns, Lab, LabConfig};
 use crate::live_demo::median_rtt_ms;
 
-const A2: usize = 1;
+const A2: usize = 0;
 const B2: usize = 3;
 const B3: usize = 4;
-const GATEWAYS: [usize; 2] = [0, 2];
+const GATEWAYS: [usize; 2] = [1, 2];
 
 struct Run {
     direct_gbit: f64,

@@ -32,18 +32,20 @@ pub struct Sites {
 }
 
 impl Sites {
-    /// The two-site shape: a1 (gateway, public), a2 (private) in site A; b1 (gateway,
-    /// public), b2 (private), b3 (public, not a gateway) in site B.
+    /// The two-site shape, by node index: a2 (private) and a1 (gateway, public) in site A;
+    /// b1 (gateway, public), b2 (private), b3 (public, not a gateway) in site B. In a
+    /// mixed lab (kernel WireGuard on even indices) the relayed pair a2–b2 has a kernel
+    /// end and a userspace end.
     pub fn two() -> Sites {
         Sites {
             placement: vec![
-                (0, Some(public(1))),
                 (0, None),
+                (0, Some(public(2))),
                 (1, Some(public(3))),
                 (1, None),
                 (1, Some(public(5))),
             ],
-            gateways: vec![0, 2],
+            gateways: vec![1, 2],
         }
     }
 
