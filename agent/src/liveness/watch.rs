@@ -280,7 +280,11 @@ impl Watcher {
                 cause,
                 unanswered,
             } => {
-                let _ = self.path_dead.send(node.clone());
+                // Only a path that went unanswered counts against the path (a device that
+                // does not answer is this node's fault, not the path's).
+                if matches!(cause, Cause::Unanswered { .. }) {
+                    let _ = self.path_dead.send(node.clone());
+                }
                 if self.crowd.dead.is_empty() {
                     warn!(
                         node = %node,
@@ -313,6 +317,11 @@ impl Watcher {
                     );
                 } else {
                     debug!(node = %node, device = %device, pause_s = pause.as_secs(), "pair still dead; trying again later");
+                }
+                // Still dead after the steps: its path is told again (a verdict the loop
+                // did not hold against a path just taken counts now).
+                if matches!(cause, Cause::Unanswered { .. }) {
+                    let _ = self.path_dead.send(node.clone());
                 }
                 if let Some(tx) = &self.dead_pairs {
                     let _ = tx.try_send(node);

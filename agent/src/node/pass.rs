@@ -96,6 +96,7 @@ impl Controller<'_> {
             _ => Vec::new(),
         };
         if !moved.is_empty() {
+            self.paths.moved(&moved, SystemTime::now());
             self.rehandshake_moved(&moved).await;
         }
         self.follow_relay();
@@ -267,9 +268,12 @@ impl Controller<'_> {
             state.paths.iter().map(|p| p.address).collect();
         // A relayed pair's direct address is probed too: when it answers, the pair goes
         // back to direct (`plan::relay`).
+        // An address another peer has too is probed for that peer alone (the plan does
+        // not count its answer for the relayed one).
         for (address, key) in relayed_direct(&self.raw_view, state) {
-            addresses.insert(address);
-            keys.entry(address).or_insert(key);
+            if addresses.insert(address) {
+                keys.insert(address, key);
+            }
         }
         let targets = crate::pathmtu::Targets {
             addresses,

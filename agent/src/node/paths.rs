@@ -15,10 +15,18 @@ use weft_backends::apply::wireguard::{devices::WgImpl, WgDevices};
 use weft_backends::model::{DesiredState, PathHistory, PeerSpec, Via};
 use weft_crypto::PrivateKey;
 
+/// How long after a pair moved to a new path a dead verdict is not held against that
+/// path: the pair's two ends find the old path dead a few seconds apart, and through a
+/// gateway of the other end's zone the pair answers only once that end has moved too. A
+/// pair still dead after the watcher's repair steps (its back-off, later) is told again.
+pub(crate) const MOVE_GRACE: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// The pairs' path failures, by peer node.
 #[derive(Default)]
 pub(crate) struct PathMemory {
     pub(crate) history: BTreeMap<String, PathHistory>,
+    /// When each pair last moved to another path.
+    moved_at: BTreeMap<String, SystemTime>,
 }
 
 impl PathMemory {
@@ -40,6 +48,13 @@ impl PathMemory {
         }) else {
             return false;
         };
+        if self
+            .moved_at
+            .get(node)
+            .is_some_and(|at| now.duration_since(*at).unwrap_or_default() < MOVE_GRACE)
+        {
+            return false;
+        }
         let history = self.history.entry(node.to_string()).or_default();
         match &peer.via {
             Via::Gateway(g) => {
@@ -64,6 +79,14 @@ impl PathMemory {
     /// Forgets the nodes no longer in the view.
     pub(crate) fn retain(&mut self, alive: impl Fn(&str) -> bool) {
         self.history.retain(|n, _| alive(n));
+        self.moved_at.retain(|n, _| alive(n));
+    }
+
+    /// The pairs in `moved` moved to another path at `now`.
+    pub(crate) fn moved(&mut self, moved: &[(String, PeerSpec)], now: SystemTime) {
+        for (_, peer) in moved {
+            self.moved_at.insert(peer.node.clone(), now);
+        }
     }
 }
 

@@ -81,16 +81,30 @@ fn fnv(parts: &[&str]) -> u64 {
     h
 }
 
-/// The pair's path, from `local`'s side, given its direct endpoint.
-pub fn choose(
-    local: &Lease,
-    peer: &Lease,
-    view: &ClusterView,
-    history: Option<&PathHistory>,
-    direct: SocketAddr,
-    direct_answers: bool,
-    now: SystemTime,
-) -> Path {
+/// What a pair's path is chosen from, beside the two leases and the view.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// The watcher's findings for the pair.
+    pub history: Option<&'a PathHistory>,
+    /// The peer's direct endpoint.
+    pub direct: SocketAddr,
+    /// Whether the direct endpoint's address answers path-MTU probes.
+    pub direct_answers: bool,
+    /// The endpoint the device holds for the peer now (the gateway the pair is on, by
+    /// our plan or by the peer's choice, which WireGuard roamed to).
+    pub current: Option<SocketAddr>,
+    pub now: SystemTime,
+}
+
+/// The pair's path, from `local`'s side.
+pub fn choose(local: &Lease, peer: &Lease, view: &ClusterView, facts: Facts<'_>) -> Path {
+    let Facts {
+        history,
+        direct,
+        direct_answers,
+        current,
+        now,
+    } = facts;
     if !cross_zone(local, peer) || local.reach.gateway.is_some() || peer.reach.gateway.is_some() {
         return Path::Direct;
     }
@@ -99,6 +113,15 @@ pub fn choose(
         .and_then(|h| Some((h.direct_failed?, h.direct_failures)))
         .is_some_and(|(at, n)| since(at) < direct_hold(n));
     let direct_failed = history.is_some_and(|h| h.direct_failed.is_some());
+    // An address another node of this zone has too (private ranges overlap across VPCs)
+    // answers probes for that node, not for the peer.
+    let direct_answers = direct_answers
+        && !view.leases.values().any(|l| {
+            l.node != peer.node
+                && l.reach.zone == local.reach.zone
+                && (l.reach.internal_ip == Some(direct.ip())
+                    || l.public_ip.map(IpAddr::V4) == Some(direct.ip()))
+        });
     let go_direct = match (direct_failed, direct_held) {
         (_, true) => false,
         (true, false) => direct_answers,
@@ -112,17 +135,33 @@ pub fn choose(
         true => (&local.node, &peer.node),
         false => (&peer.node, &local.node),
     };
-    let mut gateways: Vec<(&Lease, u16, u64)> = view
+    // Each gateway of the two zones, where this node reaches its relay: on its internal
+    // address in this node's zone, on its published one in the other.
+    let mut gateways: Vec<(&Lease, SocketAddr, u64)> = view
         .leases
         .values()
         .filter(|g| g.node != local.node && g.node != peer.node)
         .filter(|g| zones.contains(&g.reach.zone.as_deref()))
-        .filter_map(|g| Some((&**g, g.reach.gateway?)))
-        .map(|(g, port)| (g, port, fnv(&[first, second, &g.node])))
+        .filter_map(|g| {
+            let port = g.reach.gateway?;
+            let ip = match g.reach.zone == local.reach.zone {
+                true => g
+                    .reach
+                    .internal_ip
+                    .filter(IpAddr::is_ipv4)
+                    .or(g.public_ip.map(IpAddr::V4)),
+                false => g.public_ip.map(IpAddr::V4),
+            }?;
+            Some((
+                &**g,
+                SocketAddr::new(ip, port),
+                fnv(&[first, second, &g.node]),
+            ))
+        })
         .collect();
     if gateways.is_empty() {
         let why = format!(
-            "{} and {} cannot reach each other (both private, in zones {} and {}) and neither zone has a gateway",
+            "{} and {} cannot reach each other (both private, in zones {} and {}) and neither zone has a gateway with an IPv4 address",
             local.node,
             peer.node,
             zones[0].unwrap_or("?"),
@@ -132,30 +171,20 @@ pub fn choose(
     }
     gateways.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.node.cmp(&b.0.node)));
     let failed_at = |g: &Lease| history.and_then(|h| h.gateways_failed.get(&g.node).copied());
-    let pick = gateways
-        .iter()
-        .find(|(g, ..)| failed_at(g).is_none_or(|t| since(t) >= GATEWAY_HOLD))
+    let usable = |g: &Lease| failed_at(g).is_none_or(|t| since(t) >= GATEWAY_HOLD);
+    // The gateway the pair is on stays while it is not found dead: a gateway that comes
+    // back takes no pair from another, and when the peer chose another gateway (its
+    // handshake came through it, and WireGuard roamed), this end follows.
+    let on = current.and_then(|c| gateways.iter().find(|(g, at, _)| *at == c && usable(g)));
+    let pick = on
+        .or_else(|| gateways.iter().find(|(g, ..)| usable(g)))
         .or_else(|| gateways.iter().min_by_key(|(g, ..)| failed_at(g)));
-    let Some((g, port, _)) = pick else {
-        return Path::Direct;
-    };
-    let same_zone = g.reach.zone == local.reach.zone;
-    let ip = match same_zone {
-        true => g
-            .reach
-            .internal_ip
-            .filter(IpAddr::is_ipv4)
-            .or(g.public_ip.map(IpAddr::V4)),
-        false => g.public_ip.map(IpAddr::V4),
-    };
-    match ip {
-        Some(ip) => Path::Relay {
+    match pick {
+        Some((g, endpoint, _)) => Path::Relay {
             gateway: g.node.clone(),
-            endpoint: SocketAddr::new(ip, *port),
+            endpoint: *endpoint,
         },
-        None => Path::NoPath {
-            why: format!("gateway {} publishes no IPv4 address", g.node),
-        },
+        None => Path::Direct,
     }
 }
 

@@ -72,9 +72,27 @@ fn path(
     history: Option<&PathHistory>,
     answers: bool,
 ) -> Path {
+    path_on(view, from, to, history, answers, None)
+}
+
+fn path_on(
+    view: &ClusterView,
+    from: &str,
+    to: &str,
+    history: Option<&PathHistory>,
+    answers: bool,
+    current: Option<SocketAddr>,
+) -> Path {
     let (l, p) = (view.get(from).unwrap(), view.get(to).unwrap());
     let direct = SocketAddr::new(IpAddr::V4(p.public_ip.unwrap()), 51820);
-    choose(l, p, view, history, direct, answers, now())
+    let facts = Facts {
+        history,
+        direct,
+        direct_answers: answers,
+        current,
+        now: now(),
+    };
+    choose(l, p, view, facts)
 }
 
 fn gateway(p: &Path) -> Option<(&str, SocketAddr)> {
@@ -242,5 +260,56 @@ fn a_gateway_relays_for_every_node_and_reaches_its_own_zone_at_home() {
     assert!(
         relay_members(v.get("b2").unwrap(), &v, 51820).is_empty(),
         "not a gateway"
+    );
+}
+
+#[test]
+fn a_pair_stays_on_its_gateway_and_follows_the_one_the_peer_chose() {
+    let v = sites();
+    let first = gateway(&path(&v, "a2", "b2", None, false))
+        .unwrap()
+        .0
+        .to_string();
+    let other = if first == "a1" { "b1" } else { "a1" };
+    // The device holds the other gateway's relay (the peer's handshake came through it):
+    // this end follows, rather than send through the first.
+    let on_other = gateway(&path(&v, "b2", "a2", None, false))
+        .map(|_| {
+            let g = v.get(other).unwrap();
+            let ip = match g.reach.zone == v.get("a2").unwrap().reach.zone {
+                true => g.reach.internal_ip.unwrap(),
+                false => IpAddr::V4(g.public_ip.unwrap()),
+            };
+            SocketAddr::new(ip, 51824)
+        })
+        .unwrap();
+    assert_eq!(
+        gateway(&path_on(&v, "a2", "b2", None, false, Some(on_other)))
+            .unwrap()
+            .0,
+        other
+    );
+    // Unless that one was found dead for the pair.
+    let mut h = PathHistory::default();
+    h.gateways_failed
+        .insert(other.to_string(), now() - Duration::from_secs(1));
+    assert_eq!(
+        gateway(&path_on(&v, "a2", "b2", Some(&h), false, Some(on_other)))
+            .unwrap()
+            .0,
+        first
+    );
+}
+
+#[test]
+fn a_direct_address_another_node_of_this_zone_has_too_proves_nothing() {
+    let mut v = sites();
+    // b2's private address is also a2's neighbour's (another VPC's range overlaps).
+    let mut twin = node("a3", 6, "site-a", [192, 0, 2, 142], None, false);
+    twin.backend_data = Some(crate::plan::wireguard_backend_data(&key(6), 51820));
+    v.insert(twin);
+    assert!(
+        gateway(&path(&v, "a2", "b2", None, true)).is_some(),
+        "its answer is a3's"
     );
 }

@@ -352,15 +352,19 @@ pub(super) fn peer(
     };
     let ip = ip.ok_or(LeaveReason::NoPublicIp { family })?;
     let direct = SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port));
-    let path = super::relay::choose(
-        local,
-        lease,
-        input.view,
-        input.observed.paths.get(&lease.node),
+    let current = input
+        .observed
+        .peers
+        .get(&(dev.name.into(), data.public_key))
+        .and_then(|o| o.endpoint);
+    let facts = super::relay::Facts {
+        history: input.observed.paths.get(&lease.node),
         direct,
-        input.path_mtus.contains_key(&ip),
-        input.now,
-    );
+        direct_answers: input.path_mtus.contains_key(&ip),
+        current,
+        now: input.now,
+    };
+    let path = super::relay::choose(local, lease, input.view, facts);
     let (endpoint, keepalive, via) = match path {
         super::relay::Path::Direct => (direct, wg.persistent_keepalive, Via::Direct),
         super::relay::Path::NoPath { why } => (direct, wg.persistent_keepalive, Via::NoPath(why)),

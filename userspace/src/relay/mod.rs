@@ -29,13 +29,15 @@ pub const DEFAULT_PORT: u16 = 51824;
 /// How often a receiving thread wakes with nothing received, to expire and save.
 const TICK: Duration = Duration::from_millis(500);
 const SAVE_EVERY: Duration = Duration::from_secs(1);
-const DROPS: [DropReason; 6] = [
+const SAVE_ANYWAY: Duration = Duration::from_secs(10);
+const DROPS: [DropReason; 7] = [
     DropReason::NotWireguard,
     DropReason::Limited,
     DropReason::UnknownResponder,
     DropReason::NoRoute,
     DropReason::Loop,
     DropReason::Full,
+    DropReason::Taken,
 ];
 
 /// What the relay has done since it started.
@@ -59,7 +61,7 @@ struct Shared {
     state: Option<PathBuf>,
     datagrams: AtomicU64,
     bytes: AtomicU64,
-    dropped: [AtomicU64; 6],
+    dropped: [AtomicU64; 7],
     restored: usize,
     saved: Mutex<Instant>,
 }
@@ -83,8 +85,11 @@ impl Shared {
             let mut t = self.table();
             t.expire(now);
             let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
-            let due = force || now.saturating_duration_since(*saved) >= SAVE_EVERY;
-            if self.state.is_none() || !due || !t.take_dirty() {
+            let since = now.saturating_duration_since(*saved);
+            // Changed routes within a second; the refreshed lifetimes of routes in use at
+            // least every `SAVE_ANYWAY`.
+            let due = force || (since >= SAVE_EVERY && t.take_dirty()) || since >= SAVE_ANYWAY;
+            if self.state.is_none() || !due {
                 return;
             }
             *saved = now;

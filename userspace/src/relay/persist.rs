@@ -1,8 +1,10 @@
 //! The relay's routes in a file (tmpfs, `/run/weft/relay.state`), so a gateway whose agent
 //! restarts carries its pairs on at once instead of waiting for each to handshake again.
-//! Text, one line per route (`r index from to left_ms confirmed from_key to_key bytes`)
-//! or learned address (`m key address left_ms`); written atomically (temp file and
-//! rename), read once at start. A line that does not parse is skipped.
+//! Text: when it was written (`t unix_ms`), then one line per confirmed route (`r index
+//! from to left_ms confirmed from_key to_key bytes`) or learned address (`m key address
+//! left_ms`); written atomically (temp file and rename), read once at start, each
+//! lifetime less the time since it was written (a relay that comes back after a while
+//! takes back only what is still alive). A line that does not parse is skipped.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -37,7 +39,7 @@ fn unhex(text: &str) -> Option<Option<Key>> {
 /// The table as text.
 pub(crate) fn render(table: &Table, now: Instant) -> String {
     let (routes, learned) = table.snapshot(now);
-    let mut out = String::new();
+    let mut out = format!("t {}\n", unix_ms());
     for ((index, from), r, left) in routes {
         let _ = writeln!(
             out,
@@ -56,15 +58,35 @@ pub(crate) fn render(table: &Table, now: Instant) -> String {
     out
 }
 
-/// What `render` wrote, at `now`.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What `render` wrote, at `now`: each lifetime at most its kind's, less the time since
+/// the file was written.
 pub(crate) fn parse(text: &str, now: Instant) -> (SavedRoutes, SavedLearned) {
     let (mut routes, mut learned) = (Vec::new(), Vec::new());
+    let mut since = Duration::ZERO;
+    let left = |ms: &str, most: Duration, since: Duration| -> Option<Duration> {
+        Duration::from_millis(ms.parse().ok()?)
+            .min(most)
+            .checked_sub(since)
+            .filter(|d| !d.is_zero())
+    };
     for line in text.lines() {
+        let left_of = |ms: &str, most: Duration| left(ms, most, since);
         let f: Vec<&str> = line.split(' ').collect();
         match f.as_slice() {
+            ["t", at] => {
+                if let Ok(at) = at.parse::<u64>() {
+                    since = Duration::from_millis(unix_ms().saturating_sub(at));
+                }
+            }
             ["r", index, from, to, left, confirmed, fk, tk, bytes] => {
                 let parsed = (|| {
-                    let left = Duration::from_millis(left.parse().ok()?);
+                    let left = left_of(left, super::table::ROUTE_LIFE)?;
                     Some((
                         (index.parse().ok()?, from.parse().ok()?),
                         Route {
@@ -85,7 +107,7 @@ pub(crate) fn parse(text: &str, now: Instant) -> (SavedRoutes, SavedLearned) {
                     Some((
                         unhex(key)??,
                         addr.parse().ok()?,
-                        Duration::from_millis(left.parse().ok()?),
+                        left_of(left, super::table::LEARNED_LIFE)?,
                     ))
                 })();
                 learned.extend(parsed);

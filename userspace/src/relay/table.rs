@@ -47,8 +47,12 @@ pub const LEARNED_LIFE: Duration = Duration::from_secs(600);
 pub const MAX_ROUTES: usize = 1 << 20;
 /// Handshake messages per second and burst, per source address and port (one node's
 /// WireGuard socket as the NAT maps it), and for all sources together.
-const PER_SOURCE: (f64, f64) = (20.0, 10.0);
+const PER_SOURCE: (f64, f64) = (50.0, 100.0);
 const IN_TOTAL: (f64, f64) = (5_000.0, 1_000.0);
+/// The mac1 trials (a BLAKE2s each, about 0.3 µs) all initiations and responses may cost
+/// a second, and at once: a flood of initiations that match no member costs the relay at
+/// most this, however many members it has.
+const MAC1_WORK: (f64, f64) = (200_000.0, 50_000.0);
 const SOURCES_MAX: usize = 65_536;
 
 /// A node the relay may carry datagrams to: its name and key, and its address on this
@@ -75,6 +79,8 @@ pub enum Drop {
     Loop,
     /// The table is full.
     Full,
+    /// An initiation whose index a live route of another node holds.
+    Taken,
 }
 
 impl Drop {
@@ -86,6 +92,7 @@ impl Drop {
             Drop::NoRoute => "no route",
             Drop::Loop => "loop",
             Drop::Full => "table full",
+            Drop::Taken => "index taken",
         }
     }
 }
@@ -130,10 +137,14 @@ impl Bucket {
         }
     }
 
-    fn take(&mut self, (rate, burst): (f64, f64), now: Instant) -> bool {
+    fn refill(&mut self, (rate, burst): (f64, f64), now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate).min(burst);
         self.last = now;
+    }
+
+    fn take(&mut self, limit: (f64, f64), now: Instant) -> bool {
+        self.refill(limit, now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -156,6 +167,8 @@ pub struct Table {
     pub(crate) routes: HashMap<(u32, SocketAddr), Route>,
     sources: HashMap<SocketAddr, Bucket>,
     total: Bucket,
+    /// Mac1 trials left to spend (`MAC1_WORK`); may go below zero, then refills.
+    work: Bucket,
     /// Bytes of routes that expired, by (sender, receiver) key.
     carried: HashMap<(Key, Key), u64>,
     swept: Option<Instant>,
@@ -174,6 +187,7 @@ impl Table {
             routes: HashMap::new(),
             sources: HashMap::new(),
             total: Bucket::full(IN_TOTAL.1, now),
+            work: Bucket::full(MAC1_WORK.1, now),
             carried: HashMap::new(),
             swept: None,
             dirty: false,
@@ -183,8 +197,17 @@ impl Table {
     /// The members now: those gone are forgotten, the others keep what was learned.
     pub fn set_members(&mut self, members: &[Member]) {
         let mut next = HashMap::with_capacity(members.len());
+        // A member whose key changed (a rotation) keeps where it was heard from.
+        let by_node: HashMap<&str, Option<(SocketAddr, Instant)>> = self
+            .members
+            .values()
+            .map(|s| (&*s.node, s.learned))
+            .collect();
         for m in members {
-            let learned = self.members.get(&m.key).and_then(|s| s.learned);
+            let learned = match self.members.get(&m.key) {
+                Some(s) => s.learned,
+                None => by_node.get(&*m.node).copied().flatten(),
+            };
             next.insert(
                 m.key,
                 MemberState {
@@ -244,9 +267,8 @@ impl Table {
     }
 
     fn limit(&mut self, from: SocketAddr, now: Instant) -> Result<(), Drop> {
-        if !self.total.take(IN_TOTAL, now) {
-            return Err(Drop::Limited);
-        }
+        // The source's own bucket first: a source over its limit spends nothing of the
+        // total, which a flood from one host would otherwise use up for everyone.
         if self.sources.len() >= SOURCES_MAX {
             self.sources
                 .retain(|_, b| now.saturating_duration_since(b.last) < Duration::from_secs(1));
@@ -258,10 +280,21 @@ impl Table {
             .sources
             .entry(from)
             .or_insert_with(|| Bucket::full(PER_SOURCE.1, now));
-        match bucket.take(PER_SOURCE, now) {
-            true => Ok(()),
-            false => Err(Drop::Limited),
+        if !bucket.take(PER_SOURCE, now) {
+            return Err(Drop::Limited);
         }
+        // Mac1 work left, and the total.
+        self.work.refill(MAC1_WORK, now);
+        if self.work.tokens < 1.0 || !self.total.take(IN_TOTAL, now) {
+            return Err(Drop::Limited);
+        }
+        Ok(())
+    }
+
+    /// Tries `key`'s mac1 on `msg`, spending one trial of the work budget.
+    fn mac1_of(work: &mut Bucket, key: &Key, msg: &[u8]) -> bool {
+        work.tokens -= 1.0;
+        mac1_matches(key, msg)
     }
 
     /// A cookie reply or data message: its route, by the receiver index at `at`.
@@ -281,7 +314,17 @@ impl Table {
             route.until = now + ROUTE_LIFE;
         }
         route.bytes += msg.len() as u64;
-        Ok(route.to)
+        let (to, sender) = (route.to, route.from_key);
+        // The sender is still where it was learned: its address stays usable for
+        // initiations to it (a member that never initiates is otherwise forgotten).
+        if let Some(m) = sender.and_then(|k| self.members.get_mut(&k)) {
+            if let Some((at, when)) = m.learned.as_mut() {
+                if *at == from && now.saturating_duration_since(*when) > Duration::from_secs(1) {
+                    *when = now;
+                }
+            }
+        }
+        Ok(to)
     }
 
     fn initiation(
@@ -298,12 +341,23 @@ impl Table {
             .iter()
             .filter_map(|(key, m)| Some((key, m.address(now)?, &m.mac1, m.home.is_some())))
             .partition(|(.., home)| *home);
+        let work = &mut self.work;
         let (key, to) = home
             .into_iter()
             .chain(away)
-            .find(|(_, to, mac1, _)| *to != from && mac1_matches(mac1, msg))
+            .find(|(_, to, mac1, _)| *to != from && Self::mac1_of(work, mac1, msg))
             .map(|(key, to, ..)| (*key, to))
             .ok_or(Drop::UnknownResponder)?;
+        // A live route under this index from the responder that goes elsewhere is not
+        // taken over (a forged initiation would redirect a session's data; a real
+        // collision is retried by WireGuard with another index).
+        if self
+            .routes
+            .get(&(sender, to))
+            .is_some_and(|r| r.until > now && r.to != from)
+        {
+            return Err(Drop::Taken);
+        }
         // The responder answers to this sender index, from `to`.
         self.insert(
             (sender, to),
@@ -324,18 +378,23 @@ impl Table {
         let sender = u32_at(msg, 4).ok_or(Drop::NotWireguard)?;
         let receiver = u32_at(msg, 8).ok_or(Drop::NotWireguard)?;
         let back = *self.routes.get(&(receiver, from)).ok_or(Drop::NoRoute)?;
-        if back.until <= now {
+        // Only an initiation still waiting is answered: a confirmed route is not made
+        // again by a response (anyone can compute a response's mac1).
+        if back.until <= now || back.confirmed {
             return Err(Drop::NoRoute);
         }
         // Who initiated: the member whose key the response's mac1 is made with, tried
         // first at the address the initiation came from.
+        let work = &mut self.work;
         let initiator = self
             .members
             .iter()
             .filter(|(_, m)| m.address(now) == Some(back.to))
             .chain(self.members.iter())
-            .find(|(_, m)| mac1_matches(&m.mac1, msg))
-            .map(|(k, _)| *k);
+            .find(|(_, m)| Self::mac1_of(work, &m.mac1, msg))
+            .map(|(k, _)| *k)
+            .ok_or(Drop::UnknownResponder)?;
+        let initiator = Some(initiator);
         let responder = back.from_key;
         if let Some(m) = initiator.and_then(|k| self.members.get_mut(&k)) {
             if m.home.is_none() {
@@ -446,7 +505,7 @@ impl Table {
         let routes = self
             .routes
             .iter()
-            .filter(|(_, r)| r.until > now)
+            .filter(|(_, r)| r.until > now && r.confirmed)
             .map(|(k, r)| (*k, *r, r.until - now))
             .collect();
         let learned = self
@@ -465,7 +524,7 @@ impl Table {
     /// waits for its member).
     pub(crate) fn restore(&mut self, routes: SavedRoutes, learned: SavedLearned, now: Instant) {
         for (at, mut r, left) in routes.into_iter().take(MAX_ROUTES) {
-            r.until = now + left;
+            r.until = now + left.min(ROUTE_LIFE);
             self.routes.insert(at, r);
         }
         for (key, addr, left) in learned {

@@ -241,29 +241,90 @@ fn a_restarted_relay_carries_the_pair_on_from_its_saved_routes() {
 }
 
 #[test]
-fn a_flood_of_handshake_messages_from_one_source_is_limited() {
+fn a_flood_of_handshake_messages_from_one_source_is_limited_and_starves_no_one_else() {
     let now = Instant::now();
     let mut t = Table::new(now);
     t.set_members(&members());
     let mut a = tunnel(1, 2, now);
     let mut buf = vec![0u8; 2048];
     let init = datagram(a.encapsulate(&packet(100, 1), now, &mut buf));
-    let passed = (0..100)
+    let passed = (0..5000)
         .filter(|_| t.route(addr(A), &init, now).is_ok())
         .count();
     assert_eq!(
-        passed, 10,
+        passed, 100,
         "the burst, then nothing within the same instant"
     );
-    // Another source is not held back by the first one's flood.
+    // Another source is not held back by the first one's flood, which spent nothing of
+    // the total past its own burst.
+    let mut other = tunnel(3, 2, now);
+    let init2 = datagram(other.encapsulate(&packet(100, 1), now, &mut buf));
     assert_eq!(
-        t.route(addr("198.51.100.253:40002"), &init, now),
+        t.route(addr("198.51.100.253:40002"), &init2, now),
         Ok(addr(B))
     );
-    // A second later, 20 more.
+    // A second later, 50 more.
     let later = now + Duration::from_secs(1);
     let passed = (0..100)
         .filter(|_| t.route(addr(A), &init, later).is_ok())
         .count();
-    assert_eq!(passed, 10, "refilled up to its burst");
+    assert_eq!(passed, 50, "refilled at its rate");
+}
+
+#[test]
+fn a_forged_message_takes_no_live_route_over() {
+    let now = Instant::now();
+    let mut t = Table::new(now);
+    t.set_members(&members());
+    let (_a, mut b) = handshake(&mut t, now);
+    let mut buf = vec![0u8; 2048];
+    // b's data to a names a's index: an initiation forged with that index, "from" a
+    // stranger, for b, would make the route b -> a point at the stranger.
+    let d = datagram(b.encapsulate(&packet(200, 1), now, &mut buf));
+    let a_index = u32::from_le_bytes(d[4..8].try_into().unwrap());
+    let mut forged = vec![0u8; 148];
+    forged[0] = 1;
+    forged[4..8].copy_from_slice(&a_index.to_le_bytes());
+    crate::wg::cookie::write_mac1(&public(2), &mut forged);
+    let stranger = addr("203.0.113.66:1234");
+    assert_eq!(t.route(stranger, &forged, now), Err(Drop::Taken));
+    assert_eq!(
+        t.route(addr(B), &d, now),
+        Ok(addr(A)),
+        "b's data still goes to a"
+    );
+    // A response forged for the confirmed route (its mac1 is anyone's to compute) is
+    // refused: only an initiation still waiting is answered.
+    let mut resp = vec![0u8; 92];
+    resp[0] = 2;
+    resp[4..8].copy_from_slice(&7u32.to_le_bytes());
+    resp[8..12].copy_from_slice(&a_index.to_le_bytes());
+    crate::wg::cookie::write_mac1(&public(1), &mut resp);
+    assert_eq!(t.route(addr(B), &resp, now), Err(Drop::NoRoute));
+}
+
+#[test]
+fn saved_lifetimes_lose_the_time_the_relay_was_down_and_bad_ones_are_bounded() {
+    let now = Instant::now();
+    let written = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let key = "01".repeat(32);
+    let text = format!(
+        "t {}\nr 5 192.0.2.130:51820 198.51.100.253:40001 150000 1 - - 0\nr 6 192.0.2.130:51820 198.51.100.253:40001 99999999999999999 1 - - 0\nm {key} 198.51.100.253:40001 18446744073709551615\n",
+        written - 100_000
+    );
+    let (routes, learned) = super::persist::parse(&text, now);
+    let lefts: Vec<u64> = routes.iter().map(|(.., l)| l.as_secs()).collect();
+    // 150 s saved 100 s ago: about 50 left; a huge one is bounded by ROUTE_LIFE first.
+    assert!((49..=50).contains(&lefts[0]), "{lefts:?}");
+    assert!((99..=100).contains(&lefts[1]), "{lefts:?}");
+    assert!(learned[0].2 <= super::table::LEARNED_LIFE);
+    // Written longer ago than anything lives: nothing comes back.
+    let stale = format!(
+        "t {}\nr 5 192.0.2.130:51820 198.51.100.253:40001 150000 1 - - 0\n",
+        written - 300_000
+    );
+    assert!(super::persist::parse(&stale, now).0.is_empty());
 }
