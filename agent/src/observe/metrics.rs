@@ -138,7 +138,7 @@ impl Metrics {
         self.register_passes(&mut registry);
         self.register_alerts(&mut registry);
         register_plan(&mut registry, snapshot);
-        register_pair_paths(&mut registry, snapshot);
+        super::relay_metrics::register(&mut registry, snapshot);
         self.register_peers(&mut registry, snapshot);
         self.register_liveness(&mut registry, snapshot);
         register_post_quantum(&mut registry, snapshot, std::time::SystemTime::now());
@@ -295,69 +295,6 @@ fn register_post_quantum(registry: &mut Registry, snapshot: &Snapshot, now: std:
         "How long ago the round of the pair's PSK in force began",
         age,
     );
-}
-
-/// Each WireGuard pair's path (`direct`, `relay` with its gateway, or `none`) and, on a
-/// gateway, what its relay carries: bytes per pair, datagrams, routes, drops by reason.
-fn register_pair_paths(registry: &mut Registry, snapshot: &Snapshot) {
-    let path: Family<Labels, Gauge> = Family::default();
-    for p in &snapshot.peers {
-        let Some(words) = p.path.as_deref() else {
-            continue;
-        };
-        let (kind, gateway) = match words {
-            "direct" => ("direct", String::new()),
-            w if w.starts_with("via ") => ("relay", w["via ".len()..].to_string()),
-            _ => ("none", String::new()),
-        };
-        path.get_or_create(&vec![
-            ("node", p.node.clone()),
-            ("path", kind.to_string()),
-            ("gateway", gateway),
-        ])
-        .set(1);
-    }
-    registry.register(
-        "peer_path",
-        "How the pair is carried: path=direct, path=relay through gateway, or path=none (the two nodes cannot reach each other and no gateway can carry them)",
-        path,
-    );
-    let Some(relay) = &snapshot.relay else {
-        return;
-    };
-    let gateway = snapshot.node.clone();
-    let pairs: Family<Labels, Counter> = Family::default();
-    for p in &relay.pairs {
-        pairs
-            .get_or_create(&vec![
-                ("gateway", gateway.clone()),
-                ("from", p.from.clone()),
-                ("to", p.to.clone()),
-            ])
-            .inc_by(p.bytes);
-    }
-    registry.register(
-        "relay_bytes",
-        "Bytes this gateway's relay carried from one node to another (WireGuard datagrams, never decrypted)",
-        pairs,
-    );
-    let dropped: Family<Labels, Counter> = Family::default();
-    for (reason, n) in &relay.dropped {
-        dropped
-            .get_or_create(&vec![("reason", reason.clone())])
-            .inc_by(*n);
-    }
-    registry.register(
-        "relay_dropped_datagrams",
-        "Datagrams the relay dropped, by reason",
-        dropped,
-    );
-    let datagrams: Counter = Counter::default();
-    datagrams.inc_by(relay.datagrams);
-    registry.register("relay_datagrams", "Datagrams the relay carried", datagrams);
-    let routes: Gauge = Gauge::default();
-    routes.set(i64::try_from(relay.routes).unwrap_or(i64::MAX));
-    registry.register("relay_routes", "Pair routes the relay holds", routes);
 }
 
 /// The plan: peers left out (by reason) and the peers in it.

@@ -6,5 +6,6 @@ pub mod control_socket;
 pub mod http;
 pub mod metrics;
 pub mod pods_ready;
+mod relay_metrics;
 pub mod server;
 pub mod snapshot;

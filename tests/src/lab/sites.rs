@@ -92,7 +92,9 @@ pub fn nat_ns(tag: &str, site: usize) -> String {
     format!("{tag}-nat{}", ["a", "b"][site])
 }
 
-/// Builds both sites' bridges and NATs (the 1:1 mappings come with each node: `map`).
+/// Builds both sites' bridges and NATs (the 1:1 mappings come with each node: `map`). The
+/// conntrack timeouts are set once the NAT rules have loaded conntrack (a fresh kernel has
+/// no such sysctl before).
 pub(super) fn build(tag: &str, fabric: &str, namespaces: &mut Namespaces) -> anyhow::Result<()> {
     for site in 0..2 {
         in_ns(
@@ -125,12 +127,12 @@ pub(super) fn build(tag: &str, fabric: &str, namespaces: &mut Namespaces) -> any
             &nat,
             &format!(
                 "sysctl -qw net.ipv4.ip_forward=1 && ip route add default via {EXT_IP} \
-                 && sysctl -qw net.netfilter.nf_conntrack_udp_timeout={t} \
-                 && sysctl -qw net.netfilter.nf_conntrack_udp_timeout_stream={t} \
                  && nft add table ip nat \
                  && nft add chain ip nat pre '{{ type nat hook prerouting priority -100; }}' \
                  && nft add chain ip nat post '{{ type nat hook postrouting priority 100; }}' \
-                 && nft add rule ip nat post oifname eth0 masquerade random",
+                 && nft add rule ip nat post oifname eth0 masquerade random \
+                 && sysctl -qw net.netfilter.nf_conntrack_udp_timeout={t} \
+                 && sysctl -qw net.netfilter.nf_conntrack_udp_timeout_stream={t}",
                 t = UDP_TIMEOUT_S
             ),
         )?;
