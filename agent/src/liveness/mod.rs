@@ -46,6 +46,15 @@ pub fn tell_drift(metrics: &Metrics, device: &str, found: &[Drift]) -> Vec<Strin
     words
 }
 
+/// What the watcher tells the loop of a pair's path (`node::paths`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathEvent {
+    /// The pair (by node) was found dead on its path.
+    Dead(String),
+    /// The relayed pair's device roamed to another endpoint than the plan's.
+    Roamed(String),
+}
+
 /// What the watcher asks of the control loop.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {

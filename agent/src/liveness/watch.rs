@@ -41,7 +41,7 @@ pub fn spawn(
     snapshot: snapshot::Shared,
     metrics: Metrics,
     dead_pairs: Option<mpsc::Sender<String>>,
-    path_dead: mpsc::UnboundedSender<String>,
+    path_dead: mpsc::UnboundedSender<super::PathEvent>,
 ) -> std::io::Result<Handle> {
     let (plan_tx, plan_rx) = watch::channel(None);
     let applying = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -65,6 +65,7 @@ pub fn spawn(
         path_dead,
         applying: applying.clone(),
         answering_of: None,
+        roams_told: HashMap::new(),
     };
     std::thread::Builder::new()
         .name("liveness".into())
@@ -104,11 +105,13 @@ struct Watcher {
     dead_pairs: Option<mpsc::Sender<String>>,
     /// Each pair at its dead verdict, by node: a pair across zones takes another path
     /// (the loop's `paths`).
-    path_dead: mpsc::UnboundedSender<String>,
+    path_dead: mpsc::UnboundedSender<super::PathEvent>,
     /// The loop is changing the devices (`Handle::applying`).
     applying: Arc<std::sync::atomic::AtomicBool>,
     /// The plan whose answering addresses the book holds.
     answering_of: Option<u64>,
+    /// Relayed pairs whose roamed endpoint the loop was told of, and that endpoint.
+    roams_told: HashMap<PublicKey, std::net::SocketAddr>,
 }
 
 /// What one read of a device gave.
@@ -157,6 +160,7 @@ impl Watcher {
                     self.not_answering.remove(&spec.device);
                     self.check_drift(plan, spec, &device);
                     let reads = peer_reads(&device);
+                    self.relay_roams(spec, &reads);
                     counters.extend(
                         device
                             .peers
@@ -214,6 +218,28 @@ impl Watcher {
             }
         }
         self.publish(plan, counters);
+    }
+
+    /// A relayed pair whose device roamed to another endpoint than the plan's (the peer's
+    /// handshake came through another gateway): the loop plans again with the device read
+    /// afresh, so this end follows the gateway the pair is on (`plan::relay`). Told once
+    /// per endpoint.
+    fn relay_roams(&mut self, spec: &TunnelSpec, reads: &HashMap<PublicKey, PeerRead>) {
+        for peer in spec.peers.iter().filter(|p| p.via.gateway().is_some()) {
+            let Some(at) = reads.get(&peer.public_key).and_then(|r| r.endpoint) else {
+                continue;
+            };
+            if at == peer.endpoint {
+                self.roams_told.remove(&peer.public_key);
+                continue;
+            }
+            if self.roams_told.insert(peer.public_key, at) != Some(at) {
+                debug!(node = %peer.node, endpoint = %at, planned = %peer.endpoint, "relayed pair roamed: planning again");
+                let _ = self
+                    .path_dead
+                    .send(super::PathEvent::Roamed(peer.node.clone()));
+            }
+        }
     }
 
     async fn read(&mut self, device: &str) -> Read {
@@ -283,7 +309,7 @@ impl Watcher {
                 // Only a path that went unanswered counts against the path (a device that
                 // does not answer is this node's fault, not the path's).
                 if matches!(cause, Cause::Unanswered { .. }) {
-                    let _ = self.path_dead.send(node.clone());
+                    let _ = self.path_dead.send(super::PathEvent::Dead(node.clone()));
                 }
                 if self.crowd.dead.is_empty() {
                     warn!(
@@ -321,7 +347,7 @@ impl Watcher {
                 // Still dead after the steps: its path is told again (a verdict the loop
                 // did not hold against a path just taken counts now).
                 if matches!(cause, Cause::Unanswered { .. }) {
-                    let _ = self.path_dead.send(node.clone());
+                    let _ = self.path_dead.send(super::PathEvent::Dead(node.clone()));
                 }
                 if let Some(tx) = &self.dead_pairs {
                     let _ = tx.try_send(node);

@@ -34,6 +34,12 @@ impl Controller<'_> {
                 Default::default()
             }
         };
+        // Where the devices send each peer now: a pair the plan moves onto the endpoint its
+        // device already holds (it followed the gateway its peer chose) is not moved again.
+        let held: BTreeMap<PublicKey, std::net::SocketAddr> = device
+            .iter()
+            .filter_map(|((_, key), o)| Some((*key, o.endpoint?)))
+            .collect();
         let t_plan = Instant::now();
         let Some((state, planned)) = self.plan(device, full) else {
             return;
@@ -95,6 +101,10 @@ impl Controller<'_> {
             (Ok(_), Some(before)) => super::paths::moved(before, &state),
             _ => Vec::new(),
         };
+        let moved: Vec<_> = moved
+            .into_iter()
+            .filter(|(_, p)| held.get(&p.public_key) != Some(&p.endpoint))
+            .collect();
         if !moved.is_empty() {
             self.paths.moved(&moved, SystemTime::now());
             self.rehandshake_moved(&moved).await;

@@ -113,17 +113,17 @@ pub(super) struct Controller<'a> {
     resync_put_off: Option<Instant>,
     /// Cross-zone pairs' path failures (`paths`), and the watcher's dead pairs feeding it.
     pub(super) paths: super::paths::PathMemory,
-    path_dead: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    path_dead: Option<tokio::sync::mpsc::UnboundedReceiver<crate::liveness::PathEvent>>,
     /// A device handle for re-handshaking pairs that moved path (made when first needed).
     pub(super) path_wg: Option<weft_backends::apply::wireguard::devices::WgImpl>,
     /// This node's relay, while it is a gateway.
     pub(super) relay: Option<crate::relay::Gateway>,
 }
 
-/// The next pair the watcher found dead, or never (no watcher).
+/// The watcher's next word on a pair's path, or never (no watcher).
 async fn recv_path_dead(
-    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
-) -> Option<String> {
+    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<crate::liveness::PathEvent>>,
+) -> Option<crate::liveness::PathEvent> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -232,7 +232,7 @@ pub(crate) async fn control_loop(
 fn start_liveness(
     dataplane: &Dataplane,
     inputs: &LoopInputs,
-    path_dead: tokio::sync::mpsc::UnboundedSender<String>,
+    path_dead: tokio::sync::mpsc::UnboundedSender<crate::liveness::PathEvent>,
 ) -> Option<crate::liveness::Handle> {
     let started = dataplane.another_wg_handle()?.and_then(|wg| {
         let dead_pairs = Some(inputs.pq.fall_back.clone());
@@ -359,11 +359,15 @@ impl Controller<'_> {
                     return Wake::Pass { full: true };
                 }
                 // A pair died on its path: a cross-zone pair takes another.
-                Some(node) = recv_path_dead(&mut self.path_dead) => {
-                    if self.path_dead(&node) {
-                        return Wake::Pass { full: false };
+                Some(event) = recv_path_dead(&mut self.path_dead) => match event {
+                    crate::liveness::PathEvent::Dead(node) => {
+                        if self.path_dead(&node) {
+                            return Wake::Pass { full: false };
+                        }
                     }
-                }
+                    // The device holds another gateway for the pair: plan with it read.
+                    crate::liveness::PathEvent::Roamed(_) => return Wake::Pass { full: true },
+                },
                 // The key-switch watcher moved a peer to its next key: the pass removes
                 // the entry it left.
                 Some(()) = switched(&mut self.switch_watch) => return Wake::Pass { full: false },

@@ -264,14 +264,22 @@ mod pair_path_tests {
     fn a_pair_with_no_path_fails_naming_why_and_relayed_pairs_are_listed() {
         let ok = pair_paths(&snapshot(&[("a", "direct"), ("b", "via g1")]));
         assert_eq!(ok.verdict, Verdict::Pass);
-        assert!(ok.detail.contains("1 direct, 1 through a gateway's relay"), "{}", ok.detail);
+        assert!(
+            ok.detail.contains("1 direct, 1 through a gateway's relay"),
+            "{}",
+            ok.detail
+        );
         assert!(ok.detail.contains("b via g1"), "{}", ok.detail);
         let none = pair_paths(&snapshot(&[
             ("a", "direct"),
             ("c", "no path: n1 and c cannot reach each other"),
         ]));
         assert_eq!(none.verdict, Verdict::Fail);
-        assert!(none.detail.contains("c: n1 and c cannot reach each other"), "{}", none.detail);
+        assert!(
+            none.detail.contains("c: n1 and c cannot reach each other"),
+            "{}",
+            none.detail
+        );
         assert!(none.fix.unwrap_or_default().contains("weft.dev/gateway"));
     }
 }
