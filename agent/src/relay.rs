@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 use weft_backends::model::{ClusterView, Lease};
 use weft_backends::plan::relay::relay_members;
@@ -73,4 +74,55 @@ pub fn follow(
         .collect();
     g.relay.set_members(&members);
     g.view = Some(view.clone());
+}
+
+/// A gateway's relay as it stands (`crate::relay`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RelayInfo {
+    pub port: u16,
+    /// Nodes it may carry datagrams to, and pair routes it holds now.
+    pub members: usize,
+    pub routes: usize,
+    pub datagrams: u64,
+    pub bytes: u64,
+    /// Routes taken back from its state file at start.
+    pub restored: usize,
+    /// Datagrams dropped, by reason.
+    pub dropped: Vec<(String, u64)>,
+    /// Bytes carried from one node to another.
+    pub pairs: Vec<RelayedPair>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RelayedPair {
+    pub from: String,
+    pub to: String,
+    pub bytes: u64,
+}
+
+/// What `relay` holds and has carried, for the snapshot.
+pub fn info(relay: &weft_backends::userspace::relay::Relay) -> RelayInfo {
+    let s = relay.stats();
+    RelayInfo {
+        port: relay.port(),
+        members: s.members,
+        routes: s.routes,
+        datagrams: s.datagrams,
+        bytes: s.bytes,
+        restored: s.restored,
+        dropped: s
+            .dropped
+            .into_iter()
+            .map(|(r, n)| (r.to_string(), n))
+            .collect(),
+        pairs: s
+            .pairs
+            .into_iter()
+            .map(|p| RelayedPair {
+                from: p.from.to_string(),
+                to: p.to.to_string(),
+                bytes: p.bytes,
+            })
+            .collect(),
+    }
 }

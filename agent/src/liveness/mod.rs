@@ -18,6 +18,7 @@
 mod crowd;
 mod plan;
 pub mod probe;
+mod roams;
 mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};

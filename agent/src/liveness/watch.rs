@@ -160,7 +160,7 @@ impl Watcher {
                     self.not_answering.remove(&spec.device);
                     self.check_drift(plan, spec, &device);
                     let reads = peer_reads(&device);
-                    self.relay_roams(spec, &reads);
+                    super::roams::tell(&mut self.roams_told, spec, &reads, &self.path_dead);
                     counters.extend(
                         device
                             .peers
@@ -218,28 +218,6 @@ impl Watcher {
             }
         }
         self.publish(plan, counters);
-    }
-
-    /// A relayed pair whose device roamed to another endpoint than the plan's (the peer's
-    /// handshake came through another gateway): the loop plans again with the device read
-    /// afresh, so this end follows the gateway the pair is on (`plan::relay`). Told once
-    /// per endpoint.
-    fn relay_roams(&mut self, spec: &TunnelSpec, reads: &HashMap<PublicKey, PeerRead>) {
-        for peer in spec.peers.iter().filter(|p| p.via.gateway().is_some()) {
-            let Some(at) = reads.get(&peer.public_key).and_then(|r| r.endpoint) else {
-                continue;
-            };
-            if at == peer.endpoint {
-                self.roams_told.remove(&peer.public_key);
-                continue;
-            }
-            if self.roams_told.insert(peer.public_key, at) != Some(at) {
-                debug!(node = %peer.node, endpoint = %at, planned = %peer.endpoint, "relayed pair roamed: planning again");
-                let _ = self
-                    .path_dead
-                    .send(super::PathEvent::Roamed(peer.node.clone()));
-            }
-        }
     }
 
     async fn read(&mut self, device: &str) -> Read {

@@ -13,6 +13,8 @@ use serde_json::Value;
 use weft_backends::apply::expected_rules;
 use weft_backends::model::{format_mac, ClusterView, DesiredState, Lease, NextKey, RouteRole};
 
+pub use crate::relay::{RelayInfo, RelayedPair};
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     pub node: String,
@@ -72,30 +74,6 @@ pub struct Snapshot {
     /// This node's relay, when it is a gateway: what it carries.
     #[serde(default)]
     pub relay: Option<RelayInfo>,
-}
-
-/// A gateway's relay as it stands (`crate::relay`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RelayInfo {
-    pub port: u16,
-    /// Nodes it may carry datagrams to, and pair routes it holds now.
-    pub members: usize,
-    pub routes: usize,
-    pub datagrams: u64,
-    pub bytes: u64,
-    /// Routes taken back from its state file at start.
-    pub restored: usize,
-    /// Datagrams dropped, by reason.
-    pub dropped: Vec<(String, u64)>,
-    /// Bytes carried from one node to another.
-    pub pairs: Vec<RelayedPair>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RelayedPair {
-    pub from: String,
-    pub to: String,
-    pub bytes: u64,
 }
 
 /// A peer's counters: a WireGuard peer's as read from the device, or an ipsec peer's
@@ -320,34 +298,8 @@ impl Inner {
                 self.snapshot.post_quantum = pq_rows(&status);
             }
         }
-        self.snapshot.relay = self.relay.as_deref().map(relay_info);
+        self.snapshot.relay = self.relay.as_deref().map(crate::relay::info);
         &self.snapshot
-    }
-}
-
-fn relay_info(relay: &weft_backends::userspace::relay::Relay) -> RelayInfo {
-    let s = relay.stats();
-    RelayInfo {
-        port: relay.port(),
-        members: s.members,
-        routes: s.routes,
-        datagrams: s.datagrams,
-        bytes: s.bytes,
-        restored: s.restored,
-        dropped: s
-            .dropped
-            .into_iter()
-            .map(|(r, n)| (r.to_string(), n))
-            .collect(),
-        pairs: s
-            .pairs
-            .into_iter()
-            .map(|p| RelayedPair {
-                from: p.from.to_string(),
-                to: p.to.to_string(),
-                bytes: p.bytes,
-            })
-            .collect(),
     }
 }
 

@@ -53,6 +53,19 @@ pub enum Path {
     },
 }
 
+/// How recent a handshake must be for an endpoint WireGuard learned to say the peer came
+/// that way (`Facts::roamed`).
+pub const CAME_FRESH: Duration = Duration::from_secs(30);
+
+/// Whether `at` is some gateway's relay, at its internal or its published address.
+fn is_relay(view: &ClusterView, at: SocketAddr) -> bool {
+    view.leases.values().any(|g| {
+        g.reach.gateway == Some(at.port())
+            && (g.public_ip.map(IpAddr::V4) == Some(at.ip())
+                || g.reach.internal_ip == Some(at.ip()))
+    })
+}
+
 /// Whether `lease` is private: nodes of other zones cannot reach it.
 pub fn private(lease: &Lease) -> bool {
     lease.reach.zone.is_some() && lease.reach.gateway.is_none() && lease.reach.internal_ip.is_none()
@@ -93,6 +106,10 @@ pub struct Facts<'a> {
     /// The endpoint the device holds for the peer now (the gateway the pair is on, by
     /// our plan or by the peer's choice, which WireGuard roamed to).
     pub current: Option<SocketAddr>,
+    /// The device learned `current` from the peer's own packets, with a handshake in
+    /// the last `CAME_FRESH`: where it is no gateway's relay, the peer reached this node
+    /// directly.
+    pub roamed: bool,
     pub now: SystemTime,
 }
 
@@ -103,6 +120,7 @@ pub fn choose(local: &Lease, peer: &Lease, view: &ClusterView, facts: Facts<'_>)
         direct,
         direct_answers,
         current,
+        roamed,
         now,
     } = facts;
     if !cross_zone(local, peer) || local.reach.gateway.is_some() || peer.reach.gateway.is_some() {
@@ -128,6 +146,11 @@ pub fn choose(local: &Lease, peer: &Lease, view: &ClusterView, facts: Facts<'_>)
         (false, _) => !(private(local) && private(peer)) || direct_answers,
     };
     if go_direct || !direct.is_ipv4() {
+        return Path::Direct;
+    }
+    // The peer's handshake came straight from its published address (not through a
+    // relay): the direct path works, whatever the probes say yet; this end follows.
+    if roamed && current.is_some_and(|c| c.ip() == direct.ip() && !is_relay(view, c)) {
         return Path::Direct;
     }
     let zones = [local.reach.zone.as_deref(), peer.reach.zone.as_deref()];

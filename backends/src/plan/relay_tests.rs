@@ -90,6 +90,7 @@ fn path_on(
         direct,
         direct_answers: answers,
         current,
+        roamed: false,
         now: now(),
     };
     choose(l, p, view, facts)
@@ -312,4 +313,25 @@ fn a_direct_address_another_node_of_this_zone_has_too_proves_nothing() {
         gateway(&path(&v, "a2", "b2", None, true)).is_some(),
         "its answer is a3's"
     );
+}
+
+#[test]
+fn a_peer_whose_handshake_came_straight_from_its_address_is_followed_direct() {
+    let v = sites();
+    let b2 = v.get("b2").unwrap();
+    let direct = SocketAddr::new(IpAddr::V4(b2.public_ip.unwrap()), 51820);
+    let facts = |roamed, current| Facts {
+        history: None,
+        direct,
+        direct_answers: false,
+        current,
+        roamed,
+        now: now(),
+    };
+    let a2 = v.get("a2").unwrap();
+    assert_eq!(choose(a2, b2, &v, facts(true, Some(direct))), Path::Direct);
+    // Not when this node set it, nor from another address (a NAT's port), nor a relay.
+    assert!(gateway(&choose(a2, b2, &v, facts(false, Some(direct)))).is_some());
+    let natted = SocketAddr::new("198.51.100.242".parse().unwrap(), 40000);
+    assert!(gateway(&choose(a2, b2, &v, facts(true, Some(natted)))).is_some());
 }

@@ -352,16 +352,30 @@ pub(super) fn peer(
     };
     let ip = ip.ok_or(LeaveReason::NoPublicIp { family })?;
     let direct = SocketAddr::new(ip, data.port.unwrap_or(dev.listen_port));
-    let current = input
+    let seen = input
         .observed
         .peers
-        .get(&(dev.name.into(), data.public_key))
-        .and_then(|o| o.endpoint);
+        .get(&(dev.name.into(), data.public_key));
+    let current = seen.and_then(|o| o.endpoint);
+    // Learned from the peer's packets (not what this node set), on a fresh handshake.
+    let roamed = seen.is_some_and(|o| {
+        let fresh = o.last_handshake.is_some_and(|t| {
+            input
+                .now
+                .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                .is_ok_and(|n| !t.is_zero() && n.saturating_sub(t) <= super::relay::CAME_FRESH)
+        });
+        fresh
+            && o.endpoint.is_some()
+            && o.planned_before.is_some()
+            && o.endpoint != o.planned_before
+    });
     let facts = super::relay::Facts {
         history: input.observed.paths.get(&lease.node),
         direct,
         direct_answers: input.path_mtus.contains_key(&ip),
         current,
+        roamed,
         now: input.now,
     };
     let path = super::relay::choose(local, lease, input.view, facts);

@@ -10,6 +10,7 @@
 //! table is saved to a tmpfs file (`persist`) once a second when it changed and when the
 //! relay stops, and loaded at start: a gateway whose agent restarts keeps carrying.
 
+mod limit;
 pub mod persist;
 pub mod table;
 

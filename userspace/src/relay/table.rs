@@ -14,14 +14,15 @@
 //! nodes that drew the same 32-bit index do not take each other's datagrams. A route made
 //! by an initiation lives `PENDING_LIFE` until a response confirms it, then `ROUTE_LIFE`
 //! past its last datagram. Handshake messages, which cost the relay BLAKE2s work, are
-//! limited per source address and port and in total; data costs one table lookup.
+//! limited (`limit`); data costs one table lookup.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::wg::cookie::{mac1_key, mac1_matches};
+use super::limit::Limits;
+use crate::wg::cookie::mac1_key;
 
 pub type Key = [u8; 32];
 /// Routes as saved: where, the route, and how long it has left.
@@ -45,15 +46,6 @@ pub const PENDING_LIFE: Duration = Duration::from_secs(10);
 pub const LEARNED_LIFE: Duration = Duration::from_secs(600);
 /// Routes held at most (about 100 bytes each).
 pub const MAX_ROUTES: usize = 1 << 20;
-/// Handshake messages per second and burst, per source address and port (one node's
-/// WireGuard socket as the NAT maps it), and for all sources together.
-const PER_SOURCE: (f64, f64) = (50.0, 100.0);
-const IN_TOTAL: (f64, f64) = (5_000.0, 1_000.0);
-/// The mac1 trials (a BLAKE2s each, about 0.3 µs) all initiations and responses may cost
-/// a second, and at once: a flood of initiations that match no member costs the relay at
-/// most this, however many members it has.
-const MAC1_WORK: (f64, f64) = (200_000.0, 50_000.0);
-const SOURCES_MAX: usize = 65_536;
 
 /// A node the relay may carry datagrams to: its name and key, and its address on this
 /// gateway's own segment (same zone: its internal address and WireGuard port), if any.
@@ -124,36 +116,6 @@ impl MemberState {
     }
 }
 
-struct Bucket {
-    tokens: f64,
-    last: Instant,
-}
-
-impl Bucket {
-    fn full(burst: f64, now: Instant) -> Bucket {
-        Bucket {
-            tokens: burst,
-            last: now,
-        }
-    }
-
-    fn refill(&mut self, (rate, burst): (f64, f64), now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate).min(burst);
-        self.last = now;
-    }
-
-    fn take(&mut self, limit: (f64, f64), now: Instant) -> bool {
-        self.refill(limit, now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// Bytes carried between two members (by key), for `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PairBytes {
@@ -165,10 +127,7 @@ pub struct PairBytes {
 pub struct Table {
     members: HashMap<Key, MemberState>,
     pub(crate) routes: HashMap<(u32, SocketAddr), Route>,
-    sources: HashMap<SocketAddr, Bucket>,
-    total: Bucket,
-    /// Mac1 trials left to spend (`MAC1_WORK`); may go below zero, then refills.
-    work: Bucket,
+    limits: Limits,
     /// Bytes of routes that expired, by (sender, receiver) key.
     carried: HashMap<(Key, Key), u64>,
     swept: Option<Instant>,
@@ -185,9 +144,7 @@ impl Table {
         Table {
             members: HashMap::new(),
             routes: HashMap::new(),
-            sources: HashMap::new(),
-            total: Bucket::full(IN_TOTAL.1, now),
-            work: Bucket::full(MAC1_WORK.1, now),
+            limits: Limits::new(now),
             carried: HashMap::new(),
             swept: None,
             dirty: false,
@@ -234,7 +191,7 @@ impl Table {
         fn map<K, V>(m: &HashMap<K, V>) -> usize {
             m.capacity() * (std::mem::size_of::<(K, V)>() + 1)
         }
-        map(&self.routes) + map(&self.members) + map(&self.sources) + map(&self.carried)
+        map(&self.routes) + map(&self.members) + self.limits.estimated_bytes() + map(&self.carried)
     }
 
     /// Where the datagram `msg` from `from` goes at `now`.
@@ -267,34 +224,10 @@ impl Table {
     }
 
     fn limit(&mut self, from: SocketAddr, now: Instant) -> Result<(), Drop> {
-        // The source's own bucket first: a source over its limit spends nothing of the
-        // total, which a flood from one host would otherwise use up for everyone.
-        if self.sources.len() >= SOURCES_MAX {
-            self.sources
-                .retain(|_, b| now.saturating_duration_since(b.last) < Duration::from_secs(1));
+        match self.limits.allow(from, now) {
+            true => Ok(()),
+            false => Err(Drop::Limited),
         }
-        if self.sources.len() >= SOURCES_MAX && !self.sources.contains_key(&from) {
-            return Err(Drop::Limited);
-        }
-        let bucket = self
-            .sources
-            .entry(from)
-            .or_insert_with(|| Bucket::full(PER_SOURCE.1, now));
-        if !bucket.take(PER_SOURCE, now) {
-            return Err(Drop::Limited);
-        }
-        // Mac1 work left, and the total.
-        self.work.refill(MAC1_WORK, now);
-        if self.work.tokens < 1.0 || !self.total.take(IN_TOTAL, now) {
-            return Err(Drop::Limited);
-        }
-        Ok(())
-    }
-
-    /// Tries `key`'s mac1 on `msg`, spending one trial of the work budget.
-    fn mac1_of(work: &mut Bucket, key: &Key, msg: &[u8]) -> bool {
-        work.tokens -= 1.0;
-        mac1_matches(key, msg)
     }
 
     /// A cookie reply or data message: its route, by the receiver index at `at`.
@@ -341,11 +274,11 @@ impl Table {
             .iter()
             .filter_map(|(key, m)| Some((key, m.address(now)?, &m.mac1, m.home.is_some())))
             .partition(|(.., home)| *home);
-        let work = &mut self.work;
+        let work = &mut self.limits;
         let (key, to) = home
             .into_iter()
             .chain(away)
-            .find(|(_, to, mac1, _)| *to != from && Self::mac1_of(work, mac1, msg))
+            .find(|(_, to, mac1, _)| *to != from && work.mac1(mac1, msg))
             .map(|(key, to, ..)| (*key, to))
             .ok_or(Drop::UnknownResponder)?;
         // A live route under this index from the responder that goes elsewhere is not
@@ -385,13 +318,13 @@ impl Table {
         }
         // Who initiated: the member whose key the response's mac1 is made with, tried
         // first at the address the initiation came from.
-        let work = &mut self.work;
+        let work = &mut self.limits;
         let initiator = self
             .members
             .iter()
             .filter(|(_, m)| m.address(now) == Some(back.to))
             .chain(self.members.iter())
-            .find(|(_, m)| Self::mac1_of(work, &m.mac1, msg))
+            .find(|(_, m)| work.mac1(&m.mac1, msg))
             .map(|(k, _)| *k)
             .ok_or(Drop::UnknownResponder)?;
         let initiator = Some(initiator);
@@ -467,8 +400,7 @@ impl Table {
         for r in &gone {
             self.fold(r);
         }
-        self.sources
-            .retain(|_, b| now.saturating_duration_since(b.last) < Duration::from_secs(10));
+        self.limits.expire(now);
     }
 
     /// Bytes carried per pair of members (by name), expired routes included.
