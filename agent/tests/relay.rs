@@ -212,10 +212,16 @@ fn private_nodes_of_two_sites_reach_each_other_through_a_gateway_that_holds_no_k
     // The carrying gateway cut off while a transfer runs: the pair moves to the other.
     let probe = Probe::start(&pa.0, &pb.0, pb.1).unwrap();
     let (from, to_ns, to_ip) = (pa.0.clone(), pb.0.clone(), pb.1);
-    let bulk = std::thread::spawn(move || transfer(&from, &to_ns, to_ip, 64 << 20));
-    std::thread::sleep(Duration::from_millis(500));
+    // Long enough to be under way when the gateway goes: about 3 s here, 15 s in the VM.
+    let bytes = wait::bound(512u64 << 20, 32 << 20);
+    let bulk = std::thread::spawn(move || transfer(&from, &to_ns, to_ip, bytes));
+    std::thread::sleep(Duration::from_millis(300));
     let cut = Instant::now();
     lab.set_link(gw, false).unwrap();
+    assert!(
+        !bulk.is_finished(),
+        "the transfer ended before the gateway was cut"
+    );
     wait::until_or(
         "the pair on the other gateway",
         Duration::from_secs(20),
