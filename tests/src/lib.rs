@@ -24,6 +24,7 @@ pub mod pki;
 pub mod tcp;
 pub mod tls_front;
 pub mod traffic;
+pub mod usage;
 pub mod vm;
 pub mod wait;
 

@@ -20,6 +20,18 @@ static ALLOCATOR: weft_lab::fuzz::alloc::Counting = weft_lab::fuzz::alloc::Count
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `--help` anywhere: the verb's usage and nothing else; an unknown flag: named.
+    match weft_lab::usage::check(&args) {
+        Ok(Some(usage)) => {
+            println!("{usage}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(None) => {}
+        Err(why) => {
+            eprintln!("weft-lab: {why}");
+            return ExitCode::from(2);
+        }
+    }
     let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or_default();
     let result = match arg(0) {
         "demo" => tokio::runtime::Runtime::new()
@@ -51,9 +63,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         _ => {
-            eprintln!(
-                "usage: weft-lab demo [wireguard|vxlan|host-gw] [--plan-only] | tcp-sink PORT | tcp-source HOST:PORT BYTES | bench … | fuzz … | vm SCRIPT"
-            );
+            eprintln!("{}", weft_lab::usage::all());
             return ExitCode::from(2);
         }
     };
