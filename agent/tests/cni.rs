@@ -242,6 +242,54 @@ fn fill(lab: &mut Lab) -> usize {
     }
 }
 
+/// The agent releases what leaked by itself: a /28 filled by containers killed without a
+/// DEL (their runtime gone too, so no GC ever comes) gets its addresses back within the
+/// agent's period, with no GC call and no operator, while a live pod keeps its address
+/// and its traffic. `/metrics` counts what was released.
+#[test]
+fn the_agent_releases_leaked_addresses_by_itself_and_never_a_live_pods() {
+    let mut cfg = LabConfig::wireguard(1, WEFT);
+    cfg.pods_per_node = 0;
+    cfg.leaked_address_period = 2;
+    cfg.extra_args.extend([
+        "--healthz-port=10267".to_string(),
+        "--healthz-ip=127.0.0.1".to_string(),
+    ]);
+    cfg.net_conf = r#"{"Network": "10.244.0.0/16", "SubnetLen": 28, "SubnetMax": "10.244.199.0", "Backend": {"Type": "wireguard"}}"#.into();
+    let mut lab = Lab::start(cfg).unwrap();
+    assert_eq!(fill(&mut lab), 13);
+    let live = lab.nodes[0].pods[0].ip.to_string();
+    vanish(&lab, 1..13);
+    weft_lab::wait::until_or(
+        "the 12 leaked addresses released by the agent",
+        std::time::Duration::from_secs(10),
+        || reservations(&lab) == [live.clone()],
+        || format!("{:?}\n{}", reservations(&lab), lab.logs()),
+    );
+    // The live pod kept its address and its traffic.
+    let pod = &lab.nodes[0].pods[0];
+    assert_eq!(pod.ip.to_string(), live);
+    let gateway = pod.result["ips"][0]["gateway"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    weft_lab::lab::in_ns(&pod.ns, &format!("ping -c 1 -W 2 -q {gateway}")).unwrap();
+    assert_eq!(fill(&mut lab), 12, "the range has room again");
+    let log = std::fs::read_to_string(lab.nodes[0].agent_log()).unwrap();
+    let released: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("released a leaked pod address"))
+        .collect();
+    assert_eq!(released.len(), 12, "{}", released.join("\n"));
+    let metrics = lab
+        .on_node(0, "curl -s http://127.0.0.1:10267/metrics")
+        .unwrap();
+    assert!(
+        metrics.contains("weft_pod_address_leaks_released_total 12"),
+        "{metrics}"
+    );
+}
+
 #[test]
 fn leaked_addresses_come_back_after_gc_and_after_a_reboot() {
     let mut cfg = LabConfig::wireguard(1, WEFT);

@@ -168,6 +168,22 @@ pub struct AgentArgs {
     #[arg(long)]
     pub psk_dir: Option<PathBuf>,
 
+    /// weft-cni's data directory (the conflist's `dataDir`): where the agent looks for pod
+    /// addresses held for containers that are gone.
+    #[arg(long, default_value = crate::cni::conf::DEFAULT_DATA_DIR)]
+    pub cni_data_dir: PathBuf,
+
+    /// Where the CNI plugins are: a leaked attachment is freed by its delegate's DEL.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: String,
+
+    /// Seconds between the agent's releases of leaked pod addresses (attachments whose
+    /// container's network namespace is gone or that an earlier boot recorded, and
+    /// host-local reservations no attachment holds), the first at start; 0: never (then
+    /// `weft cleanup --leaked-addresses` frees them).
+    #[arg(long, default_value = "60", value_parser = parse_seconds)]
+    pub leaked_address_period: Duration,
+
     /// This node's zone (etcd mode; on Kubernetes the Node's `topology.kubernetes.io/zone`
     /// label or `weft.dev/zone` annotation): peers in the same zone reach it on its own
     /// address, the others on the one it publishes (--public-ip).

@@ -17,6 +17,7 @@ pub mod delegate;
 pub mod error;
 pub mod gc;
 pub mod leaks;
+pub mod release;
 pub mod status;
 pub mod version;
 

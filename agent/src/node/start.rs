@@ -99,6 +99,12 @@ async fn run_async(args: AgentArgs) -> anyhow::Result<i32> {
     let snapshot = snapshot::Shared::default();
     let mut metrics = Metrics::default();
     metrics.alerts.registry = health.registry();
+    crate::cni::release::spawn(
+        args.cni_data_dir.clone(),
+        args.cni_bin_dir.clone(),
+        args.leaked_address_period,
+        metrics.clone(),
+    );
     let endpoints = crate::observe::http::Endpoints {
         health: health.clone(),
         metrics: metrics.clone(),

@@ -36,6 +36,8 @@ pub struct Metrics {
     keys: Arc<Mutex<HashMap<String, (weft_crypto::PublicKey, u64)>>>,
     /// Repairs of WireGuard pairs, by cause and step (`crate::liveness`).
     pair_repairs: Family<Labels, Counter>,
+    /// Leaked pod addresses the agent released, by container (`cni::release`).
+    pub addresses_released: Counter,
     /// What the registry warned about; it counts into these.
     pub alerts: Alerts,
 }
@@ -60,6 +62,7 @@ impl Default for Metrics {
             pass_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             keys: Arc::default(),
             pair_repairs: Family::default(),
+            addresses_released: Counter::default(),
             alerts: Alerts::default(),
         }
     }
@@ -165,6 +168,11 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Duration of reconcile passes",
             self.pass_seconds.clone(),
+        );
+        registry.register(
+            "pod_address_leaks_released",
+            "Leaked pod addresses the agent released, by container: attachments whose container is gone (its network namespace gone, or of an earlier boot), through the delegate's DEL, and host-local reservations no attachment held",
+            self.addresses_released.clone(),
         );
         registry.register(
             "registry_events",

@@ -66,8 +66,17 @@ impl Lab {
             (None, true) => "--iface=eth0".to_string(),
             (None, false) => format!("--public-ip={}", node.ip),
         };
+        // The node's own weft-cni data and plugins, for the agent's release of leaked pod
+        // addresses (never the host's).
+        let cni = format!(
+            "--cni-data-dir={} --cni-bin-dir={}:{} --leaked-address-period={}",
+            node.dir.join("cni/flannel").display(),
+            self.cni_bin.display(),
+            super::cni::DEBIAN_PLUGINS,
+            self.cfg.leaked_address_period
+        );
         let script = format!(
-            "exec {weft} agent {registry} {address} {extra}",
+            "exec {weft} agent {registry} {address} {cni} {extra}",
             weft = self.cfg.weft.display(),
             extra = self.cfg.extra_args.join(" "),
         );
@@ -115,8 +124,14 @@ impl Lab {
     /// `/var/lib/weft` bound in a mount namespace of its own.
     pub(crate) fn node_shell(&self, i: usize, script: &str) -> Command {
         let node = &self.nodes[i];
+        // The host's network namespaces stay visible under the node's own /run, as a
+        // node's /run/netns is to its agent (the containers' namespaces, which the release
+        // of leaked pod addresses looks at).
+        let netns = node.dir.join("run/netns");
+        let _ = std::fs::create_dir_all(&netns);
         let mounts = Mounts::private()
-            .bind(&node.dir.join("run"), Path::new("/run"))
+            .bind(Path::new("/run/netns"), &netns)
+            .rbind(&node.dir.join("run"), Path::new("/run"))
             .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
         script_in(&node.ns, &mounts, script)
     }

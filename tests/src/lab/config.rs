@@ -78,6 +78,9 @@ pub struct LabConfig {
     /// Nodes (by index) whose own link to the fabric has this MTU (both ends of it), below
     /// everyone else's 1500: a node whose own link is the narrow one.
     pub link_mtu: Vec<(usize, u32)>,
+    /// Seconds between each agent's releases of leaked pod addresses (its node's weft-cni
+    /// data); 0: never.
+    pub leaked_address_period: u64,
     /// `Lab::start` returns once every pair's first post-quantum round is in force and
     /// applied (`Lab::settle_post_quantum`); off for a test that watches the start itself.
     pub settle: bool,
@@ -114,6 +117,7 @@ impl LabConfig {
             kube_seed: Vec::new(),
             natted: Vec::new(),
             sites: None,
+            leaked_address_period: 60,
             zones: Vec::new(),
             launchers: BTreeMap::new(),
             etcd_prefix: DEFAULT_ETCD_PREFIX.into(),
