@@ -4,7 +4,7 @@
 //! private (a2, b2). a2 and b2 cannot reach each other at all; their pair goes through a
 //! gateway's relay, which forwards their WireGuard datagrams without any of their keys.
 //!
-//! One lab, in phases (each a claim of the README's "Across VPCs and NATs"):
+//! One lab, in phases (each a claim of docs/cross-zone.md):
 //! every pod pair reaches every other, a2–b2 through a gateway both ends agree on and all
 //! others direct; 16 MiB both ways arrive intact (4 MiB under the VM's emulated CPU); nothing in clear on any segment and none
 //! of the pair's pod packets on the gateway's own tunnel device; the pair idle for longer
