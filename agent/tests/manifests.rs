@@ -363,3 +363,120 @@ fn the_image_carries_both_binaries_and_nft() {
         "no toolchain in the runtime image"
     );
 }
+
+/// `kubectl kustomize DIR`'s objects (the `kubectl apply -k DIR` would send), or a failure
+/// naming what is missing: kubectl (Debian: kubernetes-client, which `scripts/install-deps`
+/// installs) or a kustomization it refuses.
+fn kustomized(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl (apt-get install kubernetes-client) is needed: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// `v` as Kubernetes reads it: YAML 1.1 takes `0400` for an octal number, where YAML 1.2
+/// (serde_yaml) keeps a string, and kustomize writes the number.
+fn octal_as_kubernetes_reads_it(v: &mut Value) {
+    match v {
+        Value::String(s)
+            if s.len() > 1
+                && s.starts_with('0')
+                && s.bytes().all(|b| (b'0'..=b'7').contains(&b)) =>
+        {
+            if let Ok(n) = u64::from_str_radix(s, 8) {
+                *v = Value::from(n);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(octal_as_kubernetes_reads_it),
+        Value::Object(o) => o.values_mut().for_each(octal_as_kubernetes_reads_it),
+        _ => {}
+    }
+}
+
+fn by_kind_and_name(docs: Vec<Value>) -> std::collections::BTreeMap<(String, String), Value> {
+    docs.into_iter()
+        .map(|mut d| {
+            octal_as_kubernetes_reads_it(&mut d);
+            let key = (
+                d["kind"].as_str().unwrap_or_default().to_string(),
+                d["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            (key, d)
+        })
+        .collect()
+}
+
+/// `kubectl apply -k deploy/kubernetes` installs what `kubectl apply -f deploy/kubernetes/`
+/// does, object for object (the `Kustomization` file has no `.yaml`, so `-f` passes it
+/// over); the example overlay changes the image and the backend and nothing else, and what
+/// it changes still passes the agent's own checks. Run with whatever kubectl the machine
+/// has; Debian's (1.20, kustomize 2) is the oldest it must work with.
+#[test]
+fn the_manifests_install_with_kustomize_as_with_f_and_the_overlay_changes_image_and_backend() {
+    let base = by_kind_and_name(kustomized(&deploy().join("kubernetes")));
+    let files = by_kind_and_name(documents());
+    assert_eq!(
+        base.keys().collect::<Vec<_>>(),
+        files.keys().collect::<Vec<_>>(),
+        "-k and -f install other objects"
+    );
+    for (key, doc) in &files {
+        assert_eq!(&base[key], doc, "{key:?} differs between -k and -f");
+    }
+
+    let overlay = by_kind_and_name(kustomized(&deploy().join("overlay-example")));
+    assert_eq!(
+        overlay.keys().collect::<Vec<_>>(),
+        files.keys().collect::<Vec<_>>()
+    );
+    let ds = &overlay[&("DaemonSet".to_string(), "weft".to_string())];
+    let spec = &ds["spec"]["template"]["spec"];
+    for c in spec["containers"]
+        .as_array()
+        .into_iter()
+        .chain(spec["initContainers"].as_array())
+        .flatten()
+    {
+        assert_eq!(c["image"], "registry.example.com/weft:0.1.0", "{c}");
+        if c["name"] == "weft" {
+            parse(c);
+        }
+    }
+    let cm = &overlay[&("ConfigMap".to_string(), "kube-flannel-cfg".to_string())];
+    let dir = tempfile::tempdir().unwrap();
+    let net_conf = dir.path().join("net-conf.json");
+    std::fs::write(&net_conf, cm["data"]["net-conf.json"].as_str().unwrap()).unwrap();
+    let out = Command::new(WEFT)
+        .args(["config", "check"])
+        .arg(&net_conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(checked["Backend"]["Type"], "ipsec");
+    // Everything else as the base has it.
+    for (key, doc) in &files {
+        if key.0 != "DaemonSet" && key.0 != "ConfigMap" {
+            assert_eq!(&overlay[key], doc, "the overlay changed {key:?}");
+        }
+    }
+}
