@@ -173,6 +173,6 @@ fn the_words_of_a_line_keep_their_quotes_together() {
     let readme = "```sh\nweft agent --a \\\n  --b   # c\n$ weft config check x\n{\n```\n";
     assert_eq!(
         commands(readme),
-        ["weft agent --a   --b", "weft config check x"]
+        ["weft agent --a --b", "weft config check x"]
     );
 }
