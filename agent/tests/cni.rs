@@ -294,6 +294,8 @@ fn the_agent_releases_leaked_addresses_by_itself_and_never_a_live_pods() {
 fn leaked_addresses_come_back_after_gc_and_after_a_reboot() {
     let mut cfg = LabConfig::wireguard(1, WEFT);
     cfg.pods_per_node = 0;
+    // The runtime's GC and the operator's cleanup, not the agent's own release.
+    cfg.leaked_address_period = 0;
     cfg.net_conf = r#"{"Network": "10.244.0.0/16", "SubnetLen": 28, "SubnetMax": "10.244.199.0", "Backend": {"Type": "wireguard"}}"#.into();
     let mut lab = Lab::start(cfg).unwrap();
 
