@@ -262,21 +262,9 @@ fn the_configmap_passes_config_check_and_ships_the_labs_conflist() {
         .any(|v| v["configMap"]["name"] == cm["metadata"]["name"]));
     assert_eq!(cm["metadata"]["namespace"], ds["metadata"]["namespace"]);
 
-    let dir = tempfile::tempdir().unwrap();
-    let net_conf = dir.path().join("net-conf.json");
-    std::fs::write(&net_conf, cm["data"]["net-conf.json"].as_str().unwrap()).unwrap();
-    let out = Command::new(WEFT)
-        .args(["config", "check"])
-        .arg(&net_conf)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "weft config check refused the ConfigMap's net-conf.json: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checked = config_check(cm);
     assert_eq!(checked["Backend"]["Type"], "wireguard");
+    let dir = tempfile::tempdir().unwrap();
 
     let conflist_text = cm["data"]["cni-conf.json"].as_str().unwrap();
     let conflist: Value = serde_json::from_str(conflist_text).unwrap();
@@ -362,6 +350,24 @@ fn the_image_carries_both_binaries_and_nft() {
         !runtime.contains("cargo"),
         "no toolchain in the runtime image"
     );
+}
+
+/// `weft config check` of the ConfigMap `cm`'s net-conf.json: what it makes of it.
+fn config_check(cm: &Value) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let net_conf = dir.path().join("net-conf.json");
+    std::fs::write(&net_conf, cm["data"]["net-conf.json"].as_str().unwrap()).unwrap();
+    let out = Command::new(WEFT)
+        .args(["config", "check"])
+        .arg(&net_conf)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "weft config check refused the ConfigMap's net-conf.json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// `kubectl kustomize DIR`'s objects (the `kubectl apply -k DIR` would send), or a failure
@@ -458,20 +464,7 @@ fn the_manifests_install_with_kustomize_as_with_f_and_the_overlay_changes_image_
         }
     }
     let cm = &overlay[&("ConfigMap".to_string(), "kube-flannel-cfg".to_string())];
-    let dir = tempfile::tempdir().unwrap();
-    let net_conf = dir.path().join("net-conf.json");
-    std::fs::write(&net_conf, cm["data"]["net-conf.json"].as_str().unwrap()).unwrap();
-    let out = Command::new(WEFT)
-        .args(["config", "check"])
-        .arg(&net_conf)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let checked: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checked = config_check(cm);
     assert_eq!(checked["Backend"]["Type"], "ipsec");
     // Everything else as the base has it.
     for (key, doc) in &files {

@@ -51,26 +51,18 @@ fn paths(lab: &Lab, i: usize) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Node `i`'s name among its peers (etcd mode: its subnet key, `10.244.3.0-24`).
-fn name(lab: &Lab, i: usize) -> String {
-    lab.nodes[i]
-        .subnet
-        .map(|s| format!("{}-{}", s.network(), s.prefix_len()))
-        .unwrap_or_default()
-}
-
 /// The gateway (its lab index) carrying a2–b2 as a2 sees it, once b2 sees the same.
 fn carrier(lab: &Lab) -> Option<usize> {
     let via = paths(lab, A2)
-        .get(&name(lab, B2))?
+        .get(&lab.node_name(B2))?
         .strip_prefix("via ")?
         .to_string();
     let back = paths(lab, B2)
-        .get(&name(lab, A2))?
+        .get(&lab.node_name(A2))?
         .strip_prefix("via ")?
         .to_string();
     (via == back).then_some(())?;
-    [A1, B1].into_iter().find(|&g| name(lab, g) == via)
+    [A1, B1].into_iter().find(|&g| lab.node_name(g) == via)
 }
 
 fn ping_once(lab: &Lab, from: usize, to: usize) -> bool {
@@ -124,7 +116,7 @@ fn private_nodes_of_two_sites_reach_each_other_through_a_gateway_that_holds_no_k
         for (peer, path) in paths(&lab, i) {
             let relayed = [(A2, B2), (B2, A2)]
                 .iter()
-                .any(|&(x, y)| i == x && peer == name(&lab, y));
+                .any(|&(x, y)| i == x && peer == lab.node_name(y));
             assert_eq!(
                 path.starts_with("via "),
                 relayed,
@@ -183,7 +175,7 @@ fn private_nodes_of_two_sites_reach_each_other_through_a_gateway_that_holds_no_k
     }
     let status = lab.status(gw);
     assert!(
-        status.contains(&format!("{} -> {}", name(&lab, A2), name(&lab, B2))),
+        status.contains(&format!("{} -> {}", lab.node_name(A2), lab.node_name(B2))),
         "{status}"
     );
 
@@ -266,7 +258,7 @@ fn private_nodes_of_two_sites_reach_each_other_through_a_gateway_that_holds_no_k
         || {
             [(A2, B2), (B2, A2)].iter().all(|&(x, y)| {
                 paths(&lab, x)
-                    .get(&name(&lab, y))
+                    .get(&lab.node_name(y))
                     .is_some_and(|p| p == "direct")
             })
         },

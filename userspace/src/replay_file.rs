@@ -26,20 +26,28 @@ pub fn load(path: &Path) -> HashMap<Key, [u8; 12]> {
 
 /// Writes `entries` to `path` atomically, readable by its owner only.
 pub fn save(path: &Path, entries: &[(Key, [u8; 12])]) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(entries.len() * RECORD);
+    for (key, stamp) in entries {
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(stamp);
+    }
+    write_private(path, &buf)
+}
+
+/// Writes `bytes` to `path` atomically (a temporary file beside it, then a rename),
+/// readable by its owner only: the device's and the relay's tmpfs state.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("replay.tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(&tmp)?;
-    let mut buf = Vec::with_capacity(entries.len() * RECORD);
-    for (key, stamp) in entries {
-        buf.extend_from_slice(key);
-        buf.extend_from_slice(stamp);
-    }
-    f.write_all(&buf)?;
+    f.write_all(bytes)?;
     drop(f);
     std::fs::rename(&tmp, path)
 }

@@ -97,17 +97,8 @@ impl Controller<'_> {
                 self.record_counters(&state);
             }
         }
-        let moved = match (&result, self.last.as_deref()) {
-            (Ok(_), Some(before)) => super::paths::moved(before, &state),
-            _ => Vec::new(),
-        };
-        let moved: Vec<_> = moved
-            .into_iter()
-            .filter(|(_, p)| held.get(&p.public_key) != Some(&p.endpoint))
-            .collect();
-        if !moved.is_empty() {
-            self.paths.moved(&moved, SystemTime::now());
-            self.rehandshake_moved(&moved).await;
+        if let (Ok(_), Some(before)) = (&result, self.last.clone()) {
+            self.rehandshake_moved(&before, &state, &held).await;
         }
         self.follow_relay();
         if error_policy::reconciled(&self.inputs, result, &outcome) {
@@ -131,8 +122,19 @@ impl Controller<'_> {
         self.last = Some(state);
     }
 
-    /// Re-handshakes the pairs the plan moved to another path (`paths`).
-    async fn rehandshake_moved(&mut self, moved: &[(String, weft_backends::model::PeerSpec)]) {
+    /// Re-handshakes the pairs `after` moved to another path than `before`'s (`paths`),
+    /// but those whose device already holds the new endpoint (`held`).
+    async fn rehandshake_moved(
+        &mut self,
+        before: &DesiredState,
+        after: &DesiredState,
+        held: &BTreeMap<PublicKey, std::net::SocketAddr>,
+    ) {
+        let moved = super::paths::moved(before, after, held);
+        if moved.is_empty() {
+            return;
+        }
+        self.paths.moved(&moved, SystemTime::now());
         if self.path_wg.is_none() {
             match self.dataplane.another_wg_handle() {
                 Some(Ok(wg)) => self.path_wg = Some(wg),
@@ -143,7 +145,7 @@ impl Controller<'_> {
             }
         }
         if let Some(wg) = self.path_wg.as_mut() {
-            super::paths::rehandshake(wg, moved).await;
+            super::paths::rehandshake(wg, &moved).await;
         }
     }
 

@@ -90,8 +90,13 @@ impl PathMemory {
     }
 }
 
-/// The peers whose path `after` moves from `before`'s, per device.
-pub(crate) fn moved(before: &DesiredState, after: &DesiredState) -> Vec<(String, PeerSpec)> {
+/// The peers whose path `after` moves from `before`'s, per device; not those whose device
+/// holds the new endpoint already (`held`: it followed the gateway its peer chose).
+pub(crate) fn moved(
+    before: &DesiredState,
+    after: &DesiredState,
+    held: &BTreeMap<weft_crypto::PublicKey, std::net::SocketAddr>,
+) -> Vec<(String, PeerSpec)> {
     let mut out = Vec::new();
     for t in &after.tunnels {
         let Some(old) = before.tunnels.iter().find(|o| o.device == t.device) else {
@@ -100,7 +105,8 @@ pub(crate) fn moved(before: &DesiredState, after: &DesiredState) -> Vec<(String,
         let was: BTreeMap<_, &Via> = old.peers.iter().map(|p| (p.public_key, &p.via)).collect();
         for p in &t.peers {
             let gw = |v: &Via| v.gateway().map(str::to_string);
-            if was.get(&p.public_key).is_some_and(|v| gw(v) != gw(&p.via)) {
+            let moved = was.get(&p.public_key).is_some_and(|v| gw(v) != gw(&p.via));
+            if moved && held.get(&p.public_key) != Some(&p.endpoint) {
                 out.push((t.device.clone(), p.clone()));
             }
         }

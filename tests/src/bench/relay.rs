@@ -39,21 +39,14 @@ struct Run {
     failover: Duration,
 }
 
-fn name(lab: &Lab, i: usize) -> String {
-    lab.nodes[i]
-        .subnet
-        .map(|s| format!("{}-{}", s.network(), s.prefix_len()))
-        .unwrap_or_default()
-}
-
 /// The gateway carrying a2 -> b2, as a2's status says.
 fn carrier(lab: &Lab) -> Option<usize> {
     let text = lab.status(A2);
-    let b2 = name(lab, B2);
+    let b2 = lab.node_name(B2);
     let line = text.lines().find(|l| l.starts_with(&b2))?;
     GATEWAYS
         .into_iter()
-        .find(|&g| line.contains(&format!("via {}", name(lab, g))))
+        .find(|&g| line.contains(&format!("via {}", lab.node_name(g))))
 }
 
 /// User and system CPU seconds of node `i`'s agent process so far.

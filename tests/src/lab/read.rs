@@ -51,6 +51,15 @@ impl Lab {
         Ok(())
     }
 
+    /// Node `i`'s name among its peers in an etcd lab (its subnet key, `10.244.3.0-24`), as
+    /// `weft status` shows it.
+    pub fn node_name(&self, i: usize) -> String {
+        self.nodes[i]
+            .subnet
+            .map(|s| format!("{}-{}", s.network(), s.prefix_len()))
+            .unwrap_or_default()
+    }
+
     /// The etcd key of node `i`'s lease (flannel's dual-stack form in a dual-stack lab).
     pub fn lease_key(&self, i: usize) -> Option<String> {
         let node = &self.nodes[i];

@@ -120,21 +120,10 @@ pub(crate) fn parse(text: &str, now: Instant) -> (SavedRoutes, SavedLearned) {
 
 /// Writes `text` to `path` atomically, readable by its owner only.
 pub fn save(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    drop(f);
-    std::fs::rename(&tmp, path)
+    crate::replay_file::write_private(path, text.as_bytes())
 }
 
 /// Loads `path` into `table` (nothing if it is missing).
