@@ -13,9 +13,14 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 /// What node `i` holds that an agent could leak.
 fn holdings(lab: &Lab, i: usize) -> String {
+    // A device's `.replay` file (the peers' newest handshake timestamps) is written once
+    // the device has answered an initiation, whichever agent ran then: it is listed apart,
+    // and each one must belong to a device that is there.
     let script = "echo links: $(ip -o link show | grep -o 'flannel[^:@]*' | sort); \
          echo routes:; ip route show proto 87; ip route show table all type blackhole; \
-         echo sockets: $(ls /run/weft /var/run/wireguard 2>/dev/null | sort)";
+         echo sockets: $(ls /run/weft /var/run/wireguard 2>/dev/null | grep -v '[.]replay$' | sort); \
+         for f in /var/run/wireguard/*.replay; do [ -e \"$f\" ] || continue; \
+           [ -S \"${f%.replay}.sock\" ] || echo \"orphan replay file: $f\"; done";
     let held = lab.on_node(i, script).unwrap();
     format!(
         "{held}device processes: {}\n",
