@@ -33,6 +33,7 @@ fn attrs(n: u8) -> LocalAttrs {
         ml_kem_key: None,
         zone: None,
         gateway: None,
+        also: Default::default(),
     }
 }
 

@@ -334,6 +334,7 @@ fn synthetic_lease(i: u32) -> Lease {
         created: None,
         key_proof: None,
         ml_kem_key: None,
+        also: Default::default(),
     }
 }
 

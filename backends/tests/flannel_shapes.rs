@@ -44,6 +44,7 @@ fn ours(backend: &str) -> LeaseAttrs {
         zone: None,
         internal_ip: None,
         gateway: None,
+        also: Default::default(),
     }
 }
 

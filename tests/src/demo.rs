@@ -64,6 +64,7 @@ pub async fn plan_only() -> anyhow::Result<()> {
             ml_kem_key: None,
             zone: None,
             gateway: None,
+            also: Default::default(),
         };
         let lease = reg
             .acquire(

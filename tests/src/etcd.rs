@@ -96,25 +96,16 @@ impl Etcd {
 
     /// `etcdctl` against this etcd (run in its namespace), e.g. `["put", "/k", "v"]`.
     pub fn etcdctl(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut command = self.command_in_netns("etcdctl");
-        command
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.endpoint()));
-        if let Some(dir) = &self.tls {
-            command
-                .arg(format!("--cacert={}", dir.join("ca.pem").display()))
-                .arg(format!("--cert={}", dir.join("client.pem").display()))
-                .arg(format!("--key={}", dir.join("client-key.pem").display()));
+        self.ctl().run(args)
+    }
+
+    /// A handle that runs `etcdctl` against this etcd from any thread.
+    pub fn ctl(&self) -> EtcdCtl {
+        EtcdCtl {
+            netns: self.netns.clone(),
+            endpoint: self.endpoint(),
+            tls: self.tls.clone(),
         }
-        command.args(args);
-        let out = command.output().context("running etcdctl")?;
-        if !out.status.success() {
-            bail!(
-                "etcdctl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// The named network namespace etcd runs in, if any.
@@ -307,5 +298,45 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// `etcdctl` against one etcd (`Etcd::ctl`).
+#[derive(Debug, Clone)]
+pub struct EtcdCtl {
+    netns: Option<String>,
+    endpoint: String,
+    tls: Option<PathBuf>,
+}
+
+impl EtcdCtl {
+    /// Runs `etcdctl args` (in the etcd's namespace); its output.
+    pub fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcdctl"]);
+                c
+            }
+            None => Command::new("etcdctl"),
+        };
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoint));
+        if let Some(dir) = &self.tls {
+            command
+                .arg(format!("--cacert={}", dir.join("ca.pem").display()))
+                .arg(format!("--cert={}", dir.join("client.pem").display()))
+                .arg(format!("--key={}", dir.join("client-key.pem").display()));
+        }
+        command.args(args);
+        let out = command.output().context("running etcdctl")?;
+        if !out.status.success() {
+            bail!(
+                "etcdctl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }

@@ -30,6 +30,7 @@ pub fn lease(node: &str, subnet: &str, ip: &str, seed: u8) -> Lease {
         created: None,
         key_proof: None,
         ml_kem_key: None,
+        also: Default::default(),
     }
 }
 

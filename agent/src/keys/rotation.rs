@@ -222,6 +222,11 @@ impl KeyState {
         true
     }
 
+    /// The directory of the node's state: the key file's.
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        self.rotation.key_path.with_file_name("")
+    }
+
     /// Hands the attributes to the registry to publish.
     /// Publishes the proof that this node holds its key (backends that publish a key:
     /// wireguard and ipsec), if it does not already.

@@ -71,6 +71,7 @@ mod tests {
             zone: None,
             internal_ip: None,
             gateway: None,
+            also: Default::default(),
         }
         .into_lease(node.into(), None, None);
         l.next_key = next;

@@ -29,6 +29,9 @@ pub struct BackendSetup {
     pub config_mtu: Option<u32>,
     /// ipsec: this node's epoch and the record of the SAs installed under it.
     pub esp: Option<weft_crypto::esp::Loaded>,
+    /// The backends this node still speaks besides the config's, with their data
+    /// (`node::also`).
+    pub also: std::collections::BTreeMap<String, Value>,
 }
 
 /// File (beside the key) holding the VTEP MAC this node publishes, so it survives the
@@ -38,6 +41,44 @@ const VTEP_MAC_FILE: &str = "vtep.mac";
 const VTEP_MAC_FILE_V6: &str = "vtep-v6.mac";
 
 pub async fn prepare(
+    net: &NetConf,
+    public_key: &PublicKey,
+    override_impl: Option<&str>,
+    state_dir: &Path,
+) -> anyhow::Result<BackendSetup> {
+    let mut setup = for_backend(net, public_key, override_impl, state_dir).await?;
+    let flannel_vxlan = match net.backend.kind() {
+        weft_backends::netconf::BackendKind::Vxlan => None,
+        _ => flannel_vxlan(state_dir).await,
+    };
+    setup.also = super::also::at_start(
+        net,
+        setup.backend_data.as_ref(),
+        public_key,
+        state_dir,
+        flannel_vxlan,
+    );
+    // Kept WireGuard needs an implementation as the config's would.
+    if setup.implementation.is_none() && setup.also.contains_key("wireguard") {
+        setup.implementation = Some(match override_impl {
+            Some("kernel") => Implementation::Kernel,
+            Some("userspace") => Implementation::Userspace,
+            _ => Implementation::Auto,
+        });
+    }
+    Ok(setup)
+}
+
+/// flannel's vxlan data, if its device `flannel.1` is on this node.
+async fn flannel_vxlan(state_dir: &Path) -> Option<Value> {
+    let device = vxlan_device(1);
+    let mut nl = RtNetlink::connect().ok()?;
+    nl.link(&device).await.ok()??;
+    let mac = vtep_mac(&device, state_dir, VTEP_MAC_FILE).await.ok()?;
+    Some(vxlan_backend_data(1, &mac))
+}
+
+async fn for_backend(
     net: &NetConf,
     public_key: &PublicKey,
     override_impl: Option<&str>,
@@ -58,6 +99,7 @@ pub async fn prepare(
             }),
             config_mtu: wg.mtu,
             esp: None,
+            also: Default::default(),
         },
         Backend::Vxlan(v) => {
             let mac = vtep_mac(&vxlan_device(v.vni), state_dir, VTEP_MAC_FILE).await?;
@@ -78,6 +120,7 @@ pub async fn prepare(
                 implementation: None,
                 config_mtu: v.mtu,
                 esp: None,
+                also: Default::default(),
             }
         }
         // flannel's ipip publishes no backend data.
@@ -87,6 +130,7 @@ pub async fn prepare(
             implementation: None,
             config_mtu: i.mtu,
             esp: None,
+            also: Default::default(),
         },
         Backend::Ipsec(i) => {
             let loaded = EspStore::new(state_dir)
@@ -101,6 +145,7 @@ pub async fn prepare(
                 implementation: None,
                 config_mtu: i.mtu,
                 esp: Some(loaded),
+                also: Default::default(),
             }
         }
         Backend::HostGw => BackendSetup {
@@ -109,6 +154,7 @@ pub async fn prepare(
             implementation: None,
             config_mtu: None,
             esp: None,
+            also: Default::default(),
         },
     })
 }

@@ -79,6 +79,7 @@ pub(super) fn local_attrs(
         ml_kem_key: None,
         zone: args.zone.clone().filter(|z| !z.is_empty()),
         gateway: args.gateway.then_some(args.relay_port),
+        also: setup.also.clone(),
     }
 }
 

@@ -3,7 +3,8 @@
 //!   plane) and the wiring between them;
 //! - `run_loop`: the control loop, level-triggered, until shutdown: it chooses what woke
 //!   it; `pass` runs one pass; `error_policy` says what a failure means;
-//! - `backend_setup`: what each backend needs before the first plan;
+//! - `backend_setup`: what each backend needs before the first plan; `also`: the old
+//!   backend kept while the cluster changes backend;
 //! - `esp_epoch`: a new ipsec epoch when states installed under the old one are lost;
 //! - `roaming`: what the loop remembers of its peers' endpoints, for the plan;
 //! - `iface`: the address this node advertises; `address`: following it when it changes;
@@ -11,6 +12,7 @@
 //! - `subnet_file`: `/run/flannel/subnet.env`.
 
 mod address;
+mod also;
 pub mod backend_setup;
 mod clock_switch;
 mod error_policy;

@@ -48,6 +48,8 @@ impl Controller<'_> {
         if full && !std::mem::take(&mut self.drift_told) {
             self.name_drift(&state);
         }
+        // A backend retired (`also`): its devices go, which only a full pass looks for.
+        let full = full || super::also::devices_dropped(self.last.as_deref(), &state);
         let patched = matches!(planned, PlanKind::Patched(_)).then(|| self.planner.patched());
         report_plan(self.last.as_deref(), &state, patched);
         self.log_esp_switches(&state);
@@ -120,6 +122,33 @@ impl Controller<'_> {
             watcher.follow(&state, self.keys.key.public_key(), &stamp);
         }
         self.last = Some(state);
+        self.retire_backends().await;
+    }
+
+    /// Stops speaking the old backends no peer has run for `also::GRACE`: publishes
+    /// without them (the next pass removes their devices) and records it.
+    pub(super) async fn retire_backends(&mut self) {
+        let due = self.retiring.due(
+            &self.keys.attrs.also,
+            &self.raw_view,
+            &self.me.node,
+            Instant::now(),
+        );
+        if due.is_empty() {
+            return;
+        }
+        for kind in &due {
+            self.keys.attrs.also.remove(kind);
+        }
+        info!(retired = ?due, "no peer runs this node's old backend any more: it is no longer spoken, its devices go");
+        let state_dir = self.keys.state_dir();
+        super::also::record(
+            &state_dir,
+            self.keys.attrs.backend,
+            self.keys.attrs.backend_data.as_ref(),
+            &self.keys.attrs.also,
+        );
+        self.keys.publish().await;
     }
 
     /// Re-handshakes the pairs `after` moved to another path than `before`'s (`paths`),

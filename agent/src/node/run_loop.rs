@@ -108,6 +108,8 @@ pub(super) struct Controller<'a> {
     pub(super) pq_seen: super::pq_seen::PqSeen,
     /// Peers' next keys taken over by the clock: their handshakes started at once.
     pub(super) clock_switches: super::clock_switch::ClockSwitches,
+    /// The old backends this node still speaks, and since when no peer runs each.
+    pub(super) retiring: super::also::Retiring,
     /// Since when the resync has been put off for switches near (it is put off for at
     /// most `RESYNC_PUT_OFF`: with many pairs, one is always near).
     resync_put_off: Option<Instant>,
@@ -198,6 +200,7 @@ pub(crate) async fn control_loop(
         psk_check: interval(Duration::from_secs(1)),
         nft_dirty: true,
         nft_listed: Instant::now(),
+        retiring: Default::default(),
         nft_verified: Default::default(),
         esp_rotation: None,
         rekey_not_before: None,
@@ -334,6 +337,8 @@ impl Controller<'_> {
                         return Wake::Pass { full: false };
                     }
                 }
+                // An old backend no peer runs any more: its grace has passed.
+                () = sleep_for(self.retiring.wait(Instant::now())) => self.retire_backends().await,
                 // This node's ipsec epoch has reached `RekeyAfter`.
                 () = sleep_until(rekey) => self.rekey().await,
                 // This node's announced switch.

@@ -48,6 +48,9 @@ pub struct LocalAttrs {
     pub zone: Option<String>,
     /// `--gateway`: the port of this node's relay.
     pub gateway: Option<u16>,
+    /// The backends this node still speaks besides `backend` during a backend change,
+    /// with their data (`Lease::also`; `node::also`).
+    pub also: std::collections::BTreeMap<String, Value>,
 }
 
 impl LocalAttrs {
@@ -64,6 +67,7 @@ impl LocalAttrs {
             zone: self.zone.clone(),
             internal_ip: self.internal_ip.map(std::net::IpAddr::V4),
             gateway: self.gateway,
+            also: self.also.clone(),
         }
     }
 }

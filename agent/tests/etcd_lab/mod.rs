@@ -36,6 +36,7 @@ pub fn attrs(ip: u8, key_tag: &str) -> LocalAttrs {
         ml_kem_key: None,
         zone: None,
         gateway: None,
+        also: Default::default(),
     }
 }
 

@@ -142,6 +142,7 @@ pub fn request(ip: u8, seed: u8) -> AcquireRequest {
             ml_kem_key: None,
             zone: None,
             gateway: None,
+            also: Default::default(),
         },
         previous: None,
         previous_v6: None,

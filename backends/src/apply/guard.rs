@@ -4,6 +4,8 @@
 //!   against its peer's AllowedIPs or inbound policy);
 //! - one from this node's own pod subnet arriving on the underlay is dropped (it would be
 //!   encrypted and delivered as if this node's pod had sent it);
+//! - while the cluster changes backend, one from a pair in clear's pod subnet arriving on
+//!   that pair's device (vxlan's, or the underlay for host-gw) is accepted;
 //! - any other from the pod network but this node's subnet is dropped (a forged "pod" of
 //!   another node, routed to a local pod).
 //!
@@ -41,6 +43,14 @@ fn chains(spec: &GuardSpec) -> Vec<(Value, Vec<Vec<Value>>)> {
             iifname("==", underlay),
             addr_match(fam, "saddr", &Match::In(own)),
             json!({"drop": null}),
+        ]);
+    }
+    // A pair in clear during a backend change: its pods from its own device alone.
+    for (device, subnet) in &spec.clear {
+        rules.push(vec![
+            iifname("==", device),
+            addr_match(fam, "saddr", &Match::In(*subnet)),
+            json!({"accept": null}),
         ]);
     }
     let mut others = vec![addr_match(fam, "saddr", &Match::In(spec.network))];

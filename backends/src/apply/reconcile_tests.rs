@@ -42,6 +42,7 @@ pub(super) fn lease_on(backend: &str, node: &str, subnet: &str, ip: u8) -> Lease
         created: None,
         key_proof: None,
         ml_kem_key: None,
+        also: Default::default(),
     }
 }
 
@@ -183,6 +184,7 @@ fn the_tables_are_verified_by_reading_alone() {
         own: Some("10.244.1.0/24".parse().unwrap()),
         tunnels: vec![WG_DEVICE.into()],
         underlay: None,
+        clear: vec![],
     }];
     let mut nft = FakeNft::default();
     let verify = |nft: &mut FakeNft| {

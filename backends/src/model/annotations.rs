@@ -17,6 +17,9 @@ pub const NEXT_KEY: &str = "weft.dev/next-key";
 pub const KEY_PROOF: &str = "weft.dev/key-proof";
 /// weft's ML-KEM-768 encapsulation key (base64), for post-quantum pair secrets.
 pub const ML_KEM_KEY: &str = "weft.dev/ml-kem-key";
+/// The backends a node still speaks during a backend change, with their data
+/// (`Lease::also`): `{"vxlan":{"VNI":1,"VtepMAC":"…"}}`.
+pub const ALSO_BACKENDS: &str = "weft.dev/also-backends";
 /// A gateway of its zone: `"true"` (set by an operator, or by an agent run with
 /// `--gateway`).
 pub const GATEWAY: &str = "weft.dev/gateway";
@@ -151,6 +154,12 @@ pub fn read(
         zone: None,
         internal_ip: None,
         gateway: None,
+        // What does not parse as an object of backend data is no other backend: the node
+        // is reached on its published one alone.
+        also: annotations
+            .get(ALSO_BACKENDS)
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default(),
     };
     let v4 = pod_cidrs
         .iter()

@@ -57,6 +57,18 @@ pub struct DesiredState {
     /// With `PostQuantum`, every peer this node runs post-quantum rounds with, or why a
     /// pair stays classical (`plan::post_quantum`).
     pub post_quantum: Vec<PqPeer>,
+    /// While the cluster changes backend (`plan::mixed`): every planned pair's backend,
+    /// and why it runs in clear if it does. Empty while every node runs this node's.
+    pub pair_backends: Vec<PairBackend>,
+}
+
+/// The backend one pair runs on while the cluster changes backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairBackend {
+    pub node: String,
+    pub backend: crate::netconf::BackendKind,
+    /// `Some` for a pair in clear: why (its peer publishes no encrypting backend).
+    pub why_clear: Option<String>,
 }
 
 /// A peer's part in post-quantum rounds.
@@ -140,6 +152,10 @@ pub struct GuardSpec {
     pub tunnels: Vec<String>,
     /// The external interface, if known.
     pub underlay: Option<String>,
+    /// While the cluster changes backend: each pair in clear's pod subnet of this family,
+    /// with the device its packets arrive on (the vxlan device, or the external
+    /// interface for host-gw), accepted from there alone.
+    pub clear: Vec<(String, IpNet)>,
 }
 
 /// One WireGuard device and its peers.

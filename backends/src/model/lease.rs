@@ -45,6 +45,11 @@ pub struct Lease {
     /// rounds to it. Raw, as `backend_data`: the planner decodes it, and one that does not
     /// decode leaves the pair classical, never down.
     pub ml_kem_key: Option<String>,
+    /// The backends it still speaks besides `backend_type` while the cluster changes
+    /// backend, each with its `backend-data` (etcd: the `WeftAlso` field, Kubernetes: the
+    /// `weft.dev/also-backends` annotation): a peer on one of them keeps its pair there
+    /// until it moves too (`plan::mixed`).
+    pub also: BTreeMap<String, Value>,
 }
 
 /// An announced key rotation: weft's addition to a lease (etcd: the `WeftNextKey` field,
@@ -152,6 +157,14 @@ pub struct LeaseAttrs {
         skip_serializing_if = "Option::is_none"
     )]
     pub gateway: Option<u16>,
+    /// weft's own field: the backends the node still speaks during a backend change, each
+    /// with its backend data (`Lease::also`).
+    #[serde(
+        rename = "WeftAlso",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub also: BTreeMap<String, Value>,
 }
 
 impl LeaseAttrs {
@@ -185,6 +198,7 @@ impl LeaseAttrs {
                 .as_deref()
                 .and_then(weft_crypto::proof::from_text),
             ml_kem_key: self.ml_kem_key,
+            also: self.also,
         }
     }
 
@@ -201,6 +215,7 @@ impl LeaseAttrs {
             zone: lease.reach.zone.clone(),
             internal_ip: lease.reach.internal_ip,
             gateway: lease.reach.gateway,
+            also: lease.also.clone(),
         }
     }
 }
@@ -305,6 +320,7 @@ mod tests {
             created: None,
             key_proof: None,
             ml_kem_key: None,
+            also: Default::default(),
         };
         let mut old = ClusterView::default();
         old.insert(lease("a", 1));

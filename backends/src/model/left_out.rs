@@ -73,6 +73,18 @@ pub enum LeaveReason {
     PublicIpIsOurs {
         ip: IpAddr,
     },
+    /// It and this node both publish encrypting backends, none in common (a change from
+    /// one encrypting backend to the other without the old one kept): the pair stays down
+    /// rather than in clear.
+    NoCommonEncryption {
+        theirs: String,
+        ours: String,
+    },
+    /// Its pair would run in clear, and this node's config refuses clear pairs
+    /// (`RefuseClear`).
+    ClearRefused {
+        theirs: String,
+    },
     /// ipsec: two of the states it would be heard on get one SPI.
     SpiCollision {
         spi: u32,
@@ -98,6 +110,8 @@ impl fmt::Display for LeaveReason {
             LeaveReason::DuplicatePublicIp { ip, other } => write!(f, "its public IP {ip} is also published by node {other}, which keeps it (the older entry); left out until it changes"),
             LeaveReason::PublicIpIsOurs { ip } => write!(f, "it publishes this node's own public IP {ip}"),
             LeaveReason::SpiCollision { spi } => write!(f, "two of its ESP states would share SPI 0x{spi:08x}; left out until it publishes consecutive epochs"),
+            LeaveReason::NoCommonEncryption { theirs, ours } => write!(f, "it speaks {theirs} and this node {ours}: both encrypt, with no backend in common, so the pair stays down rather than in clear until one of them speaks the other's"),
+            LeaveReason::ClearRefused { theirs } => write!(f, "it runs {theirs}, which does not encrypt, and this node's config refuses clear pairs (RefuseClear); down until it moves to an encrypting backend"),
             LeaveReason::NotOnLink { ip } => write!(f, "host-gw needs all nodes on one L2 segment; it is at {ip}, behind a router: use vxlan with DirectRouting"),
         }
     }

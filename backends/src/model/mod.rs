@@ -19,8 +19,8 @@ pub use alloc::{allocate, Allocation, Exhausted, Taken};
 pub use backend_data::BackendDataError;
 pub use desired::{
     format_mac, parse_mac, DesiredState, EspPq, EspSa, GuardSpec, IpipSpec, IpsecPeer, IpsecSpec,
-    PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec, Via,
-    VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
+    PairBackend, PairSecret, PeerPath, PeerSpec, PqKey, PqPeer, RouteRole, RouteSpec, TunnelSpec,
+    Via, VxlanPeer, VxlanSpec, FAIL_CLOSED_METRIC,
 };
 pub use ifname::IfName;
 pub use lease::{ClusterView, Lease, LeaseAttrs, NextKey, Reach, ViewChange, DEFAULT_RELAY_PORT};

@@ -171,6 +171,40 @@ pub struct WireguardConf {
     pub implementation: Implementation,
     /// `PostQuantum`: each pair's PSK from an ML-KEM-768 exchange between the two agents.
     pub post_quantum: bool,
+    /// weft's `RefuseClear`: no pair of this node ever runs in clear, not even with a peer
+    /// that publishes no encrypting backend during a change (`plan::mixed`).
+    pub refuse_clear: bool,
+}
+
+impl Default for WireguardConf {
+    /// A `{"Type": "wireguard"}` config's.
+    fn default() -> Self {
+        WireguardConf {
+            listen_port: 51820,
+            listen_port_v6: 51821,
+            mtu: None,
+            psk: None,
+            persistent_keepalive: 0,
+            mode: WireguardMode::default(),
+            implementation: Implementation::default(),
+            post_quantum: POST_QUANTUM_DEFAULT,
+            refuse_clear: false,
+        }
+    }
+}
+
+impl Default for VxlanConf {
+    /// A `{"Type": "vxlan"}` config's.
+    fn default() -> Self {
+        VxlanConf {
+            vni: 1,
+            port: 0,
+            gbp: false,
+            learning: false,
+            direct_routing: false,
+            mtu: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +247,26 @@ impl Backend {
         }
     }
 
+    /// The config's underlay MTU, if it sets one.
+    pub fn mtu(&self) -> Option<u32> {
+        match self {
+            Backend::Wireguard(w) => w.mtu,
+            Backend::Vxlan(v) => v.mtu,
+            Backend::HostGw => None,
+            Backend::Ipip(i) => i.mtu,
+            Backend::Ipsec(i) => i.mtu,
+        }
+    }
+
+    /// `RefuseClear`: no pair runs in clear, even with a peer of no encrypting backend.
+    pub fn refuses_clear(&self) -> bool {
+        match self {
+            Backend::Wireguard(w) => w.refuse_clear,
+            Backend::Ipsec(i) => i.refuse_clear,
+            _ => false,
+        }
+    }
+
     pub(super) fn to_json(&self) -> Value {
         match self {
             Backend::Wireguard(w) => json!({
@@ -225,6 +279,7 @@ impl Backend {
                 "Mode": w.mode.as_str(),
                 "Implementation": w.implementation.as_str(),
                 "PostQuantum": w.post_quantum,
+                "RefuseClear": w.refuse_clear,
             }),
             Backend::Vxlan(v) => json!({
                 "Type": "vxlan",
@@ -249,6 +304,7 @@ impl Backend {
                 "MTU": i.mtu,
                 "RekeyAfter": i.rekey_after.map(|d| d.as_secs()),
                 "PostQuantum": i.post_quantum,
+                "RefuseClear": i.refuse_clear,
             }),
         }
     }
@@ -268,6 +324,7 @@ const WIREGUARD_KEYS: &[&str] = &[
     "Mode",
     "Implementation",
     "PostQuantum",
+    "RefuseClear",
 ];
 const VXLAN_KEYS: &[&str] = &[
     "Type",
@@ -288,6 +345,7 @@ const IPSEC_KEYS: &[&str] = &[
     "MTU",
     "RekeyAfter",
     "PostQuantum",
+    "RefuseClear",
 ];
 
 /// Parses the `Backend` object. A missing `Backend` or `Type` means wireguard: weft
@@ -352,6 +410,7 @@ pub(super) fn parse(
                 mode: WireguardMode::parse_key(&mut f).unwrap_or_default(),
                 implementation: Implementation::parse_key(&mut f).unwrap_or_default(),
                 post_quantum: f.bool("PostQuantum").unwrap_or(POST_QUANTUM_DEFAULT),
+                refuse_clear: f.bool("RefuseClear").unwrap_or(false),
             })
         }
         BackendKind::Vxlan => {
@@ -394,6 +453,7 @@ pub(super) fn parse(
                     )
                     .map(std::time::Duration::from_secs),
                 post_quantum: f.bool("PostQuantum").unwrap_or(POST_QUANTUM_DEFAULT),
+                refuse_clear: f.bool("RefuseClear").unwrap_or(false),
             })
         }
     };

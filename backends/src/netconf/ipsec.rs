@@ -95,6 +95,9 @@ pub struct IpsecConf {
     /// `PostQuantum`: each pair's keys also from an ML-KEM-768 exchange between the two
     /// agents.
     pub post_quantum: bool,
+    /// weft's `RefuseClear`: no pair of this node ever runs in clear, not even with a peer
+    /// that publishes no encrypting backend during a change (`plan::mixed`).
+    pub refuse_clear: bool,
 }
 
 pub(super) fn ipsec_psk(f: &mut Fields<'_, '_>) -> Option<IpsecPsk> {

@@ -6,7 +6,7 @@
 //! routed like a real one: to a local pod, or into the tunnel as if this node's pod had
 //! sent it (the usual loose rp_filter lets both through).
 
-use crate::model::{DesiredState, Family, GuardSpec};
+use crate::model::{DesiredState, Family, GuardSpec, RouteRole};
 
 use super::{LocalSubnets, PlanInput};
 
@@ -14,6 +14,21 @@ use super::{LocalSubnets, PlanInput};
 pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>, ours: &LocalSubnets) {
     let mut tunnels: Vec<String> = state.tunnels.iter().map(|t| t.device.clone()).collect();
     tunnels.extend(state.ipsec.iter().map(|s| s.device.clone()));
+    let in_clear: std::collections::BTreeSet<&str> = state
+        .pair_backends
+        .iter()
+        .filter(|p| p.why_clear.is_some())
+        .map(|p| p.node.as_str())
+        .collect();
+    let clear: Vec<(String, ipnet::IpNet)> = state
+        .routes
+        .iter()
+        .filter(|r| match &r.role {
+            RouteRole::Peer(node) | RouteRole::Direct(node) => in_clear.contains(node.as_str()),
+            _ => false,
+        })
+        .map(|r| (r.device.clone(), r.dst))
+        .collect();
     state.guard = state
         .fail_closed
         .iter()
@@ -28,6 +43,11 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>, ours: &LocalS
                     ours.v4
                 },
                 tunnels: tunnels.clone(),
+                clear: clear
+                    .iter()
+                    .filter(|(_, net)| Family::of(net) == family)
+                    .cloned()
+                    .collect(),
                 underlay: input.options.underlay_device.clone(),
             }
         })

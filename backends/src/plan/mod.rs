@@ -15,6 +15,7 @@ mod ipsec_pq;
 pub use ipsec_pq::SETTLE as IPSEC_PQ_SETTLE;
 pub mod liveness;
 mod masquerade;
+pub mod mixed;
 pub mod path_mtu;
 mod peers;
 pub mod post_quantum;
@@ -144,14 +145,12 @@ pub(crate) fn plan_noting(
     mut claims: Option<&mut incremental::Claims>,
 ) -> Result<DesiredState, PlanError> {
     let ours = LocalSubnets::of(input.local, input.config)?;
-    let kind = input.config.backend.kind();
-    let screened = peers::screen(input, &ours, kind, claims.as_deref_mut());
-    let mut state = match &input.config.backend {
-        Backend::Wireguard(wg) => wireguard::plan(input, &ours, wg, screened, claims)?,
-        Backend::Vxlan(conf) => unencrypted::vxlan(input, &ours, conf, screened)?,
-        Backend::HostGw => unencrypted::host_gw(input, &ours, screened)?,
-        Backend::Ipip(conf) => ipip::plan(input, &ours, conf, screened)?,
-        Backend::Ipsec(conf) => ipsec::plan(input, &ours, conf, screened)?,
+    let mut state = if mixed::involved(input) {
+        mixed::plan(input, &ours)?
+    } else {
+        let kind = input.config.backend.kind();
+        let screened = peers::screen(input, &ours, kind, claims.as_deref_mut());
+        backend_plan(input, &ours, screened, claims)?
     };
     guard::add(&mut state, input, &ours);
     path_mtu::apply(&mut state, input);
@@ -161,6 +160,22 @@ pub(crate) fn plan_noting(
     }
     state.left_out.sort_by(|a, b| a.node.cmp(&b.node));
     Ok(state)
+}
+
+/// The config's backend's plan for the screened peers.
+fn backend_plan(
+    input: &PlanInput<'_>,
+    ours: &LocalSubnets,
+    screened: peers::Screened<'_>,
+    claims: Option<&mut incremental::Claims>,
+) -> Result<DesiredState, PlanError> {
+    match &input.config.backend {
+        Backend::Wireguard(wg) => wireguard::plan(input, ours, wg, screened, claims),
+        Backend::Vxlan(conf) => unencrypted::vxlan(input, ours, conf, screened),
+        Backend::HostGw => unencrypted::host_gw(input, ours, screened),
+        Backend::Ipip(conf) => ipip::plan(input, ours, conf, screened),
+        Backend::Ipsec(conf) => ipsec::plan(input, ours, conf, screened),
+    }
 }
 
 /// subnet.env for this node: the gateway address is the subnet's first host.
@@ -203,6 +218,8 @@ mod ipip_tests;
 mod ipsec_pq_tests;
 #[cfg(test)]
 mod ipsec_tests;
+#[cfg(test)]
+mod mixed_tests;
 #[cfg(test)]
 mod post_quantum_tests;
 #[cfg(test)]

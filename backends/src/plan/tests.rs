@@ -33,6 +33,7 @@ pub(super) fn lease(node: &str, subnet: &str, ip: Ipv4Addr, key_seed: u8) -> Lea
         created: None,
         key_proof: None,
         ml_kem_key: None,
+        also: Default::default(),
     }
 }
 
@@ -435,6 +436,7 @@ fn wireguard_plans_a_guard() {
             own: Some("10.244.1.0/24".parse().unwrap()),
             tunnels: vec!["flannel-wg".into()],
             underlay: None,
+            clear: vec![],
         }]
     );
 }

@@ -39,6 +39,7 @@ pub(super) fn lease(
         created: None,
         key_proof: None,
         ml_kem_key: None,
+        also: Default::default(),
     }
 }
 

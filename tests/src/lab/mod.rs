@@ -29,6 +29,7 @@ pub use operator::SwitchWatch;
 mod pods;
 mod reach;
 pub mod read;
+pub mod rollout;
 mod secrets;
 pub mod settle;
 pub mod sites;

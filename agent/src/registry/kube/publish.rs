@@ -105,6 +105,10 @@ impl KubeRegistry {
             annotations::ML_KEM_KEY.to_string(),
             attrs.ml_kem_key.clone(),
         );
+        let also = (!attrs.also.is_empty())
+            .then(|| serde_json::to_string(&attrs.also).ok())
+            .flatten();
+        want.insert(annotations::ALSO_BACKENDS.to_string(), also);
         // `--gateway` says so on the Node; without it, an operator's annotation stays.
         if let Some(port) = attrs.gateway {
             want.insert(annotations::GATEWAY.to_string(), Some("true".into()));

@@ -231,6 +231,8 @@ impl Memo {
                 "backend",
             ),
             (self.config != *input.config, "config"),
+            // A cluster changing backend: each pair's backend turns on both ends' leases.
+            (super::mixed::involved(input), "backends mixed"),
             (self.local != *input.local, "own lease"),
             (self.options != *input.options, "options"),
             (self.path_mtus != *input.path_mtus, "path MTUs"),

@@ -1,0 +1,115 @@
+//! A running cluster changes backend node by node, as a DaemonSet's rolling update does
+//! (`Lab::roll_out`: the config changed, then each agent restarted in turn), with every
+//! ordered pair of pods pinging at 10 pps throughout: no pair is down (longest gap and
+//! loss within the README's bounds), a pair is in clear only while one of its ends
+//! publishes no encrypting backend (the capture names each clear echo's pair), and the old
+//! backend's devices are gone at the end. Both directions between vxlan and wireguard and
+//! between host-gw and wireguard, a rollout stalled halfway for a minute, and a cluster
+//! whose config refuses clear pairs.
+
+use std::time::Duration;
+
+use serde_json::json;
+use weft_lab::lab::rollout::{Rollout, RolloutReport};
+use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::wait::bound;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+
+/// The README's bounds for a rollout: no pair silent longer than this...
+const GAP: Duration = Duration::from_secs(1);
+/// ... nor losing more than this share of its pings.
+const LOSS: f64 = 0.02;
+
+/// How long a node takes to read a peer's change and move their pair: a clear echo of a
+/// pair whose ends both published an encrypting backend for longer is a breach.
+fn reaction() -> Duration {
+    bound(Duration::from_millis(500), Duration::from_secs(2))
+}
+
+fn rollout(backend: serde_json::Value) -> Rollout {
+    Rollout {
+        backend,
+        pace: Duration::from_secs(3),
+        stall: None,
+    }
+}
+
+/// The bounds every rollout meets, and fail closed.
+fn check(what: &str, report: &RolloutReport) {
+    println!("{what}: {report}");
+    let unix = |t: &std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    let restarts: Vec<String> = report
+        .restarts
+        .iter()
+        .map(|t| format!("{:.1}", unix(t)))
+        .collect();
+    println!("  restarts at {restarts:?}");
+    for p in &report.pairs {
+        let lost: Vec<String> = p.lost_at.iter().map(|t| format!("{t:.1}")).collect();
+        println!(
+            "  {} -> {}: {} of {} answered, longest gap {} ms, lost at {lost:?}",
+            p.from,
+            p.to,
+            p.received,
+            p.sent,
+            p.longest_gap.as_millis()
+        );
+    }
+    for ((from, to), (first, last)) in report.clear_pairs() {
+        let span = last.duration_since(first).unwrap_or_default();
+        println!("  in clear: {from} -> {to} for {:.1} s", span.as_secs_f64());
+    }
+    let breaches = report.clear_between_encrypting_ends(reaction());
+    assert!(
+        breaches.is_empty(),
+        "{what}: clear echoes of pairs whose both ends encrypted: {breaches:?}"
+    );
+    assert!(
+        report.longest_gap() <= GAP,
+        "{what}: a pair was silent {} ms",
+        report.longest_gap().as_millis()
+    );
+    assert!(
+        report.worst_loss() <= LOSS,
+        "{what}: a pair lost {:.1} %",
+        report.worst_loss() * 100.0
+    );
+}
+
+#[test]
+fn vxlan_and_wireguard_both_ways_with_a_stall_halfway_and_no_pair_down() {
+    let mut lab = Lab::start(LabConfig::backend(4, WEFT, "vxlan", false)).unwrap();
+    // Onto wireguard, stopped after two nodes for a minute: the cluster works meanwhile.
+    let mut onto = rollout(json!({"Type": "wireguard"}));
+    onto.stall = Some((2, Duration::from_secs(60)));
+    let report = lab.roll_out(&onto, &["flannel.1"]).unwrap();
+    check("vxlan -> wireguard, stalled for a minute", &report);
+    // Every pair's both ends published WireGuard by the end: the last echoes are sealed.
+    assert!(
+        !report.clear_pairs().is_empty(),
+        "pairs with an unmoved end were in clear"
+    );
+    // And back: encrypted until a pair's end stops publishing its key.
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "vxlan"})), &["flannel-wg"])
+        .unwrap();
+    check("wireguard -> vxlan", &report);
+}
+
+#[test]
+fn host_gw_and_wireguard_both_ways_with_no_pair_down() {
+    let mut lab = Lab::start(LabConfig::backend(4, WEFT, "host-gw", false)).unwrap();
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "wireguard"})), &[])
+        .unwrap();
+    check("host-gw -> wireguard", &report);
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "host-gw"})), &["flannel-wg"])
+        .unwrap();
+    check("wireguard -> host-gw", &report);
+}
