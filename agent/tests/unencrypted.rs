@@ -247,10 +247,12 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         let mut routes = Vec::new();
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
+            // Every node switched at once: the old backend is retired once no peer has
+            // run it for its grace (10 s), and its device goes 5 s later.
             for dev in &gone {
                 until(
                     &format!("{dev} gone after switching to {backend}"),
-                    Duration::from_secs(5),
+                    weft_lab::wait::bound(Duration::from_secs(25), Duration::from_secs(40)),
                     || in_ns(ns, &format!("ip link show {dev}")).is_err(),
                 );
             }

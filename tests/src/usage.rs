@@ -21,6 +21,7 @@ const VERBS: &[Verb] = &[
     Verb { path: &["bench", "liveness"], usage: "weft-lab bench liveness [--runs 3]", valued: &["--runs"], alone: &[] },
     Verb { path: &["bench", "post-quantum"], usage: "weft-lab bench post-quantum [--rounds 200] [--peers 1000] [--agent-periods 3] [--period 20]", valued: &["--rounds", "--peers", "--agent-periods", "--period"], alone: &[] },
     Verb { path: &["bench", "relay"], usage: "weft-lab bench relay [--runs 3] [--nodes 1000] [--zones 10]", valued: &["--runs", "--nodes", "--zones"], alone: &[] },
+    Verb { path: &["bench", "rollout"], usage: "weft-lab bench rollout [--runs 3] [--pace 8] [--baseline WEFT]", valued: &["--runs", "--pace", "--baseline"], alone: &[] },
     Verb { path: &["bench", "rotation"], usage: "weft-lab bench rotation [--runs 5]", valued: &["--runs"], alone: &[] },
     Verb { path: &["bench", "soak"], usage: "weft-lab bench soak [--minutes 30] [--nodes 1000] [--rate 50]", valued: &["--minutes", "--nodes", "--rate"], alone: &[] },
     Verb { path: &["fuzz"], usage: "weft-lab fuzz [--cases N] [--seed S] [--target NAME,…] [--out DIR] [--write-seeds DIR]\n  Every parser of outside data fuzzed by a seeded mutator, with allocations counted.", valued: &["--cases", "--seed", "--target", "--out", "--write-seeds"], alone: &[] },

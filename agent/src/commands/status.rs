@@ -66,6 +66,8 @@ pub struct Report {
     /// This node's relay, when it is a gateway.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub relay: Option<crate::observe::snapshot::RelayInfo>,
+    /// Peers per backend, the pairs in clear and the old backends still spoken.
+    pub backends: crate::observe::snapshot::BackendsInfo,
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -291,6 +293,7 @@ pub fn table(report: &Report) -> String {
     if cells.is_empty() {
         out += "(no peers)\n";
     }
+    out += &backend_lines(&report.backends, &report.backend);
     for r in &report.peers {
         if let Some(why) = r.path.as_deref().and_then(|p| p.strip_prefix("no path: ")) {
             out += &format!("{}: no path: {why}\n", r.node);
@@ -301,6 +304,33 @@ pub fn table(report: &Report) -> String {
     }
     out += &path_lines(&report.paths, SystemTime::now());
     out += &super::pq_status::lines(&report.post_quantum, SystemTime::now());
+    out
+}
+
+/// Peers per backend while more than one is in use (or this node still speaks an old
+/// one), and every pair in clear with why.
+pub fn backend_lines(b: &crate::observe::snapshot::BackendsInfo, ours: &str) -> String {
+    let changing = b.peers.keys().any(|k| k != ours) || !b.also.is_empty();
+    if !changing && b.clear.is_empty() {
+        return String::new();
+    }
+    let counts: Vec<String> = b.peers.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let mut out = format!(
+        "
+backend change: peers per backend: {}",
+        counts.join(", ")
+    );
+    if !b.also.is_empty() {
+        out += &format!(
+            "; this node also speaks {} while a peer runs it",
+            b.also.join(", ")
+        );
+    }
+    out += "
+";
+    for c in &b.clear {
+        out += &format!("  in clear: {}: {}\n", c.node, c.why);
+    }
     out
 }
 
@@ -386,6 +416,7 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
         paths: snapshot.paths.clone(),
         post_quantum: snapshot.post_quantum.clone(),
         relay: snapshot.relay.clone(),
+        backends: snapshot.backends.clone(),
     })
 }
 

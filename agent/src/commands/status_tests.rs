@@ -90,6 +90,7 @@ fn states_from_the_device_and_the_plan() {
             }],
             ..Default::default()
         }),
+        backends: Default::default(),
     });
     assert!(
         text.contains("n2    10.244.2.0/24  198.51.100.2:40000  -        10 s ago"),
@@ -171,4 +172,32 @@ fn an_ipsec_peer_is_up_with_both_states_and_shows_their_bytes() {
         (r[1].state.as_str(), r[1].rx_bytes, r[1].tx_bytes),
         ("no outbound SA", Some(5), None)
     );
+}
+
+#[test]
+fn a_changing_cluster_shows_peers_per_backend_and_names_each_clear_pair() {
+    use crate::observe::snapshot::{BackendsInfo, ClearPairInfo};
+    let b = BackendsInfo {
+        peers: [("wireguard".to_string(), 2), ("vxlan".to_string(), 1)].into(),
+        clear: vec![ClearPairInfo {
+            node: "n3".into(),
+            why: "it publishes no encrypting backend (it runs vxlan)".into(),
+        }],
+        also: vec!["vxlan".into()],
+    };
+    let text = super::backend_lines(&b, "wireguard");
+    assert!(
+        text.contains("backend change: peers per backend: vxlan 1, wireguard 2; this node also speaks vxlan while a peer runs it"),
+        "{text}"
+    );
+    assert!(
+        text.contains("in clear: n3: it publishes no encrypting backend (it runs vxlan)"),
+        "{text}"
+    );
+    // One backend everywhere: nothing said.
+    let one = BackendsInfo {
+        peers: [("wireguard".to_string(), 3)].into(),
+        ..BackendsInfo::default()
+    };
+    assert_eq!(super::backend_lines(&one, "wireguard"), "");
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{info, warn};
-use weft_backends::model::ClusterView;
+use weft_backends::model::{ClusterView, Lease};
 use weft_backends::netconf::{BackendKind, NetConf};
 use weft_backends::plan::mixed::KEPT_DURING_A_CHANGE;
 use weft_crypto::PublicKey;
@@ -25,6 +25,29 @@ use weft_crypto::PublicKey;
 /// How long an old backend is kept once no peer runs it: time for every peer to have
 /// read this node's last change and moved its pair, and for packets on their way.
 pub const GRACE: Duration = Duration::from_secs(10);
+
+/// How long the guard still takes a pair's pods in clear from the old backend's device
+/// after the pair moved to an encrypting one (and after the agent starts): time for the
+/// peer to read the move, so its packets on the way are not dropped
+/// (`Observed::accept_clear_until`).
+pub const CLEAR_DRAIN: Duration = Duration::from_secs(5);
+
+/// Whether a pair in clear in `last` is encrypted in `state`.
+pub fn left_clear(
+    last: Option<&weft_backends::model::DesiredState>,
+    state: &weft_backends::model::DesiredState,
+) -> bool {
+    let Some(last) = last else { return false };
+    last.pair_backends
+        .iter()
+        .filter(|p| p.why_clear.is_some())
+        .any(|p| {
+            state
+                .pair_backends
+                .iter()
+                .any(|n| n.node == p.node && n.why_clear.is_none())
+        })
+}
 
 const RECORD: &str = "backend.last";
 
@@ -128,10 +151,13 @@ pub fn record(
     }
 }
 
-/// Since when each backend this node still speaks has had no peer running it.
+/// Since when each backend this node still speaks has had no peer running it, and the
+/// backends retired a moment ago whose devices still take what peers send before they
+/// read the retirement (`CLEAR_DRAIN`).
 #[derive(Debug, Default)]
 pub struct Retiring {
     unneeded_since: BTreeMap<String, Instant>,
+    draining: BTreeMap<String, (Value, Instant)>,
 }
 
 impl Retiring {
@@ -164,12 +190,44 @@ impl Retiring {
         due
     }
 
-    /// How long until the next backend's grace ends, if one is running.
+    /// How long until the next backend's grace or drain ends, if one is running.
     pub fn wait(&self, now: Instant) -> Option<Duration> {
         self.unneeded_since
             .values()
-            .map(|since| (*since + GRACE).saturating_duration_since(now))
+            .map(|since| *since + GRACE)
+            .chain(self.draining.values().map(|(_, until)| *until))
+            .map(|at| at.saturating_duration_since(now))
             .min()
+    }
+
+    /// Keeps `kind`'s device (with its `data`) for `CLEAR_DRAIN` after it is retired.
+    pub fn drain(&mut self, kind: String, data: Value, now: Instant) {
+        self.unneeded_since.remove(&kind);
+        self.draining.insert(kind, (data, now + CLEAR_DRAIN));
+    }
+
+    /// Drops the drains that have ended; whether one did.
+    pub fn drained(&mut self, now: Instant) -> bool {
+        let before = self.draining.len();
+        self.draining.retain(|_, (_, until)| *until > now);
+        self.draining.len() != before
+    }
+
+    /// `me` as the plan takes it: with the backends still draining.
+    pub fn planned_lease<'a>(&self, me: &'a Lease) -> std::borrow::Cow<'a, Lease> {
+        if self.draining.is_empty() {
+            return std::borrow::Cow::Borrowed(me);
+        }
+        let mut lease = me.clone();
+        for (kind, (data, _)) in &self.draining {
+            if kind != &lease.backend_type {
+                lease
+                    .also
+                    .entry(kind.clone())
+                    .or_insert_with(|| data.clone());
+            }
+        }
+        std::borrow::Cow::Owned(lease)
     }
 }
 
@@ -189,7 +247,6 @@ pub fn devices_dropped(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weft_backends::model::Lease;
 
     fn lease(node: &str, backend: &str) -> Lease {
         weft_backends::model::LeaseAttrs {

@@ -41,9 +41,25 @@ impl Controller<'_> {
             .filter_map(|((_, key), o)| Some((*key, o.endpoint?)))
             .collect();
         let t_plan = Instant::now();
-        let Some((state, planned)) = self.plan(device, full) else {
+        // A pair may leave clear in this plan: the plan is made again with the guard still
+        // taking its peer's clear packets for a moment.
+        let again = self
+            .last
+            .as_ref()
+            .is_some_and(|l| l.pair_backends.iter().any(|p| p.why_clear.is_some()))
+            .then(|| device.clone());
+        let Some((mut state, mut planned)) = self.plan(device, full) else {
             return;
         };
+        if let Some(device) =
+            again.filter(|_| super::also::left_clear(self.last.as_deref(), &state))
+        {
+            self.accept_clear_until = Some(SystemTime::now() + super::also::CLEAR_DRAIN);
+            let Some(replanned) = self.plan(device, full) else {
+                return;
+            };
+            (state, planned) = replanned;
+        }
         let plan_ms = t_plan.elapsed().as_secs_f64() * 1e3;
         if full && !std::mem::take(&mut self.drift_told) {
             self.name_drift(&state);
@@ -122,24 +138,35 @@ impl Controller<'_> {
             watcher.follow(&state, self.keys.key.public_key(), &stamp);
         }
         self.last = Some(state);
-        self.retire_backends().await;
-    }
-
-    /// Stops speaking the old backends no peer has run for `also::GRACE`: publishes
-    /// without them (the next pass removes their devices) and records it.
-    pub(super) async fn retire_backends(&mut self) {
-        let due = self.retiring.due(
+        // Which old backends no peer runs, from when: the loop retires each once its grace
+        // has passed (and plans at once, before its peers read the retirement).
+        let _ = self.retiring.due(
             &self.keys.attrs.also,
             &self.raw_view,
             &self.me.node,
             Instant::now(),
         );
+    }
+
+    /// Stops speaking the old backends no peer has run for `also::GRACE`: publishes
+    /// without them and records it; their devices go `also::CLEAR_DRAIN` later (when
+    /// `Retiring::drained` says so, a pass removes them). Whether one was retired.
+    pub(super) async fn retire_backends(&mut self) -> bool {
+        let now = Instant::now();
+        let due = self
+            .retiring
+            .due(&self.keys.attrs.also, &self.raw_view, &self.me.node, now);
         if due.is_empty() {
-            return;
+            return false;
         }
         for kind in &due {
-            self.keys.attrs.also.remove(kind);
+            if let Some(data) = self.keys.attrs.also.remove(kind) {
+                self.retiring.drain(kind.clone(), data, now);
+            }
         }
+        // Peers retiring theirs at about the same moment send in clear before this node
+        // reads it: the guard takes their pods' packets meanwhile.
+        self.accept_clear_until = Some(SystemTime::now() + super::also::CLEAR_DRAIN);
         info!(retired = ?due, "no peer runs this node's old backend any more: it is no longer spoken, its devices go");
         let state_dir = self.keys.state_dir();
         super::also::record(
@@ -149,6 +176,7 @@ impl Controller<'_> {
             &self.keys.attrs.also,
         );
         self.keys.publish().await;
+        true
     }
 
     /// Re-handshakes the pairs `after` moved to another path than `before`'s (`paths`),
@@ -253,14 +281,16 @@ impl Controller<'_> {
             peers: self.roaming.observed(device),
             esp_heard: self.esp_heard.clone(),
             paths: self.paths.history.clone(),
+            accept_clear_until: self.accept_clear_until,
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
         let own = self.keys.key.public_key();
         let published = self.inputs.pq.published.borrow_and_update().psks_for(&own);
         let pair_psks = self.pq_seen.plan_with(published, now);
+        let me = self.retiring.planned_lease(&self.me);
         let input = PlanInput {
-            local: &self.me,
+            local: &me,
             view,
             config: &config,
             options: self.options,

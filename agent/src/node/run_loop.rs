@@ -110,6 +110,9 @@ pub(super) struct Controller<'a> {
     pub(super) clock_switches: super::clock_switch::ClockSwitches,
     /// The old backends this node still speaks, and since when no peer runs each.
     pub(super) retiring: super::also::Retiring,
+    /// Until when the guard still takes clear pod packets of pairs that moved to an
+    /// encrypting backend (`also::CLEAR_DRAIN`).
+    pub(super) accept_clear_until: Option<SystemTime>,
     /// Since when the resync has been put off for switches near (it is put off for at
     /// most `RESYNC_PUT_OFF`: with many pairs, one is always near).
     resync_put_off: Option<Instant>,
@@ -201,6 +204,7 @@ pub(crate) async fn control_loop(
         nft_dirty: true,
         nft_listed: Instant::now(),
         retiring: Default::default(),
+        accept_clear_until: Some(SystemTime::now() + super::also::CLEAR_DRAIN),
         nft_verified: Default::default(),
         esp_rotation: None,
         rekey_not_before: None,
@@ -338,7 +342,13 @@ impl Controller<'_> {
                     }
                 }
                 // An old backend no peer runs any more: its grace has passed.
-                () = sleep_for(self.retiring.wait(Instant::now())) => self.retire_backends().await,
+                () = sleep_for(self.retiring.wait(Instant::now())) => {
+                    let drained = self.retiring.drained(Instant::now());
+                    let retired = self.retire_backends().await;
+                    if drained || retired {
+                        return Wake::Pass { full: drained };
+                    }
+                }
                 // This node's ipsec epoch has reached `RekeyAfter`.
                 () = sleep_until(rekey) => self.rekey().await,
                 // This node's announced switch.

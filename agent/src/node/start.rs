@@ -294,10 +294,7 @@ async fn network_config<R: Registry>(
 /// With an encrypting backend, the pod networks are sealed before anything else is done
 /// (`weft_backends::apply::seal`): routes another backend left stop carrying pod packets
 /// in clear now, not at the first pass. A failure is logged; the first pass tries again.
-async fn seal_early(
-    net: &weft_backends::netconf::NetConf,
-    also: &std::collections::BTreeMap<String, serde_json::Value>,
-) {
+async fn seal_early(net: &weft_backends::netconf::NetConf) {
     if !matches!(net.backend, Backend::Wireguard(_)) {
         return;
     }
@@ -305,14 +302,12 @@ async fn seal_early(
         .into_iter()
         .filter_map(|v6| net.network(v6).map(|n| n.network))
         .collect();
-    // An old unencrypted backend kept during a change: its routes stay to the first pass.
-    let keep_clear = also.keys().any(|k| k == "vxlan" || k == "host-gw");
     let tunnels = [
         weft_backends::plan::WG_DEVICE,
         weft_backends::plan::WG_DEVICE_V6,
     ];
     let sealed = match weft_backends::apply::RtNetlink::connect() {
-        Ok(mut nl) => weft_backends::apply::seal(&mut nl, &networks, &tunnels, keep_clear).await,
+        Ok(mut nl) => weft_backends::apply::seal(&mut nl, &networks, &tunnels).await,
         Err(e) => Err(e),
     };
     match sealed {
@@ -347,6 +342,9 @@ async fn serve<R: Registry>(
     let Some(net) = network_config(&mut registry, &mut shutdown, &health).await? else {
         return Ok(0);
     };
+    // A node keeping its old unencrypted backend (`also`) is sealed too: until its first
+    // pass, its pairs with peers that publish an encrypting backend must not go in clear.
+    seal_early(&net).await;
     let state_dir = state_dir_of(&key_path);
     let kem = crate::pq::load_key(&net, args.post_quantum_off, &state_dir)?;
     let setup = backend_setup::prepare(
@@ -356,7 +354,6 @@ async fn serve<R: Registry>(
         &state_dir,
     )
     .await?;
-    seal_early(&net, &setup.also).await;
     let (previous, previous_v6) = subnet_file::previous_subnets(&args.subnet_file);
     let request = AcquireRequest {
         attrs: LocalAttrs {

@@ -327,6 +327,28 @@ fn register_plan(registry: &mut Registry, snapshot: &Snapshot) {
         snapshot.peers.iter().map(|p| p.node.as_str()).collect();
     planned.set(nodes.len() as i64);
     registry.register("peers", "Peers in the plan", planned);
+    let by_backend: Family<Labels, Gauge> = Family::default();
+    for (backend, n) in &snapshot.backends.peers {
+        by_backend
+            .get_or_create(&vec![("backend", backend.clone())])
+            .set(i64::try_from(*n).unwrap_or(i64::MAX));
+    }
+    registry.register(
+        "peers_by_backend",
+        "Peers whose pair runs on each backend (more than one while the cluster changes backend)",
+        by_backend,
+    );
+    let clear: Family<Labels, Gauge> = Family::default();
+    for c in &snapshot.backends.clear {
+        clear
+            .get_or_create(&vec![("node", c.node.clone()), ("why", c.why.clone())])
+            .set(1);
+    }
+    registry.register(
+        "pairs_in_clear",
+        "Pairs in clear while the cluster changes backend (their peer publishes no encrypting backend), by node and why",
+        clear,
+    );
 }
 
 /// Each peer path's measured MTU, the MTU its routes carry, and when it was measured.

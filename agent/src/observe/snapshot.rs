@@ -74,6 +74,28 @@ pub struct Snapshot {
     /// This node's relay, when it is a gateway: what it carries.
     #[serde(default)]
     pub relay: Option<RelayInfo>,
+    /// The backends of this node's pairs (more than one while the cluster changes
+    /// backend), the pairs in clear, and the old backends it still speaks.
+    #[serde(default)]
+    pub backends: BackendsInfo,
+}
+
+/// How this node's pairs are carried while the cluster may be changing backend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BackendsInfo {
+    /// Peers (nodes) per backend.
+    pub peers: BTreeMap<String, usize>,
+    /// The pairs in clear, and why each is.
+    pub clear: Vec<ClearPairInfo>,
+    /// The backends this node still speaks besides its config's (its old one, kept while
+    /// a peer runs it).
+    pub also: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClearPairInfo {
+    pub node: String,
+    pub why: String,
 }
 
 /// A peer's counters: a WireGuard peer's as read from the device, or an ipsec peer's
@@ -510,6 +532,7 @@ fn from_plan_but_rows(me: &Lease, state: &DesiredState, snapshot: &mut Snapshot)
         .vxlan
         .first()
         .map(|v| if v.port == 0 { 8472 } else { v.port });
+    snapshot.backends = backends_info(me, state);
     snapshot.left_out = state
         .left_out
         .iter()
@@ -518,6 +541,40 @@ fn from_plan_but_rows(me: &Lease, state: &DesiredState, snapshot: &mut Snapshot)
             reason: l.reason.to_string(),
         })
         .collect();
+}
+
+/// Peers per backend, the pairs in clear and the old backends `me` still speaks.
+fn backends_info(me: &Lease, state: &DesiredState) -> BackendsInfo {
+    let mut peers: BTreeMap<String, usize> = BTreeMap::new();
+    let mut clear = Vec::new();
+    if state.pair_backends.is_empty() {
+        let nodes: std::collections::BTreeSet<&str> = state
+            .routes
+            .iter()
+            .filter_map(|r| match &r.role {
+                weft_backends::model::RouteRole::Peer(n)
+                | weft_backends::model::RouteRole::Direct(n) => Some(n.as_str()),
+                _ => None,
+            })
+            .collect();
+        if !nodes.is_empty() {
+            peers.insert(me.backend_type.clone(), nodes.len());
+        }
+    }
+    for p in &state.pair_backends {
+        *peers.entry(p.backend.as_str().to_string()).or_default() += 1;
+        if let Some(why) = &p.why_clear {
+            clear.push(ClearPairInfo {
+                node: p.node.clone(),
+                why: why.clone(),
+            });
+        }
+    }
+    BackendsInfo {
+        peers,
+        clear,
+        also: me.also.keys().cloned().collect(),
+    }
 }
 
 #[cfg(test)]

@@ -5,10 +5,7 @@
 //! config is known, before the lease and the devices: it puts the pod networks' fail-closed
 //! blackholes in, and removes weft's routes inside them that do not enter a tunnel device.
 //! Peer traffic is then dropped, not sent in clear, until the tunnels carry it. A restart
-//! that finds its own tunnel routes and blackholes writes nothing. A node that keeps its
-//! old unencrypted backend while the cluster changes backend (`plan::mixed`) keeps those
-//! routes (`keep_clear`): until it publishes its new backend, no peer has seen it encrypt,
-//! and its pairs with peers that encrypt move off them at its first pass.
+//! that finds its own tunnel routes and blackholes writes nothing.
 
 use ipnet::IpNet;
 
@@ -17,12 +14,11 @@ use super::ApplyError;
 use crate::model::Family;
 
 /// Seals `networks` (the pod networks) for the tunnel devices `tunnels`; returns one line
-/// per change made. With `keep_clear`, routes outside the tunnels stay.
+/// per change made.
 pub async fn seal<N: Netlink>(
     nl: &mut N,
     networks: &[IpNet],
     tunnels: &[&str],
-    keep_clear: bool,
 ) -> Result<Vec<String>, ApplyError> {
     let mut tunnel_indexes = Vec::new();
     for name in tunnels {
@@ -49,8 +45,7 @@ pub async fn seal<N: Netlink>(
                 changes.push(format!("blackhole {net} put in before the first pass"));
             }
             let stale = routes.iter().filter(|r| {
-                !keep_clear
-                    && r.protocol == RTPROT_WEFT
+                r.protocol == RTPROT_WEFT
                     && !r.blackhole
                     && net.contains(&r.dst)
                     && !r.oif.is_some_and(|i| tunnel_indexes.contains(&i))
@@ -108,7 +103,7 @@ mod tests {
         put(&mut nl, route("10.244.9.0/24", eth, false, 4));
         put(&mut nl, route("192.168.0.0/16", eth, false, RTPROT_WEFT));
         let net: IpNet = "10.244.0.0/16".parse().unwrap();
-        let changes = block_on(seal(&mut nl, &[net], &["flannel-wg"], false)).unwrap();
+        let changes = block_on(seal(&mut nl, &[net], &["flannel-wg"])).unwrap();
         assert_eq!(changes.len(), 2, "{changes:?}");
         let dsts: Vec<String> = nl.routes.values().map(|r| r.dst.to_string()).collect();
         assert_eq!(
@@ -123,7 +118,7 @@ mod tests {
         assert!(nl.routes.values().any(|r| r.blackhole && r.dst == net));
         // Sealed: the next start writes nothing.
         let writes = nl.writes();
-        assert!(block_on(seal(&mut nl, &[net], &["flannel-wg"], false))
+        assert!(block_on(seal(&mut nl, &[net], &["flannel-wg"]))
             .unwrap()
             .is_empty());
         assert_eq!(nl.writes(), writes);

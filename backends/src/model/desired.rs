@@ -60,6 +60,9 @@ pub struct DesiredState {
     /// While the cluster changes backend (`plan::mixed`): every planned pair's backend,
     /// and why it runs in clear if it does. Empty while every node runs this node's.
     pub pair_backends: Vec<PairBackend>,
+    /// Encrypted pairs whose pods' packets the guard still takes in clear from the given
+    /// device for a moment after the pair moved (`Observed::accept_clear_until`).
+    pub clear_draining: Vec<(String, IpNet)>,
 }
 
 /// The backend one pair runs on while the cluster changes backend.

@@ -41,6 +41,12 @@ pub struct Observed {
     /// Each cross-zone pair's path failures, by peer node, as the liveness watcher found
     /// them (`plan::relay`).
     pub paths: BTreeMap<String, PathHistory>,
+    /// While the cluster changes backend: until this moment the guard still takes a pair's
+    /// pods in clear from the unencrypted backend this node keeps, though the pair has
+    /// moved to an encrypting one (set at the agent's start and whenever a pair leaves
+    /// clear), so the packets its peer sends before it reads the move are not dropped
+    /// (`plan::mixed`). Nothing is ever sent in clear for it.
+    pub accept_clear_until: Option<SystemTime>,
 }
 
 /// How a pair's paths have failed: the direct one, and the gateways that carried it.

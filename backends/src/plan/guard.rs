@@ -28,6 +28,7 @@ pub(super) fn add(state: &mut DesiredState, input: &PlanInput<'_>, ours: &LocalS
             _ => false,
         })
         .map(|r| (r.device.clone(), r.dst))
+        .chain(state.clear_draining.iter().cloned())
         .collect();
     state.guard = state
         .fail_closed

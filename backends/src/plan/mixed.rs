@@ -165,12 +165,16 @@ pub(crate) fn plan(input: &PlanInput<'_>, ours: &LocalSubnets) -> Result<Desired
     let mut groups: BTreeMap<BackendKind, ClusterView> = BTreeMap::new();
     let mut left_out = Vec::new();
     let mut pairs = Vec::new();
+    let mut accepting = Vec::new();
     for lease in input.view.leases.values() {
         if lease.node == input.local.node {
             continue;
         }
         match pair_backend(primary, &input.local.also, lease, refuse_clear) {
             Ok(kind) => {
+                if kind.encrypts() {
+                    accepting.extend(clear_source(input, lease));
+                }
                 groups.entry(kind).or_default().insert(as_kind(lease, kind));
                 pairs.push(PairBackend {
                     node: lease.node.clone(),
@@ -185,6 +189,10 @@ pub(crate) fn plan(input: &PlanInput<'_>, ours: &LocalSubnets) -> Result<Desired
         }
     }
     let mut state = DesiredState::default();
+    let draining = input
+        .observed
+        .accept_clear_until
+        .filter(|until| *until > input.now);
     for kind in speaks(primary.as_str(), &input.local.also) {
         if kind != primary && !KEPT_DURING_A_CHANGE.contains(&kind) {
             continue;
@@ -215,7 +223,42 @@ pub(crate) fn plan(input: &PlanInput<'_>, ours: &LocalSubnets) -> Result<Desired
     state.left_out.extend(left_out);
     pairs.sort_by(|a, b| a.node.cmp(&b.node));
     state.pair_backends = pairs;
+    if let Some(until) = draining {
+        state.clear_draining = accepting;
+        state.next_switch = Some(state.next_switch.map_or(until, |t| t.min(until)));
+    }
     Ok(state)
+}
+
+/// The device and subnet an encrypted pair's peer sends its pods' packets in clear on
+/// around a move (before it reads this node's move, or once it has retired its encrypting
+/// backend first): an unencrypted backend both publish.
+fn clear_source(input: &PlanInput<'_>, peer: &Lease) -> Option<(String, ipnet::IpNet)> {
+    let subnet = peer.subnet?;
+    let theirs = speaks(&peer.backend_type, &peer.also);
+    let primary = input.config.backend.kind();
+    let vni = match &input.config.backend {
+        crate::netconf::Backend::Vxlan(v) => Some(v.vni),
+        _ => input
+            .local
+            .also
+            .get(BackendKind::Vxlan.as_str())
+            .map(|data| {
+                data.get("VNI")
+                    .and_then(Value::as_u64)
+                    .and_then(|v| u32::try_from(v).ok())
+                    .unwrap_or(1)
+            }),
+    };
+    if let Some(vni) = vni.filter(|_| theirs.contains(&BackendKind::Vxlan)) {
+        return Some((super::vxlan_device(vni), subnet));
+    }
+    let host_gw = primary == BackendKind::HostGw
+        || input.local.also.contains_key(BackendKind::HostGw.as_str());
+    if host_gw && theirs.contains(&BackendKind::HostGw) {
+        return Some((input.options.underlay_device.clone()?, subnet));
+    }
+    None
 }
 
 /// Why a pair runs in clear: its peer publishes no encrypting backend.
@@ -251,6 +294,7 @@ fn merge(into: &mut DesiredState, part: DesiredState, primary: bool) {
         paths,
         post_quantum,
         pair_backends: _,
+        clear_draining: _,
     } = part;
     into.tunnels.extend(tunnels);
     into.vxlan.extend(vxlan);

@@ -12,6 +12,7 @@ pub mod path_mtu;
 pub mod post_quantum;
 pub mod post_quantum_agent;
 pub mod relay;
+pub mod rollout;
 pub mod rotation;
 pub mod soak;
 

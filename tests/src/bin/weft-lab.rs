@@ -240,6 +240,21 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Some("rollout") => {
+            let runs: usize = opt(args, "--runs").unwrap_or("3").parse()?;
+            let pace: u64 = opt(args, "--pace").unwrap_or("8").parse()?;
+            let baseline = opt(args, "--baseline").map(std::path::PathBuf::from);
+            print!(
+                "{}",
+                weft_lab::bench::rollout::run(
+                    &weft,
+                    baseline.as_deref(),
+                    runs,
+                    std::time::Duration::from_secs(pace)
+                )?
+            );
+            Ok(())
+        }
         Some("rotation") => {
             let runs: usize = opt(args, "--runs").unwrap_or("5").parse()?;
             print!("{}", weft_lab::bench::rotation::run(&weft, runs)?);
@@ -257,7 +272,7 @@ fn bench(args: &[String]) -> anyhow::Result<()> {
         }
         _ => {
             anyhow::bail!(
-                "usage: weft-lab bench control-plane|data-plane|flood|liveness|path-mtu|post-quantum|relay|rotation|soak [options]"
+                "usage: weft-lab bench control-plane|data-plane|flood|liveness|path-mtu|post-quantum|relay|rollout|rotation|soak [options]"
             )
         }
     }

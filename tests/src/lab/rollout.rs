@@ -102,27 +102,51 @@ impl RolloutReport {
             .is_some_and(|(_, e)| *e)
     }
 
-    /// The clear packets of pairs whose two ends both published an encrypting backend
-    /// for all of `reaction` before the packet and after it (the time a node needs to
-    /// read its peer's change and move the pair, and the watch of the leases to see a
-    /// change): each one a breach of fail closed.
-    pub fn clear_between_encrypting_ends(&self, reaction: Duration) -> Vec<String> {
-        let both_all_along = |p: &ClearPacket| {
-            let since = p.at.checked_sub(reaction).unwrap_or(p.at);
-            let until = p.at + reaction;
-            [p.from, p.to].iter().all(|&i| {
-                self.encrypting_at(i, since)
-                    && self.encrypting[i]
-                        .iter()
-                        .filter(|(t, _)| *t > since && *t <= until)
-                        .all(|(_, e)| *e)
-            })
-        };
-        self.clear
+    /// When node `i` last began publishing an encrypting backend at or before `at`, if it
+    /// publishes one then.
+    fn encrypting_since(&self, i: usize, at: SystemTime) -> Option<SystemTime> {
+        let upto: Vec<&(SystemTime, bool)> = self.encrypting[i]
             .iter()
-            .filter(|p| both_all_along(p))
-            .map(|p| format!("{} -> {} at {:?}", p.from, p.to, p.at))
-            .collect()
+            .take_while(|(t, _)| *t <= at)
+            .collect();
+        match upto.last() {
+            Some((_, true)) => upto
+                .iter()
+                .rev()
+                .take_while(|(_, e)| *e)
+                .last()
+                .map(|(t, _)| *t),
+            _ => None,
+        }
+    }
+
+    /// How long after both its ends published an encrypting backend each clear echo was
+    /// seen, at most (zero if none was): the time a node takes to read its peer's move and
+    /// move the pair. An echo whose end stops publishing one within `lag` after it (the
+    /// lease watch reads every 100 ms, and sees a change late) counts as zero.
+    pub fn clear_lateness(&self, lag: Duration) -> (Duration, Option<String>) {
+        let mut worst = (Duration::ZERO, None);
+        for p in &self.clear {
+            let (Some(a), Some(b)) = (
+                self.encrypting_since(p.from, p.at),
+                self.encrypting_since(p.to, p.at),
+            ) else {
+                continue;
+            };
+            let stops_soon = [p.from, p.to].iter().any(|&i| {
+                self.encrypting[i]
+                    .iter()
+                    .any(|(t, e)| !*e && *t > p.at && *t <= p.at + lag)
+            });
+            if stops_soon {
+                continue;
+            }
+            let late = p.at.duration_since(a.max(b)).unwrap_or_default();
+            if late > worst.0 {
+                worst = (late, Some(format!("{} -> {}", p.from, p.to)));
+            }
+        }
+        worst
     }
 
     /// The pairs seen in clear, each with its first and last clear echo.
@@ -141,12 +165,13 @@ impl std::fmt::Display for RolloutReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "rollout of {:.1} s: longest gap of any pair {} ms, worst pair's loss {:.1} %, {} clear echoes over {} pairs",
+            "rollout of {:.1} s: longest gap of any pair {} ms, worst pair's loss {:.1} %, {} clear echoes over {} pairs, the last {} ms after both its ends encrypted",
             self.took.as_secs_f64(),
             self.longest_gap().as_millis(),
             self.worst_loss() * 100.0,
             self.clear.len(),
-            self.clear_pairs().len()
+            self.clear_pairs().len(),
+            self.clear_lateness(Duration::from_secs(1)).0.as_millis()
         )
     }
 }

@@ -149,6 +149,55 @@ fn pair_paths(snapshot: &Snapshot) -> Check {
     }
 }
 
+/// While the cluster changes backend: which pairs run on which backend, and every pair in
+/// clear named with why (a warning: the rollout has not reached its peer).
+fn backend_change(snapshot: &Snapshot) -> Option<Check> {
+    const NAME: &str = "backend change";
+    let b = &snapshot.backends;
+    let others: Vec<String> = b
+        .peers
+        .iter()
+        .filter(|(k, _)| **k != snapshot.backend)
+        .map(|(k, n)| format!("{n} on {k}"))
+        .collect();
+    if others.is_empty() && b.clear.is_empty() && b.also.is_empty() {
+        return None;
+    }
+    let counts: Vec<String> = b.peers.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    if !b.clear.is_empty() {
+        let named: Vec<String> = b
+            .clear
+            .iter()
+            .map(|c| format!("{}: {}", c.node, c.why))
+            .collect();
+        return Some(Check::warn(
+            NAME,
+            format!(
+                "this node runs {}; {} pair(s) in clear: {}",
+                snapshot.backend,
+                b.clear.len(),
+                named.join("; ")
+            ),
+            "the change has not reached those nodes: restart their agents with the new config (a DaemonSet rollout that stalled: `kubectl -n kube-flannel rollout status ds/kube-flannel-ds`); set RefuseClear in the Backend to keep such pairs down instead",
+        ));
+    }
+    Some(Check::pass(
+        NAME,
+        match others.is_empty() {
+            true => format!(
+                "every peer runs {}; this node still speaks {} until its grace ends",
+                snapshot.backend,
+                b.also.join(", ")
+            ),
+            false => format!(
+                "peers per backend: {} (every pair encrypted): {} still to move",
+                counts.join(", "),
+                others.join(", ")
+            ),
+        },
+    ))
+}
+
 /// Runs every check that applies to `snapshot`'s backend.
 pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
     let mut out = Vec::new();
@@ -185,6 +234,7 @@ pub async fn checks(snapshot: &Snapshot, args: &DoctorArgs) -> Vec<Check> {
     if !snapshot.left_out.is_empty() {
         out.push(local::left_out(snapshot));
     }
+    out.extend(backend_change(snapshot));
     if snapshot.ip_masq {
         out.push(local::masquerade(snapshot).await);
     }
@@ -281,5 +331,44 @@ mod pair_path_tests {
             none.detail
         );
         assert!(none.fix.unwrap_or_default().contains("weft.dev/gateway"));
+    }
+
+    #[test]
+    fn a_backend_change_names_clear_pairs_and_passes_once_every_pair_encrypts() {
+        use crate::observe::snapshot::{BackendsInfo, ClearPairInfo};
+        let mut s = Snapshot {
+            backend: "wireguard".into(),
+            backends: BackendsInfo {
+                peers: [("wireguard".to_string(), 3)].into(),
+                ..BackendsInfo::default()
+            },
+            ..Snapshot::default()
+        };
+        assert!(backend_change(&s).is_none(), "one backend: no check");
+        s.backends.peers.insert("vxlan".into(), 1);
+        s.backends.also = vec!["vxlan".into()];
+        s.backends.clear = vec![ClearPairInfo {
+            node: "n4".into(),
+            why: "it publishes no encrypting backend (it runs vxlan)".into(),
+        }];
+        let stalled = backend_change(&s).unwrap();
+        assert_eq!(stalled.verdict, Verdict::Warn);
+        assert!(
+            stalled
+                .detail
+                .contains("1 pair(s) in clear: n4: it publishes no encrypting backend"),
+            "{}",
+            stalled.detail
+        );
+        assert!(stalled.fix.unwrap_or_default().contains("rollout status"));
+        s.backends.clear.clear();
+        s.backends.peers.remove("vxlan");
+        let retiring = backend_change(&s).unwrap();
+        assert_eq!(retiring.verdict, Verdict::Pass);
+        assert!(
+            retiring.detail.contains("still speaks vxlan"),
+            "{}",
+            retiring.detail
+        );
     }
 }
