@@ -83,9 +83,11 @@ fn switching_to_and_from_ipip_leaves_nothing_of_the_previous_backend() {
         }
         for i in 0..2 {
             let ns = &lab.nodes[i].ns;
+            // A kept old backend (wireguard, vxlan) goes once no peer runs it for its
+            // grace (10 s) and 5 s more.
             until(
                 &format!("{gone} gone after switching to {backend}"),
-                Duration::from_secs(5),
+                weft_lab::wait::bound(Duration::from_secs(25), Duration::from_secs(40)),
                 || in_ns(ns, &format!("ip link show {gone}")).is_err(),
             );
             // The old device's routes go with it, and the new agent's pass may come just

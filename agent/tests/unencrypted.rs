@@ -239,9 +239,15 @@ fn switching_backends_leaves_nothing_of_the_previous_one() {
         ("wireguard", vec!["flannel.1"]),
         ("vxlan", vec!["flannel-wg"]),
     ] {
-        // Onto wireguard: once its agents have read the config (until then the node runs
-        // the backend it had), no pod packet in clear.
-        let watch = lab.switch_backend(backend).unwrap();
+        // Onto wireguard, in a cluster that refuses clear pairs (`RefuseClear`): once its
+        // agents have read the config (until then the node runs the backend it had), no
+        // pod packet in clear, not even toward a peer that has not restarted yet. (Without
+        // it such pairs stay on the old backend until both ends move: `rollout.rs`.)
+        let conf = match backend {
+            "wireguard" => serde_json::json!({"Type": backend, "RefuseClear": true}),
+            _ => serde_json::json!({ "Type": backend }),
+        };
+        let watch = lab.switch_backend_to(conf).unwrap();
         // The old backend's routes and devices carry pod traffic until the new agents
         // replace them: the pairs are tried once every node has only the new backend's.
         let mut routes = Vec::new();

@@ -87,16 +87,27 @@ impl Lab {
     /// started. Onto wireguard, a clear-traffic watch runs from before the agents start;
     /// it returns once every agent has sealed the pod network, with each node's seal.
     pub fn switch_backend(&mut self, backend: &str) -> anyhow::Result<Option<SwitchWatch>> {
+        self.switch_backend_to(serde_json::json!({ "Type": backend }))
+    }
+
+    /// `switch_backend` to the `Backend` object `backend` (its other keys too).
+    pub fn switch_backend_to(
+        &mut self,
+        backend: serde_json::Value,
+    ) -> anyhow::Result<Option<SwitchWatch>> {
         let count = self.nodes.len();
         for i in 0..count {
             self.stop_agent(i, "TERM")?;
         }
-        let conf = format!(
-            r#"{{"Network": "10.244.0.0/16", "SubnetMax": "10.244.199.0", "Backend": {{"Type": "{backend}"}}}}"#
-        );
+        let conf = serde_json::json!({
+            "Network": "10.244.0.0/16",
+            "SubnetMax": "10.244.199.0",
+            "Backend": backend,
+        })
+        .to_string();
         let key = format!("{}/config", self.cfg.etcd_prefix);
         self.etcd().etcdctl(&["put", &key, &conf])?;
-        let watch = match backend {
+        let watch = match backend["Type"].as_str().unwrap_or_default() {
             "wireguard" => Some(super::clear_watch::ClearWatch::start(self)?),
             _ => None,
         };
