@@ -16,16 +16,23 @@ use weft_lab::wait::bound;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
-/// The README's bounds for a rollout: no pair silent longer than this...
-const GAP: Duration = Duration::from_secs(1);
-/// ... nor losing more than this share of its pings.
-const LOSS: f64 = 0.02;
+/// The README's bounds for a rollout: no pair silent longer than this, nor losing more
+/// than this share of its pings. Under the VM's emulated CPU a restarting node's first
+/// pass (its pod network sealed until then) takes 1-2 s: 2.0 s and 10.3 % were measured
+/// there (3 nodes, 5 s apart).
+fn bounds() -> (Duration, f64) {
+    bound(
+        (Duration::from_secs(1), 0.02),
+        (Duration::from_millis(2500), 0.15),
+    )
+}
 
 /// How long a node takes to read a peer's change and move their pair (the registry's
 /// event, a pass): a clear echo of a pair whose ends both published an encrypting backend
-/// for longer is a breach. Under the VM's emulated CPU a pass takes seconds.
+/// for longer is a breach. Under the VM's emulated CPU a pass takes seconds: 4.1 s was
+/// measured there once.
 fn reaction() -> Duration {
-    bound(Duration::from_millis(500), Duration::from_secs(4))
+    bound(Duration::from_millis(500), Duration::from_secs(6))
 }
 
 fn rollout(backend: serde_json::Value) -> Rollout {
@@ -71,13 +78,14 @@ fn check(what: &str, report: &RolloutReport) {
         "{what}: pair {pair:?} was in clear {} ms after both its ends published an encrypting backend",
         late.as_millis()
     );
+    let (gap, loss) = bounds();
     assert!(
-        report.longest_gap() <= GAP,
+        report.longest_gap() <= gap,
         "{what}: a pair was silent {} ms",
         report.longest_gap().as_millis()
     );
     assert!(
-        report.worst_loss() <= LOSS,
+        report.worst_loss() <= loss,
         "{what}: a pair lost {:.1} %",
         report.worst_loss() * 100.0
     );
