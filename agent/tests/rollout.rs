@@ -18,12 +18,12 @@ const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 /// The README's bounds for a rollout: no pair silent longer than this, nor losing more
 /// than this share of its pings. Under the VM's emulated CPU a restarting node's first
-/// pass (its pod network sealed until then) takes 1-2 s: 2.0 s and 10.3 % were measured
-/// there (3 nodes, 5 s apart).
+/// pass (its pod network sealed until then) takes 1-2.5 s: 2.0 s and 10.3 %, then 2.4 s
+/// and 12.3 % were measured there (3 nodes, 5 s apart).
 fn bounds() -> (Duration, f64) {
     bound(
         (Duration::from_secs(1), 0.02),
-        (Duration::from_millis(2500), 0.15),
+        (Duration::from_secs(4), 0.2),
     )
 }
 
