@@ -60,18 +60,8 @@ mod tests {
 
     fn lease(node: &str, next: Option<NextKey>) -> Lease {
         let mut l = LeaseAttrs {
-            public_ip: None,
-            public_ipv6: None,
             backend_type: "wireguard".into(),
-            backend_data: None,
-            backend_v6_data: None,
-            next_key: None,
-            key_proof: None,
-            ml_kem_key: None,
-            zone: None,
-            internal_ip: None,
-            gateway: None,
-            also: Default::default(),
+            ..Default::default()
         }
         .into_lease(node.into(), None, None);
         l.next_key = next;

@@ -231,8 +231,8 @@ impl Retiring {
     }
 }
 
-/// Whether `state` drops a device `last` had: a retired backend's, which only a full pass
-/// removes.
+/// Whether `state` drops a vxlan device `last` had (a retired backend's: only a full pass
+/// removes one; ipip is never kept, and WireGuard devices go in any pass).
 pub fn devices_dropped(
     last: Option<&weft_backends::model::DesiredState>,
     state: &weft_backends::model::DesiredState,
@@ -241,7 +241,6 @@ pub fn devices_dropped(
     last.vxlan
         .iter()
         .any(|v| !state.vxlan.iter().any(|n| n.device == v.device))
-        || (last.ipip.is_some() && state.ipip.is_none())
 }
 
 #[cfg(test)]
@@ -250,18 +249,8 @@ mod tests {
 
     fn lease(node: &str, backend: &str) -> Lease {
         weft_backends::model::LeaseAttrs {
-            public_ip: None,
-            public_ipv6: None,
             backend_type: backend.into(),
-            backend_data: None,
-            backend_v6_data: None,
-            next_key: None,
-            key_proof: None,
-            ml_kem_key: None,
-            zone: None,
-            internal_ip: None,
-            gateway: None,
-            also: BTreeMap::new(),
+            ..Default::default()
         }
         .into_lease(node.into(), None, None)
     }

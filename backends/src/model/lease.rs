@@ -99,7 +99,7 @@ impl Lease {
 
 /// flannel's lease attributes, exactly as stored in etcd under `<prefix>/subnets/<key>`:
 /// `{"PublicIP":"…","PublicIPv6":null,"BackendType":"wireguard","BackendData":{…}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LeaseAttrs {
     #[serde(rename = "PublicIP", default)]
     pub public_ip: Option<Ipv4Addr>,
