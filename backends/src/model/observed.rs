@@ -47,6 +47,10 @@ pub struct Observed {
     /// clear), so the packets its peer sends before it reads the move are not dropped
     /// (`plan::mixed`). Nothing is ever sent in clear for it.
     pub accept_clear_until: Option<SystemTime>,
+    /// The backends this node retired a moment ago whose devices it still keeps (they are
+    /// in the planned lease's `also`): no pair is planned on them any more, as the node's
+    /// peers read from its published lease (`plan::mixed`).
+    pub draining: BTreeSet<String>,
 }
 
 /// How a pair's paths have failed: the direct one, and the gateways that carried it.

@@ -6,7 +6,8 @@
 //! with their data (`Lease::also`): the one it ran before, kept by the agent while some
 //! peer still runs it. Each end reads both ends' published sets and picks the pair's
 //! backend by the same rule (`pair_backend`), so the two agree without talking:
-//! - a backend both speak that encrypts, WireGuard before ipsec;
+//! - the backend both ends' configs name, if it encrypts;
+//! - otherwise a backend both speak that encrypts, WireGuard before ipsec;
 //! - otherwise, only when one of the two publishes no encrypting backend at all, an
 //!   unencrypted one both speak (the shared config's if both run it, else vxlan, host-gw,
 //!   ipip in that order), unless this node's config refuses clear pairs (`RefuseClear`);
@@ -90,6 +91,12 @@ pub fn pair_backend(
         .into_iter()
         .filter(|k| mine.contains(k) && theirs.contains(k))
         .collect();
+    // Both ends' configs name the same encrypting backend: the pair is on it from the
+    // moment the second end publishes it, and never moves again when an old backend is
+    // retired (wireguard <-> ipsec moves each pair once, at its second end's restart).
+    if theirs.first() == Some(&ours) && ours.encrypts() {
+        return Ok(ours);
+    }
     if let Some(kind) = common.iter().copied().find(|k| k.encrypts()) {
         return Ok(kind);
     }
@@ -110,6 +117,30 @@ pub fn pair_backend(
         });
     }
     Ok(kind)
+}
+
+/// The backend a node running `ours` takes up besides its config's to reach `peer`, when
+/// the two speak nothing the pair can run on and the peer could not take up `ours`: the
+/// peer's own, if this node can speak it besides its config's (WireGuard always, vxlan
+/// and host-gw unless `refuse_clear`). Only a node on ipsec or ipip takes one up: a
+/// node leaving either (ipsec -> wireguard) does not keep it, so the nodes still on it
+/// meet the moved node on its new backend.
+pub fn to_take_up(
+    ours: BackendKind,
+    our_also: &BTreeMap<String, Value>,
+    peer: &Lease,
+    refuse_clear: bool,
+) -> Option<BackendKind> {
+    if KEPT_DURING_A_CHANGE.contains(&ours) {
+        return None;
+    }
+    match pair_backend(ours, our_also, peer, refuse_clear) {
+        Err(LeaveReason::NoCommonEncryption { .. } | LeaveReason::WrongBackend { .. }) => {}
+        _ => return None,
+    }
+    let theirs: BackendKind = peer.backend_type.parse().ok()?;
+    (KEPT_DURING_A_CHANGE.contains(&theirs) && (theirs.encrypts() || !refuse_clear))
+        .then_some(theirs)
 }
 
 /// `lease` as if it published `kind` as its backend, with its data for it.
@@ -166,11 +197,15 @@ pub(crate) fn plan(input: &PlanInput<'_>, ours: &LocalSubnets) -> Result<Desired
     let mut left_out = Vec::new();
     let mut pairs = Vec::new();
     let mut accepting = Vec::new();
+    // The pairs follow what this node publishes: not the backends it retired a moment
+    // ago, whose devices it keeps a little longer.
+    let mut published = input.local.also.clone();
+    published.retain(|kind, _| !input.observed.draining.contains(kind));
     for lease in input.view.leases.values() {
         if lease.node == input.local.node {
             continue;
         }
-        match pair_backend(primary, &input.local.also, lease, refuse_clear) {
+        match pair_backend(primary, &published, lease, refuse_clear) {
             Ok(kind) => {
                 if kind.encrypts() {
                     accepting.extend(clear_source(input, lease));
@@ -257,6 +292,10 @@ fn clear_source(input: &PlanInput<'_>, peer: &Lease) -> Option<(String, ipnet::I
         || input.local.also.contains_key(BackendKind::HostGw.as_str());
     if host_gw && theirs.contains(&BackendKind::HostGw) {
         return Some((input.options.underlay_device.clone()?, subnet));
+    }
+    // ipip is never kept: only a node whose config runs it takes its peers' from it.
+    if primary == BackendKind::Ipip && theirs.contains(&BackendKind::Ipip) {
+        return Some((super::ipip::IPIP_DEVICE.to_string(), subnet));
     }
     None
 }
