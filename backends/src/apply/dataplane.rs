@@ -119,6 +119,23 @@ impl Dataplane {
         Ok((Dataplane::new(nl, NftCli::default(), wg), why))
     }
 
+    /// Picks a WireGuard implementation now, if none was picked at start: for a node whose
+    /// backend does not use WireGuard and takes it up during a backend change
+    /// (`plan::mixed::to_take_up`). Returns why that one runs, or `None` if one already
+    /// did.
+    pub async fn take_up_wireguard(
+        &mut self,
+        wanted: Implementation,
+    ) -> Result<Option<String>, ApplyError> {
+        if self.wg.is_some() {
+            return Ok(None);
+        }
+        let (wg, why) =
+            WgImpl::choose(wanted, &mut self.nl, WG_DEVICE, UserspaceProcess::default()).await?;
+        self.wg = Some(wg);
+        Ok(Some(why))
+    }
+
     /// A second, independent handle on this node's WireGuard devices (its own socket), for
     /// a task that must not wait for the control loop: the key-switch watcher. `None`
     /// without WireGuard.
@@ -291,6 +308,11 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         if reads.routes {
             self.routes.forget();
         }
+        // ESP states and policies before the routes: a pair moving onto ipsec (a backend
+        // change) is carried from the moment its route moves into the XFRM interface,
+        // which is made here if it is missing, before any route into it.
+        self.ipsec_pass(state, key, full, &mut report).await;
+        lap(&mut report, "ipsec", &mut t);
         self.routing(state, &mut report).await?;
         lap(&mut report, "routing", &mut t);
         let mut started = false;
@@ -312,7 +334,6 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
             Ok(created) => started |= created,
             Err(e) => report.errors.push(e.to_string()),
         }
-        started |= self.ipsec_pass(state, key, full, &mut report).await;
         if started {
             // A device made this pass has new routes only the kernel knows of.
             self.routes.forget();
