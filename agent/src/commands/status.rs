@@ -393,10 +393,13 @@ pub async fn report(snapshot: Snapshot) -> anyhow::Result<Report> {
     // Every WireGuard device the peers are on (both families' with `Mode: separate`).
     let mut devices = BTreeMap::new();
     if matches!(snapshot.implementation.as_str(), "kernel" | "userspace") {
+        // A node that speaks two backends during a change has peers on other devices too
+        // (`flannel.1`, `flannel-ipsec`), which are not WireGuard's to read.
         let names: std::collections::BTreeSet<&String> = snapshot
             .peers
             .iter()
             .filter_map(|p| p.device.as_ref())
+            .filter(|d| d.starts_with(weft_backends::plan::WG_DEVICE))
             .collect();
         for name in names {
             if let Some(d) = read_device(name).await? {

@@ -66,6 +66,14 @@ fn record_path(state_dir: &Path) -> PathBuf {
     state_dir.join(RECORD)
 }
 
+/// The backend this node published when it last recorded one (`backend.last`).
+pub fn last_backend(state_dir: &Path) -> Option<String> {
+    let bytes = std::fs::read(record_path(state_dir)).ok()?;
+    serde_json::from_slice::<Record>(&bytes)
+        .ok()
+        .map(|r| r.kind)
+}
+
 /// The backends this node speaks besides `net`'s at start (with their data), from what it
 /// recorded last, or flannel's vxlan device (`flannel_vxlan`: its data, if the device is
 /// there); records the new state.
@@ -211,6 +219,11 @@ impl Retiring {
         let before = self.draining.len();
         self.draining.retain(|_, (_, until)| *until > now);
         self.draining.len() != before
+    }
+
+    /// The backends retired a moment ago whose devices are kept (`drain`).
+    pub fn draining(&self) -> std::collections::BTreeSet<String> {
+        self.draining.keys().cloned().collect()
     }
 
     /// `me` as the plan takes it: with the backends still draining.

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 use weft_backends::apply::xfrm::{EncapSocket, EspBook, XfrmSocket};
 use weft_backends::apply::{Dataplane, IpsecPlane, Netlink, RtNetlink};
 use weft_backends::model::{format_mac, parse_mac};
-use weft_backends::netconf::{Backend, Implementation, NetConf};
+use weft_backends::netconf::{Backend, BackendKind, Implementation, NetConf};
 use weft_backends::plan::ipsec::backend_data as ipsec_backend_data;
 use weft_backends::plan::{
     vxlan_backend_data, vxlan_device, vxlan_device_v6, wireguard_backend_data,
@@ -67,6 +67,26 @@ pub async fn prepare(
         });
     }
     Ok(setup)
+}
+
+/// The data this node publishes for `kind` when it takes it up during a change
+/// (`mixed::to_take_up`): its key on WireGuard's default port, its VTEP MAC on the peer's
+/// VNI (`vni`, else 1), nothing for host-gw.
+pub async fn data_to_take_up(
+    kind: BackendKind,
+    vni: Option<u64>,
+    public_key: &PublicKey,
+    state_dir: &Path,
+) -> anyhow::Result<Value> {
+    Ok(match kind {
+        BackendKind::Wireguard => wireguard_backend_data(public_key, 51820),
+        BackendKind::Vxlan => {
+            let vni = vni.and_then(|v| u32::try_from(v).ok()).unwrap_or(1);
+            let mac = vtep_mac(&vxlan_device(vni), state_dir, VTEP_MAC_FILE).await?;
+            vxlan_backend_data(vni, &mac)
+        }
+        _ => Value::Null,
+    })
 }
 
 /// flannel's vxlan data, if its device `flannel.1` is on this node.
@@ -133,9 +153,23 @@ async fn for_backend(
             also: Default::default(),
         },
         Backend::Ipsec(i) => {
-            let loaded = EspStore::new(state_dir)
-                .load()
-                .context("loading this node's ipsec epoch")?;
+            let store = EspStore::new(state_dir);
+            let mut loaded = store.load().context("loading this node's ipsec epoch")?;
+            // Back on ipsec after another backend: its peers removed the pairs' states
+            // meanwhile, and the same two epochs would give the same keys again, which a
+            // peer refuses to install twice (a nonce reused). A new epoch gives new ones.
+            if let Some(was) = super::also::last_backend(state_dir).filter(|k| k != "ipsec") {
+                if loaded.bumped.is_none() {
+                    let epoch = store
+                        .bump(&loaded.epoch)
+                        .context("moving to a new ipsec epoch")?;
+                    loaded = weft_crypto::esp::Loaded {
+                        epoch,
+                        installed: Default::default(),
+                        bumped: Some(format!("this node ran {was} since its last epoch")),
+                    };
+                }
+            }
             if let Some(why) = &loaded.bumped {
                 info!(epoch = loaded.epoch.number, reason = %why, "ipsec: a new epoch");
             }

@@ -13,6 +13,7 @@
 
 mod address;
 mod also;
+mod also_changes;
 pub mod backend_setup;
 mod clock_switch;
 mod error_policy;

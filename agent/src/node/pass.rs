@@ -26,6 +26,7 @@ impl Controller<'_> {
         self.inputs.health.beat();
         self.me = self.inputs.local.borrow_and_update().clone();
         self.raw_view = self.inputs.views.borrow_and_update().clone();
+        self.take_up_backends().await;
         // What the devices hold (read afresh for a full pass, which then uses this read).
         let device = match self.dataplane.observe(full).await {
             Ok(peers) => peers,
@@ -148,37 +149,6 @@ impl Controller<'_> {
         );
     }
 
-    /// Stops speaking the old backends no peer has run for `also::GRACE`: publishes
-    /// without them and records it; their devices go `also::CLEAR_DRAIN` later (when
-    /// `Retiring::drained` says so, a pass removes them). Whether one was retired.
-    pub(super) async fn retire_backends(&mut self) -> bool {
-        let now = Instant::now();
-        let due = self
-            .retiring
-            .due(&self.keys.attrs.also, &self.raw_view, &self.me.node, now);
-        if due.is_empty() {
-            return false;
-        }
-        for kind in &due {
-            if let Some(data) = self.keys.attrs.also.remove(kind) {
-                self.retiring.drain(kind.clone(), data, now);
-            }
-        }
-        // Peers retiring theirs at about the same moment send in clear before this node
-        // reads it: the guard takes their pods' packets meanwhile.
-        self.accept_clear_until = Some(SystemTime::now() + super::also::CLEAR_DRAIN);
-        info!(retired = ?due, "no peer runs this node's old backend any more: it is no longer spoken, its devices go");
-        let state_dir = self.keys.state_dir();
-        super::also::record(
-            &state_dir,
-            self.keys.attrs.backend,
-            self.keys.attrs.backend_data.as_ref(),
-            &self.keys.attrs.also,
-        );
-        self.keys.publish().await;
-        true
-    }
-
     /// Re-handshakes the pairs `after` moved to another path than `before`'s (`paths`),
     /// but those whose device already holds the new endpoint (`held`).
     async fn rehandshake_moved(
@@ -282,6 +252,7 @@ impl Controller<'_> {
             esp_heard: self.esp_heard.clone(),
             paths: self.paths.history.clone(),
             accept_clear_until: self.accept_clear_until,
+            draining: self.retiring.draining(),
             ..self.switchover.observed(view, &self.me.node, now).clone()
         };
         let path_mtus = self.inputs.path_mtu.mtus.borrow_and_update().mtus.clone();
