@@ -192,12 +192,13 @@ echo "=== kernel $(uname -r), up $(cut -d' ' -f1 /proc/uptime) s"
             "wireguard_carries_both_families",
         ),
         ("ipip", kernel, &ipip, "--include-ignored"),
-        // A backend change rolled out node by node onto kernel WireGuard, then onto ipsec.
+        // Backend changes rolled out node by node between vxlan, ipsec, kernel WireGuard
+        // and ipip, every way the host cannot run.
         (
-            "rollout: wireguard and ipsec",
+            "rollout: ipsec, ipip and wireguard",
             kernel,
             &rollout,
-            "--ignored vxlan_to_wireguard_to_ipsec",
+            "--ignored vxlan_ipsec_and_wireguard ipip_and_wireguard",
         ),
         // Kernel WireGuard sends IPv4 without DF: the narrow path is measured by the
         // agent's probes and used on the peer's routes all the same.

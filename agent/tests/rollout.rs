@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use weft_lab::lab::rollout::{Rollout, RolloutReport};
-use weft_lab::lab::{Lab, LabConfig};
+use weft_lab::lab::{flanneld_launcher, Lab, LabConfig};
 use weft_lab::wait::bound;
 
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
@@ -40,11 +40,24 @@ fn rollout(backend: serde_json::Value) -> Rollout {
         backend,
         pace: Duration::from_secs(5),
         stall: None,
+        at_stall: None,
     }
 }
 
 /// The bounds every rollout meets, and fail closed.
-fn check(what: &str, report: &RolloutReport) {
+fn check(lab: &Lab, what: &str, report: &RolloutReport) {
+    check_within(lab, what, report, bounds());
+}
+
+/// A rollout leaving ipsec or ipip, which no node keeps, in the VM: a pair between a
+/// moved node and one still on the old backend waits for the old node to take up the new
+/// one, a second pass in series with the moved node's first (each 1-2 s under emulation:
+/// 2.0-3.5 s and 12-20 % measured there, 3 nodes 5 s apart).
+fn taken_up_bounds() -> (Duration, f64) {
+    bound(bounds(), (Duration::from_secs(6), 0.3))
+}
+
+fn check_within(lab: &Lab, what: &str, report: &RolloutReport, (gap, loss): (Duration, f64)) {
     println!("{what}: {report}");
     let unix = |t: &std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
@@ -72,23 +85,49 @@ fn check(what: &str, report: &RolloutReport) {
         let span = last.duration_since(first).unwrap_or_default();
         println!("  in clear: {from} -> {to} for {:.1} s", span.as_secs_f64());
     }
+    let mut failed = Vec::new();
     let (late, pair) = report.clear_lateness(reaction());
-    assert!(
-        late <= reaction(),
-        "{what}: pair {pair:?} was in clear {} ms after both its ends published an encrypting backend",
-        late.as_millis()
+    if late > reaction() {
+        failed.push(format!(
+            "{what}: pair {pair:?} was in clear {} ms after both its ends published an encrypting backend",
+            late.as_millis()
+        ));
+    }
+    if report.longest_gap() > gap {
+        failed.push(format!(
+            "{what}: a pair was silent {} ms",
+            report.longest_gap().as_millis()
+        ));
+    }
+    if report.worst_loss() > loss {
+        failed.push(format!(
+            "{what}: a pair lost {:.1} %",
+            report.worst_loss() * 100.0
+        ));
+    }
+    assert!(failed.is_empty(), "{}\n{}", failed.join("\n"), lab.logs());
+}
+
+/// During a rollout stalled after two of four nodes: a moved node's `weft doctor` warns
+/// and names its two pairs in clear with the nodes not yet restarted, and the cluster
+/// works meanwhile (the rollout's pings).
+fn doctor_names_the_stall(lab: &Lab) -> anyhow::Result<()> {
+    let named = weft_lab::wait::first_within(
+        bound(Duration::from_secs(10), Duration::from_secs(30)),
+        || {
+            let (found, out) =
+                lab.doctor_says(0, &["WARN", "backend change", "2 pair(s) in clear"]);
+            found.then_some(out)
+        },
     );
-    let (gap, loss) = bounds();
-    assert!(
-        report.longest_gap() <= gap,
-        "{what}: a pair was silent {} ms",
-        report.longest_gap().as_millis()
-    );
-    assert!(
-        report.worst_loss() <= loss,
-        "{what}: a pair lost {:.1} %",
-        report.worst_loss() * 100.0
-    );
+    let Some(out) = named else {
+        anyhow::bail!(
+            "node 1's doctor did not name the stalled rollout's clear pairs:\n{}",
+            lab.doctor(0, 1).1
+        );
+    };
+    println!("weft doctor during the stall:\n{out}");
+    Ok(())
 }
 
 #[test]
@@ -97,8 +136,9 @@ fn vxlan_and_wireguard_both_ways_with_a_stall_halfway_and_no_pair_down() {
     // Onto wireguard, stopped after two nodes for a minute: the cluster works meanwhile.
     let mut onto = rollout(json!({"Type": "wireguard"}));
     onto.stall = Some((2, Duration::from_secs(60)));
+    onto.at_stall = Some(doctor_names_the_stall);
     let report = lab.roll_out(&onto, &["flannel.1"]).unwrap();
-    check("vxlan -> wireguard, stalled for a minute", &report);
+    check(&lab, "vxlan -> wireguard, stalled for a minute", &report);
     // Every pair's both ends published WireGuard by the end: the last echoes are sealed.
     assert!(
         !report.clear_pairs().is_empty(),
@@ -108,7 +148,7 @@ fn vxlan_and_wireguard_both_ways_with_a_stall_halfway_and_no_pair_down() {
     let report = lab
         .roll_out(&rollout(json!({"Type": "vxlan"})), &["flannel-wg"])
         .unwrap();
-    check("wireguard -> vxlan", &report);
+    check(&lab, "wireguard -> vxlan", &report);
 }
 
 #[test]
@@ -117,40 +157,90 @@ fn host_gw_and_wireguard_both_ways_with_no_pair_down() {
     let report = lab
         .roll_out(&rollout(json!({"Type": "wireguard"})), &[])
         .unwrap();
-    check("host-gw -> wireguard", &report);
+    check(&lab, "host-gw -> wireguard", &report);
     let report = lab
         .roll_out(&rollout(json!({"Type": "host-gw"})), &["flannel-wg"])
         .unwrap();
-    check("wireguard -> host-gw", &report);
+    check(&lab, "wireguard -> host-gw", &report);
 }
 
 /// Kernel ESP (ipsec) and kernel WireGuard, in the VM runner (`kernel_vm`): vxlan onto
-/// wireguard within the rollout bounds, then wireguard onto ipsec, where no pair may be in
-/// clear at any moment.
+/// ipsec, ipsec onto wireguard and back, and ipsec back onto vxlan, each within the
+/// rollout bounds; between the two encrypting backends no echo in clear at any moment.
 #[test]
 #[ignore = "needs kernel ESP: run by kernel_vm"]
-fn vxlan_to_wireguard_to_ipsec_never_in_clear_between_the_two() {
+fn vxlan_ipsec_and_wireguard_every_way_with_no_pair_down() {
     let mut lab = Lab::start(LabConfig::backend(3, WEFT, "vxlan", false)).unwrap();
     let report = lab
-        .roll_out(&rollout(json!({"Type": "wireguard"})), &["flannel.1"])
+        .roll_out(&rollout(json!({"Type": "ipsec"})), &["flannel.1"])
         .unwrap();
-    check("vxlan -> wireguard", &report);
-    // Onto ipsec: never in clear, and every pair back on ESP at the end. Not yet within
-    // the rollout bounds: a pair's ESP states are made only when the pair moves (when its
-    // second end retires WireGuard), and the VM took up to 7.7 s to carry it again; the
-    // gap is printed and held under 15 s here.
+    check(&lab, "vxlan -> ipsec", &report);
+    // ipsec is not kept by a node that leaves it: the nodes still on it take up the moved
+    // nodes' WireGuard, and their pairs with each other stay on ESP.
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "wireguard"})), &["flannel-ipsec"])
+        .unwrap();
+    check_within(&lab, "ipsec -> wireguard", &report, taken_up_bounds());
+    never_clear("ipsec -> wireguard", &report);
+    // The moved node keeps WireGuard; once both configs name ipsec the pair is on ESP.
     let report = lab
         .roll_out(&rollout(json!({"Type": "ipsec"})), &["flannel-wg"])
         .unwrap();
-    println!("wireguard -> ipsec: {report}");
+    check(&lab, "wireguard -> ipsec", &report);
+    never_clear("wireguard -> ipsec", &report);
+    // Back to vxlan: the nodes still on ipsec take up vxlan, in clear as the peer is.
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "vxlan"})), &["flannel-ipsec"])
+        .unwrap();
+    check_within(&lab, "ipsec -> vxlan", &report, taken_up_bounds());
+}
+
+/// ipip (not kept by a node that leaves it, as ipsec) and kernel WireGuard both ways, in
+/// the VM runner: the nodes still on ipip take up the moved nodes' WireGuard.
+#[test]
+#[ignore = "needs the kernel's ipip: run by kernel_vm"]
+fn ipip_and_wireguard_both_ways_with_no_pair_down() {
+    let mut lab = Lab::start(LabConfig::backend(3, WEFT, "ipip", false)).unwrap();
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "wireguard"})), &["flannel.ipip"])
+        .unwrap();
+    check_within(&lab, "ipip -> wireguard", &report, taken_up_bounds());
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "ipip"})), &["flannel-wg"])
+        .unwrap();
+    check(&lab, "wireguard -> ipip", &report);
+}
+
+/// flannel's own agents as the old nodes: a cluster of `flanneld`s on vxlan moves to weft
+/// node by node (weft takes over each node's `flannel.1`, its VTEP MAC and its lease), then
+/// to wireguard. flanneld is not built here: `WEFT_LAB_FLANNELD` names a binary the
+/// operator built (flannel v0.20.2, etcd v3, was measured).
+#[test]
+#[ignore = "needs flannel's agent: WEFT_LAB_FLANNELD=/path/to/flanneld"]
+fn a_flannel_cluster_moves_to_weft_then_to_wireguard_with_no_pair_down() {
+    let flanneld = std::env::var("WEFT_LAB_FLANNELD")
+        .expect("WEFT_LAB_FLANNELD: the path of a flanneld binary");
+    let mut cfg = LabConfig::backend(4, WEFT, "vxlan", false);
+    for i in 0..cfg.nodes {
+        let launch = flanneld_launcher(flanneld.clone().into(), cfg.etcd_prefix.clone());
+        cfg.launchers.insert(i, launch);
+    }
+    let mut lab = Lab::start(cfg).unwrap();
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "vxlan"})), &[])
+        .unwrap();
+    check(&lab, "flanneld -> weft on vxlan", &report);
+    let report = lab
+        .roll_out(&rollout(json!({"Type": "wireguard"})), &["flannel.1"])
+        .unwrap();
+    check(&lab, "weft on vxlan -> wireguard", &report);
+}
+
+/// A change between two encrypting backends: not one echo in clear.
+fn never_clear(what: &str, report: &RolloutReport) {
     assert!(
         report.clear.is_empty(),
-        "wireguard -> ipsec: echoes in clear: {:?}",
+        "{what}: echoes in clear: {:?}",
         report.clear_pairs()
-    );
-    assert!(
-        report.longest_gap() <= Duration::from_secs(15),
-        "wireguard -> ipsec: a pair was silent {} ms",
-        report.longest_gap().as_millis()
     );
 }

@@ -85,6 +85,7 @@ fn one_run(weft: &Path, pace: Duration) -> Vec<(String, Option<Figures>)> {
                 backend: json!({ "Type": to }),
                 pace,
                 stall: None,
+                at_stall: None,
             };
             match lab.roll_out(&rollout, gone) {
                 Ok(report) => {

@@ -123,16 +123,34 @@ impl Lab {
     /// `sh -c script` as node `i`: in its network namespace, with its private `/run` and
     /// `/var/lib/weft` bound in a mount namespace of its own.
     pub(crate) fn node_shell(&self, i: usize, script: &str) -> Command {
-        let node = &self.nodes[i];
-        // The host's network namespaces stay visible under the node's own /run, as a
-        // node's /run/netns is to its agent (the containers' namespaces, which the release
-        // of leaked pod addresses looks at).
-        let netns = node.dir.join("run/netns");
-        let _ = std::fs::create_dir_all(&netns);
-        let mounts = Mounts::private()
-            .bind(Path::new("/run/netns"), &netns)
-            .rbind(&node.dir.join("run"), Path::new("/run"))
-            .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
-        script_in(&node.ns, &mounts, script)
+        node_shell(&self.nodes[i], script)
     }
+}
+
+/// `script` in `node`'s namespaces, with its own `/run` and `/var/lib/weft` (the host's
+/// network namespaces still visible under its `/run/netns`, as a node's are to its agent:
+/// the containers' namespaces, which the release of leaked pod addresses looks at).
+fn node_shell(node: &super::Node, script: &str) -> Command {
+    let netns = node.dir.join("run/netns");
+    let _ = std::fs::create_dir_all(&netns);
+    let mounts = Mounts::private()
+        .bind(Path::new("/run/netns"), &netns)
+        .rbind(&node.dir.join("run"), Path::new("/run"))
+        .bind(&node.dir.join("lib"), Path::new("/var/lib/weft"));
+    script_in(&node.ns, &mounts, script)
+}
+
+/// A launcher running flannel's own agent (`flanneld`, a binary the operator built) on a
+/// node of an etcd lab instead of weft, as a node of a flannel cluster does: the lab's
+/// etcd and `prefix`, the node's address, flannel's subnet file under the node's `/run`.
+/// A rollout (`Lab::roll_out`) restarts such a node with the lab's weft.
+pub fn flanneld_launcher(flanneld: std::path::PathBuf, prefix: String) -> super::AgentLauncher {
+    Box::new(move |node: &super::Node| {
+        let script = format!(
+            "exec {} --etcd-endpoints=http://{ETCD_IP}:2379 --etcd-prefix={prefix} --public-ip={} --iface=eth0 --healthz-port=0",
+            flanneld.display(),
+            node.ip
+        );
+        Ok(node_shell(node, &script))
+    })
 }

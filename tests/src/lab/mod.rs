@@ -25,6 +25,7 @@ pub mod forge;
 pub mod narrow;
 pub mod nat;
 mod operator;
+pub use agents::flanneld_launcher;
 pub use operator::SwitchWatch;
 mod pods;
 mod reach;

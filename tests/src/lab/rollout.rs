@@ -35,6 +35,8 @@ pub struct Rollout {
     /// Nodes from this index on are not restarted until `stall` has passed (a rollout
     /// stopped halfway); `None`: none stalls.
     pub stall: Option<(usize, Duration)>,
+    /// Run once the stall has begun (what an operator looks at meanwhile).
+    pub at_stall: Option<fn(&Lab) -> anyhow::Result<()>>,
 }
 
 /// One ordered pair's pings over the rollout.
@@ -377,10 +379,16 @@ impl Lab {
         for i in 0..self.nodes.len() {
             let restarted = Instant::now();
             if let Some((_, stall)) = rollout.stall.filter(|(at, _)| *at == i) {
-                std::thread::sleep(stall);
+                let looked = Instant::now();
+                if let Some(look) = rollout.at_stall {
+                    look(self)?;
+                }
+                std::thread::sleep(stall.saturating_sub(looked.elapsed()));
             }
             restarts.push(SystemTime::now());
             self.stop_agent(i, "TERM")?;
+            // A node another agent ran (flanneld) comes back as the lab's weft.
+            self.cfg.launchers.remove(&i);
             self.start_agent(i)?;
             let published = crate::wait::first_within(
                 crate::wait::bound(Duration::from_secs(20), Duration::from_secs(60)),
