@@ -214,6 +214,11 @@ impl Retiring {
         self.draining.insert(kind, (data, now + CLEAR_DRAIN));
     }
 
+    /// `kind` is spoken again (taken up while its device drained): no longer draining.
+    pub fn undrain(&mut self, kind: &str) {
+        self.draining.remove(kind);
+    }
+
     /// Drops the drains that have ended; whether one did.
     pub fn drained(&mut self, now: Instant) -> bool {
         let before = self.draining.len();

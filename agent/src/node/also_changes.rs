@@ -100,6 +100,7 @@ impl Controller<'_> {
                 .also
                 .insert(kind.as_str().into(), data.clone());
             self.me.also.insert(kind.as_str().into(), data);
+            self.retiring.undrain(kind.as_str());
             taken.push(kind.as_str());
         }
         if taken.is_empty() {

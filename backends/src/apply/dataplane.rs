@@ -311,7 +311,10 @@ impl<N: VxlanNetlink, F: Nft, W: WgDevices<Nl = N>, X: Xfrm> Dataplane<N, F, W, 
         // ESP states and policies before the routes: a pair moving onto ipsec (a backend
         // change) is carried from the moment its route moves into the XFRM interface,
         // which is made here if it is missing, before any route into it.
-        self.ipsec_pass(state, key, full, &mut report).await;
+        if self.ipsec_pass(state, key, full, &mut report).await {
+            // A device made this pass: the routes that died with an old one are listed.
+            self.routes.forget();
+        }
         lap(&mut report, "ipsec", &mut t);
         self.routing(state, &mut report).await?;
         lap(&mut report, "routing", &mut t);

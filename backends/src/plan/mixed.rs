@@ -94,7 +94,7 @@ pub fn pair_backend(
     // Both ends' configs name the same encrypting backend: the pair is on it from the
     // moment the second end publishes it, and never moves again when an old backend is
     // retired (wireguard <-> ipsec moves each pair once, at its second end's restart).
-    if theirs.first() == Some(&ours) && ours.encrypts() {
+    if peer.backend_type == ours.as_str() && ours.encrypts() {
         return Ok(ours);
     }
     if let Some(kind) = common.iter().copied().find(|k| k.encrypts()) {
