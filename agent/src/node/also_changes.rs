@@ -6,7 +6,7 @@ use std::time::{Instant, SystemTime};
 
 use tracing::{info, warn};
 use weft_backends::netconf::{BackendKind, Implementation};
-use weft_backends::plan::mixed::to_take_up;
+use weft_backends::plan::mixed::{to_take_up, KEPT_DURING_A_CHANGE};
 
 use super::run_loop::Controller;
 
@@ -31,24 +31,32 @@ impl Controller<'_> {
         // reads it: the guard takes their pods' packets meanwhile.
         self.accept_clear_until = Some(SystemTime::now() + super::also::CLEAR_DRAIN);
         info!(retired = ?due, "no peer runs this node's old backend any more: it is no longer spoken, its devices go");
-        let state_dir = self.keys.state_dir();
+        self.record_and_publish().await;
+        true
+    }
+
+    /// Records what this node speaks now (`also::record`) and publishes it.
+    async fn record_and_publish(&mut self) {
         super::also::record(
-            &state_dir,
+            &self.keys.state_dir(),
             self.keys.attrs.backend,
             self.keys.attrs.backend_data.as_ref(),
             &self.keys.attrs.also,
         );
         self.keys.publish().await;
-        true
     }
 
     /// Takes up the backends of peers this node shares none with and which could not take
     /// up its own (it runs ipsec or ipip, which no node keeps when it leaves them;
     /// `mixed::to_take_up`): publishes them beside its config's and records it, so the
     /// pair runs on them until the change is over (then they are retired as a kept
-    /// backend is). Whether one was taken up.
-    pub(super) async fn take_up_backends(&mut self) -> bool {
+    /// backend is).
+    pub(super) async fn take_up_backends(&mut self) {
         let ours = self.net.backend.kind();
+        // Nodes on the other backends take nothing up: no scan of the leases per pass.
+        if KEPT_DURING_A_CHANGE.contains(&ours) {
+            return;
+        }
         let refuse_clear = self.net.backend.refuses_clear();
         let wall = SystemTime::now();
         let wanted: BTreeSet<(BackendKind, Option<u64>)> = self
@@ -95,25 +103,14 @@ impl Controller<'_> {
                     continue;
                 }
             };
-            self.keys
-                .attrs
-                .also
-                .insert(kind.as_str().into(), data.clone());
-            self.me.also.insert(kind.as_str().into(), data);
+            self.keys.attrs.also.insert(kind.as_str().into(), data);
             self.retiring.undrain(kind.as_str());
             taken.push(kind.as_str());
         }
         if taken.is_empty() {
-            return false;
+            return;
         }
         info!(taken_up = ?taken, backend = ours.as_str(), "a peer runs a backend this node shares none with, and cannot take up this node's: this node speaks it too until no peer runs it");
-        super::also::record(
-            &self.keys.state_dir(),
-            self.keys.attrs.backend,
-            self.keys.attrs.backend_data.as_ref(),
-            &self.keys.attrs.also,
-        );
-        self.keys.publish().await;
-        true
+        self.record_and_publish().await;
     }
 }

@@ -25,12 +25,12 @@ impl Controller<'_> {
     pub(super) async fn pass(&mut self, full: bool) {
         self.inputs.health.beat();
         self.me = self.inputs.local.borrow_and_update().clone();
+        self.raw_view = self.inputs.views.borrow_and_update().clone();
+        self.take_up_backends().await;
         // The backends this node speaks besides its config's are what it publishes now,
         // though the registry may not have confirmed it yet: a backend just taken up (or
         // retired) is planned so from the pass that made it so.
         self.me.also = self.keys.attrs.also.clone();
-        self.raw_view = self.inputs.views.borrow_and_update().clone();
-        self.take_up_backends().await;
         // What the devices hold (read afresh for a full pass, which then uses this read).
         let device = match self.dataplane.observe(full).await {
             Ok(peers) => peers,
